@@ -1,0 +1,42 @@
+"""hygon-attn-backend: Hygon DCU FlashAttention kernels for vLLM and SGLang.
+
+Public API (DESIGN.md)::
+
+    from hygon_attn_backend import (paged_decode_attention, prefix_prefill_attention,
+                                    write_kv, copy_blocks, layouts, reference)
+
+Importing the package is cheap: the ops (and Triton) load on first use, because the
+engines import ``hygon_attn_backend.integrations.*`` in every process at plugin time.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0.dev0"
+
+_LAZY = {
+    "paged_decode_attention": ("hygon_attn_backend.ops.decode", "paged_decode_attention"),
+    "prefix_prefill_attention": ("hygon_attn_backend.ops.prefill", "prefix_prefill_attention"),
+    "write_kv": ("hygon_attn_backend.ops.cache", "write_kv"),
+    "copy_blocks": ("hygon_attn_backend.ops.cache", "copy_blocks"),
+    "layouts": ("hygon_attn_backend.layouts", None),
+    "reference": ("hygon_attn_backend.reference", None),
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'hygon_attn_backend' has no attribute {name!r}") from None
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

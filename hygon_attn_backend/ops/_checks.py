@@ -1,0 +1,117 @@
+"""Argument validation shared by the public ops.
+
+Every failure is a ``ValueError`` that names the argument and shows its shape, dtype or
+device, so a wrong call is diagnosable from the message alone. Checks that need the
+tensors' values (slot ranges, block ids) force a host sync and run only in debug mode
+(``HYGON_ATTN_DEBUG=1``), or when a caller asks for them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32) + FP8_DTYPES
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def debug_enabled() -> bool:
+    """``HYGON_ATTN_DEBUG=1`` turns on value checks that sync with the host."""
+    return os.environ.get("HYGON_ATTN_DEBUG", "0") not in ("", "0", "false", "False")
+
+
+def describe(t: torch.Tensor) -> str:
+    return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+
+
+def check_tensor(name: str, t, *, ndim: Optional[Sequence[int] | int] = None,
+                 dtypes: Optional[Iterable[torch.dtype]] = None,
+                 device: Optional[torch.device] = None,
+                 shape: Optional[Sequence[Optional[int]]] = None,
+                 last_dim_contiguous: bool = False) -> torch.Tensor:
+    """Check one tensor argument; ``shape`` entries of ``None`` match anything."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.dim() not in allowed:
+            raise ValueError(f"{name} must have {' or '.join(map(str, allowed))} dims, "
+                             f"got {describe(t)}")
+    if dtypes is not None:
+        dtypes = tuple(dtypes)
+        if t.dtype not in dtypes:
+            raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, "
+                             f"got {describe(t)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device} (like q), got {describe(t)}")
+    if shape is not None:
+        if len(shape) != t.dim() or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+            want = tuple("*" if s is None else s for s in shape)
+            raise ValueError(f"{name} must have shape {want}, got {describe(t)}")
+    if last_dim_contiguous and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got "
+                         f"strides {t.stride()} with {describe(t)}")
+    return t
+
+
+def check_kv_caches(k_cache: torch.Tensor, v_cache: torch.Tensor, *, device: torch.device,
+                    num_kv_heads: Optional[int] = None, head_dim: Optional[int] = None):
+    """Validate a K/V cache pair given as canonical views.
+
+    k_cache: ``[num_blocks, H, P, D]`` (any strides) or the 5-D split-x K cache
+    ``[num_blocks, H, D // x, P, x]``; v_cache: ``[num_blocks, H, P, D]``.
+    Returns ``(num_blocks, num_kv_heads, block_size, head_dim)``.
+    """
+    check_tensor("k_cache", k_cache, ndim=(4, 5), dtypes=KV_DTYPES, device=device)
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=KV_DTYPES, device=device)
+    if k_cache.dim() == 5:
+        n, h, dx, p, x = k_cache.shape
+        k_shape = (n, h, p, dx * x)
+        if x * k_cache.element_size() != 16:
+            raise ValueError(f"k_cache (split-x, 5-D) needs x = 16 / element_size = "
+                             f"{16 // k_cache.element_size()}, got x={x} with {describe(k_cache)}")
+    else:
+        k_shape = tuple(k_cache.shape)
+    if k_shape != tuple(v_cache.shape):
+        raise ValueError(f"k_cache and v_cache must describe the same [num_blocks, kv_heads, "
+                         f"block_size, head_dim], got k {k_shape} and v {tuple(v_cache.shape)}")
+    if k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"k_cache and v_cache must share a dtype, got {k_cache.dtype} and "
+                         f"{v_cache.dtype}")
+    if num_kv_heads is not None and k_shape[1] != num_kv_heads:
+        raise ValueError(f"k_cache has {k_shape[1]} kv heads but {num_kv_heads} were expected "
+                         f"({describe(k_cache)})")
+    if head_dim is not None and k_shape[3] != head_dim:
+        raise ValueError(f"k_cache head_dim {k_shape[3]} does not match q's head_dim "
+                         f"{head_dim} ({describe(k_cache)})")
+    return k_shape
+
+
+def check_scale(name: str, scale, cache_dtype: torch.dtype, device: torch.device):
+    """fp8 caches need a per-tensor scale (float or 1-element fp32 tensor); others
+    accept None or a scale of 1. Returns the scale as a 1-element float32 tensor or
+    a float (kernels take either)."""
+    if scale is None:
+        return 1.0
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1:
+            raise ValueError(f"{name} must be a float or a 1-element tensor, got {describe(scale)}")
+        if scale.device != device:
+            raise ValueError(f"{name} must be on {device}, got {describe(scale)}")
+        return scale.reshape(1).to(torch.float32)
+    return float(scale)
+
+
+def check_block_ids(name: str, table: torch.Tensor, num_blocks: int, used: Optional[torch.Tensor] = None):
+    """Debug-mode check that every used block id is in ``[0, num_blocks)``."""
+    vals = table if used is None else table[used]
+    if vals.numel() == 0:
+        return
+    lo, hi = int(vals.min()), int(vals.max())
+    if lo < 0 or hi >= num_blocks:
+        raise ValueError(f"{name} holds block ids in [{lo}, {hi}] but the cache has "
+                         f"{num_blocks} blocks")

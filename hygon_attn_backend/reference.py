@@ -1,0 +1,353 @@
+"""Plain-torch oracle for every op of the package.
+
+Runs on CPU (and on any device torch supports) in float32 by default, or in any
+``compute_dtype`` (float64 for the oracle of tests, the input dtype to measure the
+reference's own low-precision error). It is also the CPU fallback of the engine
+integrations, so the hot paths are vectorised per sequence rather than per token.
+
+This module imports nothing of ours (one-way layers, see DESIGN.md).
+
+KV caches are read through the canonical 4-D views
+``[num_blocks, num_kv_heads, block_size, head_dim]`` with any strides; vLLM's legacy
+split-x K cache ``[num_blocks, num_kv_heads, head_dim // x, block_size, x]`` is
+recognised by ``ndim == 5``. Token ``t`` of sequence ``s`` lives at
+``page = block_table[s, t // P]``, ``slot = t % P`` where ``P = block_size``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Union
+
+import torch
+
+__all__ = [
+    "paged_decode_attention",
+    "prefix_prefill_attention",
+    "write_kv",
+    "copy_blocks",
+    "combine_partitions",
+    "quantize_fp8",
+    "dequantize_fp8",
+    "gather_kv",
+    "causal_mask",
+    "FP8_DTYPES",
+]
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+ScaleLike = Union[None, float, torch.Tensor]
+
+
+# ----------------------------------------------------------------------------- fp8
+
+
+def _scale_value(scale: ScaleLike) -> float:
+    if scale is None:
+        return 1.0
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1:
+            raise ValueError(f"scale must hold one element, got shape {tuple(scale.shape)}")
+        return float(scale.reshape(()).item())
+    return float(scale)
+
+
+def quantize_fp8(x: torch.Tensor, dtype: torch.dtype, scale: ScaleLike = None) -> torch.Tensor:
+    """Quantize ``x`` to ``dtype`` (float8 e4m3fn / e5m2) as ``x / scale``, saturating
+    at the format's finite range (no inf/NaN from out-of-range values)."""
+    if dtype not in FP8_DTYPES:
+        raise ValueError(f"dtype must be one of {FP8_DTYPES}, got {dtype}")
+    limit = torch.finfo(dtype).max
+    y = x.to(torch.float32) / _scale_value(scale)
+    return y.clamp(-limit, limit).to(dtype)
+
+
+def dequantize_fp8(x: torch.Tensor, scale: ScaleLike = None,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of :func:`quantize_fp8`: ``x.float() * scale`` cast to ``dtype``."""
+    return (x.to(torch.float32) * _scale_value(scale)).to(dtype)
+
+
+def _load_cache(cache_rows: torch.Tensor, scale: ScaleLike, dtype: torch.dtype) -> torch.Tensor:
+    if cache_rows.dtype in FP8_DTYPES:
+        return dequantize_fp8(cache_rows, scale, dtype)
+    return cache_rows.to(dtype)
+
+
+# ----------------------------------------------------------------------------- paging
+
+
+def as_canonical_view(cache: torch.Tensor) -> torch.Tensor:
+    """Return the ``[num_blocks, num_kv_heads, block_size, head_dim]`` view of a cache.
+
+    4-D tensors are returned as they are. A 5-D tensor is vLLM's legacy split-x K cache
+    ``[num_blocks, num_kv_heads, head_dim // x, block_size, x]``; its canonical form is
+    ``permute(0, 1, 3, 2, 4)`` flattened over the last two axes (a copy: the split-x
+    order is no stride pattern).
+    """
+    if cache.dim() == 4:
+        return cache
+    if cache.dim() == 5:
+        n, h, dx, b, x = cache.shape
+        return cache.permute(0, 1, 3, 2, 4).reshape(n, h, b, dx * x)
+    raise ValueError(f"cache must be 4-D or 5-D (split-x K), got shape {tuple(cache.shape)}")
+
+
+def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, start: int, stop: int,
+              *, scale: ScaleLike = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Gather tokens ``[start, stop)`` of one sequence: returns ``[stop - start, H, D]``.
+
+    cache: canonical view ``[num_blocks, H, P, D]`` (or the 5-D split-x K cache).
+    block_table_row: ``[max_blocks]`` integer physical block ids of the sequence.
+    """
+    view = as_canonical_view(cache)
+    page_size = view.shape[2]
+    pos = torch.arange(start, stop, device=view.device)
+    pages = block_table_row.to(device=view.device, dtype=torch.long)[pos // page_size]
+    slots = pos % page_size
+    rows = view[pages, :, slots, :]  # [L, H, D]
+    return _load_cache(rows, scale, dtype)
+
+
+def causal_mask(len_q: int, len_k: int, *, device=None, sliding_window: Optional[int] = None
+                ) -> torch.Tensor:
+    """Boolean ``[len_q, len_k]`` mask: row ``i`` sees key ``j`` iff ``j <= i + (Lk - Lq)``
+    (and, with a sliding window ``W``, ``j > i + (Lk - Lq) - W``).
+
+    ``len_q=3, len_k=7`` (a prefix of 4)::
+
+        i=0  1 1 1 1  1 0 0
+        i=1  1 1 1 1  1 1 0
+        i=2  1 1 1 1  1 1 1
+    """
+    i = torch.arange(len_q, device=device).unsqueeze(1)
+    j = torch.arange(len_k, device=device).unsqueeze(0)
+    diag = i + (len_k - len_q)
+    mask = j <= diag
+    if sliding_window is not None:
+        mask &= j > diag - sliding_window
+    return mask
+
+
+# ----------------------------------------------------------------------------- core
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+            scale: float, soft_cap: Optional[float], sinks: Optional[torch.Tensor]):
+    """q [Lq, Hq, D], k/v [Lk, Hkv, D], mask [Lq, Lk] bool or None.
+
+    Returns out [Lq, Hq, D] and lse [Lq, Hq]: the natural log of the softmax normaliser
+    (sinks included). Rows that see no key (and have no sink) give out = 0, lse = -inf.
+    """
+    num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
+    group = num_q_heads // num_kv_heads
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q, k) * scale  # [Hq, Lq, Lk]
+    if soft_cap is not None and soft_cap > 0:
+        s = soft_cap * torch.tanh(s / soft_cap)
+    if mask is not None:
+        s = s.masked_fill(~mask.unsqueeze(0), float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)  # [Hq, Lq, 1]
+    if sinks is not None:
+        sink = sinks.to(s.dtype).view(-1, 1, 1)
+        m = torch.maximum(m, sink)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m_safe)
+    denom = p.sum(dim=-1, keepdim=True)
+    if sinks is not None:
+        denom = denom + torch.exp(sink - m_safe)
+    out = torch.einsum("hqk,khd->qhd", p, v)
+    safe_denom = torch.where(denom > 0, denom, torch.ones_like(denom))
+    out = out / safe_denom.transpose(0, 1)
+    lse = (torch.log(denom) + m_safe).squeeze(-1).transpose(0, 1)  # [Lq, Hq]
+    return out, lse
+
+
+def _resolve_scale(scale: Optional[float], head_dim: int) -> float:
+    return float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_table: torch.Tensor, seq_lens: torch.Tensor, *,
+                           scale: Optional[float] = None, out: Optional[torch.Tensor] = None,
+                           k_scale: ScaleLike = None, v_scale: ScaleLike = None,
+                           partition_size: Optional[int] = None,
+                           sliding_window: Optional[int] = None,
+                           soft_cap: Optional[float] = None,
+                           sinks: Optional[torch.Tensor] = None,
+                           compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Reference paged decode attention.
+
+    q: ``[num_seqs, num_q_heads, D]`` (one token per sequence) or
+       ``[num_seqs, T, num_q_heads, D]`` (T speculative tokens: token ``t`` is at position
+       ``seq_len - T + t`` and sees keys ``j <= seq_len - T + t``).
+    k_cache, v_cache: ``[num_blocks, num_kv_heads, P, D]`` views (any strides), fp16/bf16/
+       fp32 or fp8 with ``k_scale``/``v_scale``; K may be the 5-D split-x cache.
+    block_table: ``[num_seqs, max_blocks]`` int32 physical block ids.
+    seq_lens: ``[num_seqs]`` int32 key lengths (>= T); a sequence of length 0 gives 0.
+    sinks: ``[num_q_heads]`` float32 per-head sink logits (an extra always-visible key
+       with value 0), or None. ``partition_size`` is accepted for API parity and ignored.
+
+    Returns ``out`` (``q``'s shape and dtype) holding the result.
+    """
+    del partition_size
+    squeeze = q.dim() == 3
+    q4 = q.unsqueeze(1) if squeeze else q
+    num_seqs, num_tokens, num_q_heads, head_dim = q4.shape
+    sm_scale = _resolve_scale(scale, head_dim)
+    result = torch.zeros(q4.shape, dtype=compute_dtype, device=q.device)
+    lens = seq_lens.tolist()
+    for s in range(num_seqs):
+        length = int(lens[s])
+        if length == 0:
+            continue
+        k = gather_kv(k_cache, block_table[s], 0, length, scale=k_scale, dtype=compute_dtype)
+        v = gather_kv(v_cache, block_table[s], 0, length, scale=v_scale, dtype=compute_dtype)
+        mask = causal_mask(num_tokens, length, device=q.device, sliding_window=sliding_window)
+        o, _ = _attend(q4[s].to(compute_dtype), k.to(q.device), v.to(q.device), mask,
+                       sm_scale, soft_cap, sinks)
+        result[s] = o
+    result = result.squeeze(1) if squeeze else result
+    if out is None:
+        return result.to(q.dtype)
+    out.copy_(result)
+    return out
+
+
+def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             block_table: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                             seq_lens_k: torch.Tensor, *, scale: Optional[float] = None,
+                             causal: bool = True, k_new: Optional[torch.Tensor] = None,
+                             v_new: Optional[torch.Tensor] = None,
+                             out: Optional[torch.Tensor] = None, return_lse: bool = False,
+                             k_scale: ScaleLike = None, v_scale: ScaleLike = None,
+                             sliding_window: Optional[int] = None,
+                             soft_cap: Optional[float] = None,
+                             sinks: Optional[torch.Tensor] = None,
+                             compute_dtype: torch.dtype = torch.float32):
+    """Reference prefix-prefill ("extend") attention on a ragged batch.
+
+    q: ``[total_q, num_q_heads, D]`` packed new tokens; request ``b`` owns rows
+       ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` (``Lq_b`` of them).
+    k_cache, v_cache: ``[num_blocks, num_kv_heads, P, D]`` views (any strides).
+    block_table: ``[B, max_blocks]`` int32 physical block ids.
+    cu_seqlens_q: ``[B + 1]`` int32, non-decreasing, starts at 0.
+    seq_lens_k: ``[B]`` int32 total key length ``Lk_b`` (prefix + new), ``Lk_b >= Lq_b``.
+    k_new, v_new: optional ``[total_q, num_kv_heads, D]`` keys/values of the new tokens
+       (packed like ``q``). Given: the prefix ``[0, Lk - Lq)`` is read from the cache and
+       the new tokens from these. Absent: all ``Lk`` keys come from the cache.
+    causal: apply ``j <= i + (Lk - Lq)``; otherwise every row sees every key.
+
+    Returns ``out [total_q, num_q_heads, D]`` (q's dtype), and with ``return_lse`` also
+    ``lse [total_q, num_q_heads]`` float32 (natural log).
+    """
+    total_q, num_q_heads, head_dim = q.shape
+    sm_scale = _resolve_scale(scale, head_dim)
+    result = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
+    lse = torch.full((total_q, num_q_heads), float("-inf"), dtype=torch.float32,
+                     device=q.device)
+    cu = cu_seqlens_q.tolist()
+    lens = seq_lens_k.tolist()
+    for b in range(len(lens)):
+        q0, q1 = int(cu[b]), int(cu[b + 1])
+        len_q, len_k = q1 - q0, int(lens[b])
+        if len_q == 0 or len_k == 0:
+            continue
+        if k_new is not None:
+            prefix = len_k - len_q
+            kp = gather_kv(k_cache, block_table[b], 0, prefix, scale=k_scale, dtype=compute_dtype)
+            vp = gather_kv(v_cache, block_table[b], 0, prefix, scale=v_scale, dtype=compute_dtype)
+            k = torch.cat([kp.to(q.device), k_new[q0:q1].to(compute_dtype)], dim=0)
+            v = torch.cat([vp.to(q.device), v_new[q0:q1].to(compute_dtype)], dim=0)
+        else:
+            k = gather_kv(k_cache, block_table[b], 0, len_k, scale=k_scale, dtype=compute_dtype)
+            v = gather_kv(v_cache, block_table[b], 0, len_k, scale=v_scale, dtype=compute_dtype)
+        mask = (causal_mask(len_q, len_k, device=q.device, sliding_window=sliding_window)
+                if causal else None)
+        o, row_lse = _attend(q[q0:q1].to(compute_dtype), k.to(q.device), v.to(q.device), mask,
+                             sm_scale, soft_cap, sinks)
+        result[q0:q1] = o
+        lse[q0:q1] = row_lse.to(torch.float32)
+    if out is None:
+        out = result.to(q.dtype)
+    else:
+        out.copy_(result)
+    return (out, lse) if return_lse else out
+
+
+def combine_partitions(max_logits: torch.Tensor, exp_sums: torch.Tensor,
+                       partial_out: torch.Tensor, *, log2_domain: bool = False,
+                       out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Merge split-KV partitions.
+
+    max_logits, exp_sums: ``[..., num_partitions]`` float32 per-partition running max
+       ``m_p`` and sum ``l_p`` (``l_p = 0`` marks an empty partition).
+    partial_out: ``[..., num_partitions, D]``, each partition's output already divided by
+       its own ``l_p``.
+    log2_domain: ``m_p`` is in log2 units (kernels that use ``exp2``).
+
+    ``out = sum_p w_p * partial_out_p`` with ``w_p = l_p e^(m_p - M) / sum_p l_p e^(m_p - M)``
+    and ``M = max_p m_p``. All-empty rows give 0.
+    """
+    m = max_logits.to(torch.float64)
+    l_ = exp_sums.to(torch.float64)
+    big_m = m.amax(dim=-1, keepdim=True)
+    big_m = torch.where(torch.isfinite(big_m), big_m, torch.zeros_like(big_m))
+    diff = m - big_m
+    factor = torch.exp2(diff) if log2_domain else torch.exp(diff)
+    w = torch.where(l_ > 0, l_ * factor, torch.zeros_like(l_))
+    total = w.sum(dim=-1, keepdim=True)
+    w = w / torch.where(total > 0, total, torch.ones_like(total))
+    part = torch.nan_to_num(partial_out.to(torch.float64))
+    res = (w.unsqueeze(-1) * part).sum(dim=-2)
+    return res.to(out_dtype or partial_out.dtype)
+
+
+# ----------------------------------------------------------------------------- cache ops
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor, *, k_scale: ScaleLike = None,
+             v_scale: ScaleLike = None) -> None:
+    """Write new tokens into the paged cache (in place).
+
+    k, v: ``[num_tokens, num_kv_heads, D]``.
+    k_cache, v_cache: ``[num_blocks, num_kv_heads, P, D]`` views (any strides, written
+       through the view); a 5-D split-x K cache is written through its own indexing.
+    slot_mapping: ``[num_tokens]`` integer; slot ``s`` is block ``s // P``, offset
+       ``s % P``; ``-1`` marks padding and is skipped.
+    fp8 caches store ``k / k_scale`` (saturated), others a plain cast.
+    """
+    slots = slot_mapping.to(device=k.device, dtype=torch.long)
+    keep = slots >= 0
+    slots = slots[keep]
+    for src, cache, sc in ((k[keep], k_cache, k_scale), (v[keep], v_cache, v_scale)):
+        if cache.dtype in FP8_DTYPES:
+            vals = quantize_fp8(src, cache.dtype, sc)
+        else:
+            vals = src.to(cache.dtype)
+        if cache.dim() == 5:
+            n, h, dx, p, x = cache.shape
+            blocks, offs = slots // p, slots % p
+            # vals [T, H, D] -> [T, H, D // x, x] placed at cache[blk, :, :, off, :]
+            cache[blocks, :, :, offs, :] = vals.reshape(vals.shape[0], h, dx, x)
+        else:
+            p = cache.shape[2]
+            blocks, offs = slots // p, slots % p
+            cache[blocks, :, offs, :] = vals
+
+
+def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor,
+                block_mapping: torch.Tensor) -> None:
+    """Copy whole blocks (copy-on-write of a forked tail): for each row ``(src, dst)`` of
+    ``block_mapping [n, 2]`` set ``cache[dst] = cache[src]`` in both caches.
+
+    All sources are read before any destination is written, so the result is defined
+    when a destination is also a source; destinations must be distinct.
+    k_cache, v_cache: the caches' storage tensors (any layout whose first axis is the
+    block; the 5-D split-x K cache too).
+    """
+    pairs = block_mapping.to(device=k_cache.device, dtype=torch.long).reshape(-1, 2)
+    for cache in (k_cache, v_cache):
+        cache[pairs[:, 1]] = cache[pairs[:, 0]].clone()
