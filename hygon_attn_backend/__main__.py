@@ -73,7 +73,7 @@ def cmd_doctor(args) -> int:
     ]
     for engine, (group, value) in ENTRY_POINTS.items():
         rows.append((f"{engine} entry point", _entry_point_status(group, value)))
-    width = max(len(k) for k, _ in rows + impls) + 2
+    width = max(len(k) for k, _ in rows + impls) + 4
     for key, val in rows:
         print(f"{key:<{width}}{val}")
     print("implementations:")

@@ -50,7 +50,7 @@ def check_tensor(name: str, t, *, ndim: Optional[Sequence[int] | int] = None,
         raise ValueError(f"{name} must be on {device} (like q), got {describe(t)}")
     if shape is not None:
         if len(shape) != t.dim() or any(s is not None and s != d for s, d in zip(shape, t.shape)):
-            want = tuple("*" if s is None else s for s in shape)
+            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
             raise ValueError(f"{name} must have shape {want}, got {describe(t)}")
     if last_dim_contiguous and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got "
