@@ -8,3 +8,198 @@ No model names here: only shapes and device facts.
 from __future__ import annotations
 
 import os
+
+
+# ----------------------------------------------------------------------------- cache ops
+
+
+def cache_write_config(num_kv_heads: int, head_dim: int) -> tuple[int, int]:
+    """``(BLOCK_H, num_warps)`` for ``write_kv``: one program per (token, BLOCK_H heads).
+
+    Reasoning: writing the cache is pure data movement, ``2 * H * D`` elements per token.
+    A program should move a tile big enough to keep its warps' loads wide (about 1-2K
+    elements, i.e. every thread holds a few 16-byte vectors) yet leave many programs in
+    flight for small decode batches. So BLOCK_H is the number of heads that makes the
+    ``[BLOCK_H, next_pow2(D)]`` tile about 1024 elements (capped by the head count), and
+    num_warps grows with the tile (1 warp per 256 elements, 1..4).
+    Measurement: not yet tuned on the GPU (the rule is the bandwidth-bound default).
+    Override: ``HYGON_ATTN_WRITE_KV_BLOCK_H`` (a power of two).
+    """
+    block_d = 1 << max(0, (head_dim - 1).bit_length())
+    env = os.environ.get("HYGON_ATTN_WRITE_KV_BLOCK_H")
+    if env:
+        block_h = int(env)
+        if block_h < 1 or block_h & (block_h - 1):
+            raise ValueError(f"HYGON_ATTN_WRITE_KV_BLOCK_H must be a power of two, got {env!r}")
+    else:
+        block_h = max(1, 1024 // block_d)
+        heads_pow2 = 1 << max(0, (num_kv_heads - 1).bit_length())
+        block_h = min(block_h, heads_pow2)
+    num_warps = min(4, max(1, (block_h * block_d) // 256))
+    return block_h, num_warps
+
+
+def copy_blocks_config(numel_per_block: int) -> tuple[int, int]:
+    """``(BLOCK, num_warps)`` for ``copy_blocks``: one program copies BLOCK elements of one
+    (src, dst) block pair.
+
+    Reasoning: a block is ``H * P * D`` elements (16K for 8 heads x 16 slots x 128), so
+    4096-element chunks with 8 warps give each thread 4 x 4 elements (wide vector loads
+    when the inner axis is contiguous) and a few programs per pair; tiny blocks (P = 1)
+    use one chunk of the next power of two. Measurement: not yet tuned on the GPU (a
+    bandwidth-bound default). Override: ``HYGON_ATTN_COPY_BLOCKS_BLOCK`` (a power of two).
+    """
+    env = os.environ.get("HYGON_ATTN_COPY_BLOCKS_BLOCK")
+    if env:
+        block = int(env)
+        if block < 1 or block & (block - 1):
+            raise ValueError(f"HYGON_ATTN_COPY_BLOCKS_BLOCK must be a power of two, got {env!r}")
+    else:
+        block = min(4096, 1 << max(0, (numel_per_block - 1).bit_length()))
+    num_warps = min(8, max(1, block // 512))
+    return block, num_warps
+
+
+# ----------------------------------------------------------------------------- paged decode
+
+DECODE_MIN_PARTITION = 256  # smallest partition the decode heuristics choose
+
+
+def decode_partition_size_env() -> "int | None":
+    """Partition size forced by the environment: ``HYGON_ATTN_PARTITION_SIZE``, else
+    ``PA_PARTITION_SIZE`` (the name DCU users know). A positive multiple of 16, or unset."""
+    for name in ("HYGON_ATTN_PARTITION_SIZE", "PA_PARTITION_SIZE"):
+        env = os.environ.get(name)
+        if env:
+            try:
+                value = int(env)
+            except ValueError:
+                raise ValueError(f"{name} must be an integer, got {env!r}") from None
+            if value <= 0 or value % 16:
+                raise ValueError(f"{name} must be a positive multiple of 16, got {env!r}")
+            return value
+    return None
+
+
+def decode_partition_size_dcu(group: int) -> int:
+    """The DCU kernel's rule, kept as the documented baseline: 512 tokens per partition,
+    256 when the GQA group ``G > 15`` (its M tile is then large, so shorter partitions
+    keep the per-program work even). It ignores the batch: at large batch it still splits
+    (extra scratch traffic and a combine launch), at batch 1 it may under-fill the chip.
+    """
+    return 256 if group > 15 else 512
+
+
+def decode_partition_size(*, num_seqs: int, num_kv_heads: int, group: int,
+                          max_context_len: int, num_sms: int, rule: str = "measured") -> int:
+    """Tokens per split-KV partition of paged decode (``>= max_context_len``: no split).
+
+    Reasoning: decode reads each KV byte once, so the only questions are whether the grid
+    ``num_kv_heads x num_seqs x num_partitions`` keeps every SM streaming, and what the
+    split costs (a scratch write/read of ``Hq * D`` fp32 per partition and a combine
+    launch). With ``programs = num_seqs * num_kv_heads`` already filling several waves of
+    the SMs, splitting only adds cost: one partition. Below that, split the longest
+    context into enough partitions for about ``DECODE_TARGET_WAVES`` programs per SM,
+    never shorter than ``DECODE_MIN_PARTITION`` tokens (per-program set-up and the combine
+    grow as partitions shrink).
+    Measurement: docs/bench-decode.md (partition sweep on the H200, bf16, D=128).
+    Override: ``HYGON_ATTN_PARTITION_SIZE`` / ``PA_PARTITION_SIZE`` (checked first);
+    ``rule="dcu"`` gives :func:`decode_partition_size_dcu`.
+    """
+    env = decode_partition_size_env()
+    if env is not None:
+        return env
+    if rule == "dcu":
+        return decode_partition_size_dcu(group)
+    if rule != "measured":
+        raise ValueError(f"rule must be 'measured' or 'dcu', got {rule!r}")
+    ctx = max(int(max_context_len), 1)
+    whole = -(-ctx // DECODE_MIN_PARTITION) * DECODE_MIN_PARTITION
+    programs = max(1, num_seqs * num_kv_heads)
+    target = DECODE_TARGET_WAVES * max(1, num_sms)
+    if programs >= DECODE_NO_SPLIT_WAVES * max(1, num_sms):
+        return whole
+    parts = -(-target // programs)
+    size = -(-ctx // parts)
+    size = -(-size // DECODE_MIN_PARTITION) * DECODE_MIN_PARTITION
+    return min(max(size, DECODE_MIN_PARTITION), whole)
+
+
+DECODE_TARGET_WAVES = 4     # programs per SM aimed at when splitting
+DECODE_NO_SPLIT_WAVES = 2   # programs per SM from which a batch is not split
+
+
+def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
+                       kv_elem_size: int) -> "tuple[int, int, int]":
+    """``(BLOCK_N, num_warps, num_stages)`` of the paged decode kernel.
+
+    Reasoning: the kernel is bandwidth-bound, so a KV tile pair (K and V, ``2 * BLOCK_N *
+    D`` elements) should be ~16-32 KB to keep enough bytes in flight per SM with two or
+    three pipeline stages, while the fp32 accumulator ``[BLOCK_M, D]`` and the logits
+    ``[BLOCK_M, BLOCK_N]`` stay in registers. Large ``BLOCK_M * D`` (big groups, D=256)
+    get 8 warps and a smaller BLOCK_N.
+    Measurement: docs/bench-decode.md. Override: ``HYGON_ATTN_DECODE_BLOCK_N``,
+    ``HYGON_ATTN_DECODE_WARPS``, ``HYGON_ATTN_DECODE_STAGES``.
+    """
+    block_n = 64 if head_dim_pad <= 128 else 32
+    if kv_elem_size == 1 and head_dim_pad <= 128:
+        block_n = 128
+    num_warps = 8 if block_m * head_dim_pad >= 64 * 256 else 4
+    num_stages = 3
+    env_n = os.environ.get("HYGON_ATTN_DECODE_BLOCK_N")
+    if env_n:
+        block_n = int(env_n)
+        if block_n < 16 or block_n & (block_n - 1):
+            raise ValueError(f"HYGON_ATTN_DECODE_BLOCK_N must be a power of two >= 16, got {env_n!r}")
+    if os.environ.get("HYGON_ATTN_DECODE_WARPS"):
+        num_warps = int(os.environ["HYGON_ATTN_DECODE_WARPS"])
+    if os.environ.get("HYGON_ATTN_DECODE_STAGES"):
+        num_stages = int(os.environ["HYGON_ATTN_DECODE_STAGES"])
+    return block_n, num_warps, num_stages
+
+
+# ----------------------------------------------------------------------------- prefix prefill
+
+
+def prefill_tile_config(*, head_dim_pad: int, group: int, total_q: int, num_kv_heads: int,
+                        num_sms: int = 132, interpreter: bool = False
+                        ) -> "tuple[int, int, int, int]":
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the prefix-prefill kernel.
+
+    Reasoning: prefill is matrix-bound (each K/V tile feeds ``BLOCK_M`` rows), so the M tile
+    should be as tall as the registers allow: 128 rows (a GQA group packed in, 8 warps = two
+    warpgroups of 64 rows each for Hopper's wgmma) with a 64-key N tile and 3 pipeline
+    stages for ``D <= 128``; ``D = 256`` doubles the accumulator and the K/V tiles, so 64
+    rows, 4 warps, 2 stages (shared memory ~160 KB). When the whole batch gives fewer
+    programs than SMs (short extends), 64-row tiles double the program count. ``BLOCK_M``
+    is never below the group (each row a (token, head) pair; odd groups leave
+    ``BLOCK_M % G`` rows idle). Under the CPU interpreter tiny tiles keep tests fast.
+    Measurement: docs/bench-prefill.md (H200, bf16, D=128). Override:
+    ``HYGON_ATTN_PREFILL_TILE="BLOCK_M,BLOCK_N,num_warps,num_stages"``.
+    """
+    group_pow2 = 1 << max(0, (group - 1).bit_length())
+    env = os.environ.get("HYGON_ATTN_PREFILL_TILE")
+    if env:
+        try:
+            block_m, block_n, num_warps, num_stages = (int(x) for x in env.split(","))
+        except ValueError:
+            raise ValueError("HYGON_ATTN_PREFILL_TILE must be 'BLOCK_M,BLOCK_N,num_warps,"
+                             f"num_stages', got {env!r}") from None
+        for name, val in (("BLOCK_M", block_m), ("BLOCK_N", block_n)):
+            if val < 16 or val & (val - 1):
+                raise ValueError(f"HYGON_ATTN_PREFILL_TILE: {name} must be a power of two "
+                                 f">= 16, got {env!r}")
+        if block_m < group:
+            raise ValueError(f"HYGON_ATTN_PREFILL_TILE: BLOCK_M={block_m} is smaller than "
+                             f"the GQA group {group}")
+        return block_m, block_n, num_warps, num_stages
+    if interpreter:
+        return max(16, group_pow2), 16, 4, 1
+    if head_dim_pad <= 128:
+        block_m, block_n, num_warps, num_stages = 128, 64, 8, 3
+    else:
+        block_m, block_n, num_warps, num_stages = 64, 64, 4, 2
+    programs = -(-total_q * group // block_m) * num_kv_heads
+    if programs < num_sms and block_m > 64:
+        block_m, num_warps = 64, 4
+    return max(block_m, group_pow2), block_n, num_warps, num_stages
