@@ -1,0 +1,251 @@
+"""Prefix-prefill ("extend") attention kernel over a paged prefix (``@triton.jit`` only).
+
+One program per (tile, kv_head). A tile is one ``(request, m_block)`` pair from the tile
+map built by ``ops.prefill.plan_prefix_prefill`` (a ragged batch does not pay for its
+longest request). GQA packs the group into the M tile: row ``r`` of the ``BLOCK_M`` rows is
+token ``m_block * TOK_M + r // GROUP`` and query head ``kv_head * GROUP + r % GROUP``, with
+``TOK_M = BLOCK_M // GROUP``, so every K/V tile is loaded once for the whole group.
+
+Two stages (mask drawn in ``prefill_mask``):
+
+1. prefix keys ``[0, Lk - Lq)`` from the paged cache, no mask (only the partial last tile
+   checks its bound);
+2. new keys ``[0, Lq)`` (from the cache at positions ``Lk - Lq + j``, or from dense
+   ``k_new``/``v_new``), walked up to ``min(Lq, (m_block + 1) * TOK_M)``: the tiles wholly
+   below the diagonal run unmasked, the diagonal tiles masked, and tiles above the diagonal
+   are never loaded.
+
+Softmax state ``m_i``, ``l_i``, ``acc`` is fp32 in log2 units (``exp2``).
+"""
+
+import triton
+import triton.language as tl
+
+from hygon_attn_backend.kernels.prefill_mask import tanh_f32, tile_visibility
+from hygon_attn_backend.kernels.prefill_paging import paged_row_offsets, paged_tile_offsets
+
+LOG2E = 1.4426950408889634  # log2(e), for exp2
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _prefill_stage(acc, l_i, m_i, q, diag,
+                   k_base, v_base, block_table_row_ptr,
+                   stride_k_block, stride_k_row, stride_kd,
+                   stride_v_block, stride_v_row, stride_vd,
+                   lo, hi, n_limit, key0, src0, window, qk_scale, cap_scale, soft_cap,
+                   offs_n, offs_d, head_dim,
+                   FROM_CACHE: tl.constexpr, TILE_IN_PAGE: tl.constexpr,
+                   PAGE_SIZE: tl.constexpr, BOUND: tl.constexpr, CAUSAL: tl.constexpr,
+                   WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, PAD_D: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """Walk keys ``n`` in ``[lo, hi)`` (step BLOCK_N) of one stage and update the state.
+
+    Key ``n`` is global key position ``key0 + n``; its row is cache position ``src0 + n``
+    (``FROM_CACHE``) or dense row ``src0 + n`` of ``k_new``/``v_new`` (then
+    ``stride_*_row`` is the token stride). acc: ``[BLOCK_M, HEAD_DIM]`` fp32,
+    l_i/m_i: ``[BLOCK_M]`` fp32, q: ``[BLOCK_M, HEAD_DIM]``, diag: ``[BLOCK_M]`` int32.
+    """
+    MASKED: tl.constexpr = BOUND or CAUSAL or WINDOW
+    for start_n in range(lo, hi, BLOCK_N):
+        n = start_n + offs_n  # [BLOCK_N]
+        if FROM_CACHE:
+            if TILE_IN_PAGE:
+                k_rows = paged_tile_offsets(block_table_row_ptr, src0 + start_n, offs_n,
+                                            stride_k_block, stride_k_row, PAGE_SIZE)
+                v_rows = paged_tile_offsets(block_table_row_ptr, src0 + start_n, offs_n,
+                                            stride_v_block, stride_v_row, PAGE_SIZE)
+            else:
+                k_rows = paged_row_offsets(block_table_row_ptr, src0 + n, stride_k_block,
+                                           stride_k_row, PAGE_SIZE, BOUND, src0 + n_limit)
+                v_rows = paged_row_offsets(block_table_row_ptr, src0 + n, stride_v_block,
+                                           stride_v_row, PAGE_SIZE, BOUND, src0 + n_limit)
+        else:
+            k_rows = (src0 + n).to(tl.int64) * stride_k_row
+            v_rows = (src0 + n).to(tl.int64) * stride_v_row
+        k_ptrs = k_base + k_rows[:, None] + offs_d[None, :] * stride_kd  # [BLOCK_N, HEAD_DIM]
+        v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd  # [BLOCK_N, HEAD_DIM]
+        if BOUND:
+            if PAD_D:
+                kv_mask = (n[:, None] < n_limit) & (offs_d[None, :] < head_dim)
+            else:
+                kv_mask = n[:, None] < n_limit
+            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        elif PAD_D:
+            k = tl.load(k_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        # k, v: [BLOCK_N, HEAD_DIM] in the cache dtype (fp8 is widened to q's dtype)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)))  # [BLOCK_M, BLOCK_N] fp32
+        if SOFT_CAP:
+            s = soft_cap * tanh_f32(s * cap_scale) * 1.4426950408889634
+        else:
+            s = s * qk_scale
+        if MASKED:
+            vis = tile_visibility(diag, key0 + n, n, n_limit, window, BOUND, CAUSAL, WINDOW)
+            s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
+        alpha = tl.exp2(m_i - m_new)  # m_i starts finite: never -inf - -inf
+        p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)  # [BLOCK_M, HEAD_DIM]
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def prefix_prefill_kernel(
+        q_ptr, k_cache_ptr, v_cache_ptr, k_new_ptr, v_new_ptr, out_ptr, lse_ptr, sinks_ptr,
+        block_table_ptr, cu_seqlens_q_ptr, seq_lens_k_ptr, tile_req_ptr, tile_mblock_ptr,
+        k_scale_ptr, v_scale_ptr,
+        sm_scale, k_scale_val, v_scale_val, soft_cap, window, head_dim,
+        stride_qt, stride_qh, stride_qd,
+        stride_kb, stride_kh, stride_ks, stride_kd,
+        stride_vb, stride_vh, stride_vs, stride_vd,
+        stride_knt, stride_knh, stride_knd,
+        stride_vnt, stride_vnh, stride_vnd,
+        stride_ot, stride_oh, stride_od,
+        stride_lset, stride_lseh,
+        stride_bt,
+        GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr,
+        HAS_K_NEW: tl.constexpr, RETURN_LSE: tl.constexpr, SCALE_FROM_PTR: tl.constexpr,
+        WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+        PAD_D: tl.constexpr, PREFIX_TILE_IN_PAGE: tl.constexpr):
+    """Grid ``(max_tiles, num_kv_heads)``; unused tile slots (``tile_req < 0``) exit.
+
+    q: ``[total_q, Hq, D]``; k_cache/v_cache: ``[num_blocks, Hkv, P, D]`` views;
+    k_new/v_new: ``[total_q, Hkv, D]`` (``HAS_K_NEW``); out like q; lse ``[total_q, Hq]``
+    fp32 natural log (``RETURN_LSE``); sinks ``[Hq]`` fp32 (``HAS_SINKS``). block_table ``[B, max_blocks]`` int32,
+    cu_seqlens_q ``[B + 1]``, seq_lens_k ``[B]``, tile_req/tile_mblock ``[max_tiles]``.
+    """
+    TOK_M: tl.constexpr = BLOCK_M // GROUP
+    pid_t = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    req = tl.load(tile_req_ptr + pid_t)
+    if req < 0:
+        return
+    m_block = tl.load(tile_mblock_ptr + pid_t)
+    q_start = tl.load(cu_seqlens_q_ptr + req)
+    len_q = tl.load(cu_seqlens_q_ptr + req + 1) - q_start
+    len_k = tl.load(seq_lens_k_ptr + req)
+    len_p = len_k - len_q  # prefix length
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    m_tok0 = m_block * TOK_M
+    tok = m_tok0 + offs_m // GROUP  # [BLOCK_M] token index inside the request
+    head = kv_head * GROUP + offs_m % GROUP  # [BLOCK_M] query head
+    row_ok = (offs_m < TOK_M * GROUP) & (tok < len_q)
+    diag = len_p + tok  # [BLOCK_M] global position of each row's token
+
+    q_rows = (q_start + tok).to(tl.int64) * stride_qt + head.to(tl.int64) * stride_qh
+    q_mask = row_ok[:, None]
+    if PAD_D:
+        q_mask = q_mask & (offs_d[None, :] < head_dim)
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :] * stride_qd, mask=q_mask,
+                other=0.0)  # q: [BLOCK_M, HEAD_DIM]
+
+    if SCALE_FROM_PTR:
+        k_scale = tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
+    else:
+        k_scale = k_scale_val
+        v_scale = v_scale_val
+    qk_scale = sm_scale * k_scale * 1.4426950408889634  # log2(e), for exp2
+    cap_scale = sm_scale * k_scale / soft_cap
+
+    if HAS_SINKS:  # a sink is one more always-visible key whose value is 0
+        m_i = tl.maximum(tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634,
+                         -1.0e30)  # [BLOCK_M]
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: no -inf - -inf
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
+    k_base = k_cache_ptr + kv_head.to(tl.int64) * stride_kh
+    v_base = v_cache_ptr + kv_head.to(tl.int64) * stride_vh
+
+    # ---- stage 1: the paged prefix [0, len_p), no mask
+    lo1 = 0
+    if WINDOW and CAUSAL:
+        lo1 = tl.maximum(0, len_p + m_tok0 - window + 1) // BLOCK_N * BLOCK_N
+    full1 = len_p // BLOCK_N * BLOCK_N
+    acc, l_i, m_i = _prefill_stage(
+        acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
+        stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+        lo1, full1, len_p, 0, 0, window, qk_scale, cap_scale, soft_cap,
+        offs_n, offs_d, head_dim,
+        FROM_CACHE=True, TILE_IN_PAGE=PREFIX_TILE_IN_PAGE, PAGE_SIZE=PAGE_SIZE, BOUND=False,
+        CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, PAD_D=PAD_D,
+        BLOCK_N=BLOCK_N)
+    acc, l_i, m_i = _prefill_stage(  # the partial last prefix tile, if any
+        acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
+        stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+        tl.maximum(full1, lo1), len_p, len_p, 0, 0, window, qk_scale, cap_scale, soft_cap,
+        offs_n, offs_d, head_dim,
+        FROM_CACHE=True, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
+        CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, PAD_D=PAD_D,
+        BLOCK_N=BLOCK_N)
+
+    # ---- stage 2: the new tokens [0, len_q)
+    if HAS_K_NEW:
+        kn_base = k_new_ptr + kv_head.to(tl.int64) * stride_knh
+        vn_base = v_new_ptr + kv_head.to(tl.int64) * stride_vnh
+        s_kb, s_kr, s_kd = stride_knt, stride_knt, stride_knd
+        s_vb, s_vr, s_vd = stride_vnt, stride_vnt, stride_vnd
+        src0 = q_start
+    else:
+        kn_base = k_base
+        vn_base = v_base
+        s_kb, s_kr, s_kd = stride_kb, stride_ks, stride_kd
+        s_vb, s_vr, s_vd = stride_vb, stride_vs, stride_vd
+        src0 = len_p
+    if CAUSAL:
+        hi2 = tl.minimum(len_q, m_tok0 + TOK_M)  # tiles above the diagonal: never loaded
+        diag_lo = m_tok0 // BLOCK_N * BLOCK_N  # tiles below it need no mask
+        lo2 = 0
+        if WINDOW:
+            lo2 = tl.maximum(0, m_tok0 - window + 1) // BLOCK_N * BLOCK_N
+    else:
+        hi2 = len_q
+        diag_lo = len_q // BLOCK_N * BLOCK_N
+        lo2 = 0
+    acc, l_i, m_i = _prefill_stage(
+        acc, l_i, m_i, q, diag, kn_base, vn_base, bt_row,
+        s_kb, s_kr, s_kd, s_vb, s_vr, s_vd,
+        lo2, diag_lo, hi2, len_p, src0, window, qk_scale, cap_scale, soft_cap,
+        offs_n, offs_d, head_dim,
+        FROM_CACHE=not HAS_K_NEW, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=False,
+        CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, PAD_D=PAD_D,
+        BLOCK_N=BLOCK_N)
+    acc, l_i, m_i = _prefill_stage(  # diagonal tiles (or the partial last tile)
+        acc, l_i, m_i, q, diag, kn_base, vn_base, bt_row,
+        s_kb, s_kr, s_kd, s_vb, s_vr, s_vd,
+        tl.maximum(diag_lo, lo2), hi2, hi2, len_p, src0, window, qk_scale, cap_scale,
+        soft_cap, offs_n, offs_d, head_dim,
+        FROM_CACHE=not HAS_K_NEW, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
+        CAUSAL=CAUSAL, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, PAD_D=PAD_D,
+        BLOCK_N=BLOCK_N)
+
+    # ---- epilogue: rows that saw no key (l_i == 0) give out = 0, lse = -inf
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    out = acc * (v_scale / l_safe)[:, None]  # [BLOCK_M, HEAD_DIM]
+    o_rows = (q_start + tok).to(tl.int64) * stride_ot + head.to(tl.int64) * stride_oh
+    o_mask = row_ok[:, None]
+    if PAD_D:
+        o_mask = o_mask & (offs_d[None, :] < head_dim)
+    tl.store(out_ptr + o_rows[:, None] + offs_d[None, :] * stride_od,
+             out.to(out_ptr.dtype.element_ty), mask=o_mask)
+    if RETURN_LSE:
+        lse = tl.where(l_i > 0.0, (m_i + tl.log2(l_safe)) * 0.6931471805599453,
+                       float("-inf"))  # [BLOCK_M] natural log
+        l_rows = (q_start + tok).to(tl.int64) * stride_lset + head.to(tl.int64) * stride_lseh
+        tl.store(lse_ptr + l_rows, lse, mask=row_ok)
