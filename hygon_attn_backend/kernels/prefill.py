@@ -34,16 +34,18 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
                    stride_k_block, stride_k_row, stride_kd,
                    stride_v_block, stride_v_row, stride_vd,
                    lo, hi, n_limit, key0, src0, window, qk_scale, cap_scale, soft_cap,
-                   offs_n, offs_d, head_dim,
+                   v_mult, offs_n, offs_d, head_dim,
                    FROM_CACHE: tl.constexpr, TILE_IN_PAGE: tl.constexpr,
                    PAGE_SIZE: tl.constexpr, BOUND: tl.constexpr, CAUSAL: tl.constexpr,
-                   WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, PAD_D: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
+                   WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, SCALE_V: tl.constexpr,
+                   PAD_D: tl.constexpr, BLOCK_N: tl.constexpr):
     """Walk keys ``n`` in ``[lo, hi)`` (step BLOCK_N) of one stage and update the state.
 
     Key ``n`` is global key position ``key0 + n``; its row is cache position ``src0 + n``
     (``FROM_CACHE``) or dense row ``src0 + n`` of ``k_new``/``v_new`` (then
-    ``stride_*_row`` is the token stride). acc: ``[BLOCK_M, HEAD_DIM]`` fp32,
+    ``stride_*_row`` is the token stride). ``qk_scale``/``cap_scale`` already hold the
+    fp8 K scale of this stage's source; ``SCALE_V`` multiplies P by ``v_mult`` (the fp8 V
+    scale) before the PV product. acc: ``[BLOCK_M, HEAD_DIM]`` fp32,
     l_i/m_i: ``[BLOCK_M]`` fp32, q: ``[BLOCK_M, HEAD_DIM]``, diag: ``[BLOCK_M]`` int32.
     """
     MASKED: tl.constexpr = BOUND or CAUSAL or WINDOW
@@ -92,6 +94,8 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
         p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
+        if SCALE_V:
+            p = p * v_mult
         acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)  # [BLOCK_M, HEAD_DIM]
         m_i = m_new
     return acc, l_i, m_i
@@ -115,7 +119,7 @@ def prefix_prefill_kernel(
         HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr,
         HAS_K_NEW: tl.constexpr, RETURN_LSE: tl.constexpr, SCALE_FROM_PTR: tl.constexpr,
         WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-        PAD_D: tl.constexpr, PREFIX_TILE_IN_PAGE: tl.constexpr):
+        KV_SCALED: tl.constexpr, PAD_D: tl.constexpr, PREFIX_TILE_IN_PAGE: tl.constexpr):
     """Grid ``(max_tiles, num_kv_heads)``; unused tile slots (``tile_req < 0``) exit.
 
     q: ``[total_q, Hq, D]``; k_cache/v_cache: ``[num_blocks, Hkv, P, D]`` views;
@@ -157,8 +161,11 @@ def prefix_prefill_kernel(
     else:
         k_scale = k_scale_val
         v_scale = v_scale_val
-    qk_scale = sm_scale * k_scale * 1.4426950408889634  # log2(e), for exp2
-    cap_scale = sm_scale * k_scale / soft_cap
+    # fp8 caches: K's scale folds into the logit scale, V's into P (dense k_new: none)
+    qk_scale = sm_scale * 1.4426950408889634  # log2(e), for exp2
+    cap_scale = sm_scale / soft_cap
+    qk_scale_c = qk_scale * k_scale
+    cap_scale_c = cap_scale * k_scale
 
     if HAS_SINKS:  # a sink is one more always-visible key whose value is 0
         m_i = tl.maximum(tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634,
@@ -181,18 +188,20 @@ def prefix_prefill_kernel(
     acc, l_i, m_i = _prefill_stage(
         acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
         stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-        lo1, full1, len_p, 0, 0, window, qk_scale, cap_scale, soft_cap,
+        lo1, full1, len_p, 0, 0, window, qk_scale_c, cap_scale_c, soft_cap, v_scale,
         offs_n, offs_d, head_dim,
         FROM_CACHE=True, TILE_IN_PAGE=PREFIX_TILE_IN_PAGE, PAGE_SIZE=PAGE_SIZE, BOUND=False,
-        CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, PAD_D=PAD_D,
+        CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
+        PAD_D=PAD_D,
         BLOCK_N=BLOCK_N)
     acc, l_i, m_i = _prefill_stage(  # the partial last prefix tile, if any
         acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
         stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-        tl.maximum(full1, lo1), len_p, len_p, 0, 0, window, qk_scale, cap_scale, soft_cap,
-        offs_n, offs_d, head_dim,
+        tl.maximum(full1, lo1), len_p, len_p, 0, 0, window, qk_scale_c, cap_scale_c,
+        soft_cap, v_scale, offs_n, offs_d, head_dim,
         FROM_CACHE=True, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
-        CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, PAD_D=PAD_D,
+        CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
+        PAD_D=PAD_D,
         BLOCK_N=BLOCK_N)
 
     # ---- stage 2: the new tokens [0, len_q)
@@ -202,12 +211,14 @@ def prefix_prefill_kernel(
         s_kb, s_kr, s_kd = stride_knt, stride_knt, stride_knd
         s_vb, s_vr, s_vd = stride_vnt, stride_vnt, stride_vnd
         src0 = q_start
+        qk_scale_2, cap_scale_2, v_mult_2 = qk_scale, cap_scale, 1.0
     else:
         kn_base = k_base
         vn_base = v_base
         s_kb, s_kr, s_kd = stride_kb, stride_ks, stride_kd
         s_vb, s_vr, s_vd = stride_vb, stride_vs, stride_vd
         src0 = len_p
+        qk_scale_2, cap_scale_2, v_mult_2 = qk_scale_c, cap_scale_c, v_scale
     if CAUSAL:
         hi2 = tl.minimum(len_q, m_tok0 + TOK_M)  # tiles above the diagonal: never loaded
         diag_lo = m_tok0 // BLOCK_N * BLOCK_N  # tiles below it need no mask
@@ -221,23 +232,25 @@ def prefix_prefill_kernel(
     acc, l_i, m_i = _prefill_stage(
         acc, l_i, m_i, q, diag, kn_base, vn_base, bt_row,
         s_kb, s_kr, s_kd, s_vb, s_vr, s_vd,
-        lo2, diag_lo, hi2, len_p, src0, window, qk_scale, cap_scale, soft_cap,
+        lo2, diag_lo, hi2, len_p, src0, window, qk_scale_2, cap_scale_2, soft_cap, v_mult_2,
         offs_n, offs_d, head_dim,
         FROM_CACHE=not HAS_K_NEW, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=False,
-        CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, PAD_D=PAD_D,
+        CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP,
+        SCALE_V=KV_SCALED and not HAS_K_NEW, PAD_D=PAD_D,
         BLOCK_N=BLOCK_N)
     acc, l_i, m_i = _prefill_stage(  # diagonal tiles (or the partial last tile)
         acc, l_i, m_i, q, diag, kn_base, vn_base, bt_row,
         s_kb, s_kr, s_kd, s_vb, s_vr, s_vd,
-        tl.maximum(diag_lo, lo2), hi2, hi2, len_p, src0, window, qk_scale, cap_scale,
-        soft_cap, offs_n, offs_d, head_dim,
+        tl.maximum(diag_lo, lo2), hi2, hi2, len_p, src0, window, qk_scale_2, cap_scale_2,
+        soft_cap, v_mult_2, offs_n, offs_d, head_dim,
         FROM_CACHE=not HAS_K_NEW, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
-        CAUSAL=CAUSAL, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, PAD_D=PAD_D,
+        CAUSAL=CAUSAL, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP,
+        SCALE_V=KV_SCALED and not HAS_K_NEW, PAD_D=PAD_D,
         BLOCK_N=BLOCK_N)
 
     # ---- epilogue: rows that saw no key (l_i == 0) give out = 0, lse = -inf
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    out = acc * (v_scale / l_safe)[:, None]  # [BLOCK_M, HEAD_DIM]
+    out = acc * (1.0 / l_safe)[:, None]  # [BLOCK_M, HEAD_DIM]
     o_rows = (q_start + tok).to(tl.int64) * stride_ot + head.to(tl.int64) * stride_oh
     o_mask = row_ok[:, None]
     if PAD_D:

@@ -304,7 +304,7 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         PAGE_SIZE=page_size, CAUSAL=bool(causal), HAS_K_NEW=has_new,
         RETURN_LSE=bool(return_lse), SCALE_FROM_PTR=scale_from_ptr,
         WINDOW=bool(sliding_window) and bool(causal), SOFT_CAP=soft_cap is not None,
-        HAS_SINKS=sinks is not None, PAD_D=head_dim_pad != head_dim,
+        HAS_SINKS=sinks is not None, KV_SCALED=quant, PAD_D=head_dim_pad != head_dim,
         PREFIX_TILE_IN_PAGE=page_size % plan.block_n == 0,
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     return (out, lse) if return_lse else out

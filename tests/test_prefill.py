@@ -1,0 +1,289 @@
+"""prefix_prefill_attention (Triton) against the float64 reference.
+
+CPU: the kernel runs in Triton's interpreter on tiny shapes in fp16 (the interpreter's
+bf16 ``tl.dot`` is broken). GPU (marked ``gpu``): the same checks at real sizes, bf16 too.
+Every case draws fresh random inputs, poisons the output with NaN, and allows a small
+multiple of the reference's own error in the input dtype (tests/_budget.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import pytest
+import torch
+
+from hygon_attn_backend import reference, tuning
+from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
+
+try:
+    from _budget import assert_within_budget
+except ImportError:  # imported as a module by scripts/prefill_gpu.py
+    from tests._budget import assert_within_budget
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.gpu
+
+
+@dataclass(frozen=True)
+class Case:
+    """One batch: request ``b`` has ``prefix[b]`` cached tokens and ``extend[b]`` new ones."""
+
+    name: str
+    prefix: tuple
+    extend: tuple
+    group: int = 2
+    kv_heads: int = 2
+    page: int = 16
+    head_dim: int = 64
+    dtype: torch.dtype = torch.float16
+    kv_dtype: torch.dtype | None = None  # None: q's dtype
+    k_new: bool = False
+    causal: bool = True
+    layout: str = "bhsd"  # canonical view contiguous, or "bshd" (permuted storage)
+    q_noncontig: bool = False
+    window: int | None = None
+    soft_cap: float | None = None
+    sinks: bool = False
+    lse: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+# Tiny shapes for the interpreter: prefix 0, prefix ending mid-page, extend of 1, extend
+# longer than the prefix, a mixed batch, groups {1, 4, 5, 8}, pages {1, 16, 64}.
+CPU_CASES = [
+    Case("prefix0", (0,), (37,), group=4, page=16),
+    Case("prefix_mid_page", (21,), (9,), group=1, page=16),
+    Case("extend1", (40,), (1,), group=4, page=16),
+    Case("extend_gt_prefix", (5,), (33,), group=5, page=1),
+    Case("mixed", (0, 21, 40, 5, 0), (17, 9, 1, 33, 1), group=8, kv_heads=1, page=64),
+    Case("mixed_p1_knew", (0, 21, 40, 5), (17, 9, 1, 33), group=4, page=1, k_new=True),
+    Case("mixed_p16_knew_bshd", (3, 18, 64), (17, 1, 20), group=5, page=16, k_new=True,
+         layout="bshd"),
+    Case("noncontig_q_d80", (19, 2), (13, 6), group=1, page=16, head_dim=80,
+         q_noncontig=True, layout="bshd"),
+    Case("noncausal", (19, 0), (13, 6), group=4, page=16, causal=False),
+    Case("noncausal_knew_p1", (19, 0), (13, 6), group=4, page=1, causal=False, k_new=True),
+    Case("fp8_e4m3", (30, 3), (12, 20), group=4, page=16, kv_dtype=torch.float8_e4m3fn),
+    Case("fp8_e5m2_knew", (30, 3), (12, 20), group=1, page=16, kv_dtype=torch.float8_e5m2,
+         k_new=True),
+    Case("window", (30, 3), (12, 20), group=4, page=16, window=9),
+    Case("soft_cap_sinks", (30, 3), (12, 20), group=4, page=1, soft_cap=2.5, sinks=True),
+    Case("empty_requests", (7, 0, 0, 12), (0, 0, 5, 0), group=4, page=16),
+]
+
+# Real sizes on the GPU (bf16 and fp16, default tile configs).
+GPU_CASES = [
+    Case("g_prefix0", (0,), (1500,), group=4, kv_heads=8, page=16, head_dim=128,
+         dtype=torch.bfloat16),
+    Case("g_mid_page", (1000,), (777,), group=1, kv_heads=4, page=64, head_dim=128,
+         dtype=torch.bfloat16),
+    Case("g_mixed_p1_knew", (0, 333, 2048, 100, 7), (512, 1, 129, 1000, 64), group=5,
+         kv_heads=2, page=1, head_dim=128, dtype=torch.bfloat16, k_new=True),
+    Case("g_mixed_p16", (0, 333, 2048, 100, 7), (512, 1, 129, 1000, 64), group=8,
+         kv_heads=2, page=16, head_dim=128, dtype=torch.float16, layout="bshd"),
+    Case("g_d64_p64", (700, 64), (300, 900), group=4, kv_heads=4, page=64, head_dim=64,
+         dtype=torch.bfloat16, q_noncontig=True),
+    Case("g_d80", (700, 64), (300, 900), group=4, kv_heads=2, page=16, head_dim=80,
+         dtype=torch.bfloat16),
+    Case("g_d96_knew", (700, 64), (300, 900), group=1, kv_heads=4, page=16, head_dim=96,
+         dtype=torch.float16, k_new=True),
+    Case("g_d256", (700, 64), (300, 900), group=4, kv_heads=2, page=16, head_dim=256,
+         dtype=torch.bfloat16),
+    Case("g_noncausal", (500, 0), (300, 257), group=4, kv_heads=2, page=16, head_dim=128,
+         dtype=torch.bfloat16, causal=False),
+    Case("g_fp8_e4m3", (900, 10), (300, 400), group=4, kv_heads=2, page=16, head_dim=128,
+         dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn),
+    Case("g_fp8_e5m2_knew", (900, 10), (300, 400), group=4, kv_heads=2, page=64,
+         head_dim=128, dtype=torch.float16, kv_dtype=torch.float8_e5m2, k_new=True),
+    Case("g_window_softcap", (900, 10), (300, 400), group=4, kv_heads=2, page=16,
+         head_dim=128, dtype=torch.bfloat16, window=257, soft_cap=30.0),
+    Case("g_sinks_g16", (900, 10), (300, 400), group=16, kv_heads=1, page=16,
+         head_dim=128, dtype=torch.bfloat16, sinks=True),
+]
+
+
+def make_inputs(case: Case, device, *, seed: int = 0, min_blocks: int = 0):
+    """Random inputs for ``case``: a shuffled paged cache, packed q (and k_new/v_new)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape, dtype):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    num_seqs = len(case.extend)
+    hq, hkv, dim, page = case.group * case.kv_heads, case.kv_heads, case.head_dim, case.page
+    kv_dtype = case.kv_dtype or case.dtype
+    lens_k = [p + e for p, e in zip(case.prefix, case.extend)]
+    max_blocks = max(1, max(-(-n // page) for n in lens_k)) + 1
+    num_blocks = max(num_seqs * max_blocks + 3, min_blocks)
+    k_scale = v_scale = None
+    if kv_dtype in reference.FP8_DTYPES:
+        k_scale, v_scale = 0.37, 1.9
+        shape = (num_blocks, hkv, page, dim)
+        k_src, v_src = rnd(*shape, dtype=torch.float32), rnd(*shape, dtype=torch.float32)
+        k_store = reference.quantize_fp8(k_src, kv_dtype, k_scale)
+        v_store = reference.quantize_fp8(v_src, kv_dtype, v_scale)
+    else:
+        k_store = rnd(num_blocks, hkv, page, dim, dtype=kv_dtype)
+        v_store = rnd(num_blocks, hkv, page, dim, dtype=kv_dtype)
+    if case.layout == "bshd":  # storage [N, P, H, D], canonical view by permute (no copy)
+        k_cache = k_store.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+        v_cache = v_store.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+    else:
+        k_cache, v_cache = k_store, v_store
+    # the used blocks sit at the top of the cache (high ids exercise int64 offsets)
+    perm = torch.randperm(num_seqs * max_blocks, generator=gen) + (num_blocks - num_seqs * max_blocks)
+    block_table = perm.reshape(num_seqs, max_blocks).to(device=device, dtype=torch.int32)
+    cu = [0]
+    for e in case.extend:
+        cu.append(cu[-1] + e)
+    cu_seqlens_q = torch.tensor(cu, dtype=torch.int32, device=device)
+    seq_lens_k = torch.tensor(lens_k, dtype=torch.int32, device=device)
+    total_q = cu[-1]
+    if case.q_noncontig:
+        q = rnd(hq, total_q, dim, dtype=case.dtype).permute(1, 0, 2)
+    else:
+        q = rnd(total_q, hq, dim, dtype=case.dtype)
+    kw = dict(k_scale=k_scale, v_scale=v_scale, causal=case.causal,
+              sliding_window=case.window, soft_cap=case.soft_cap, return_lse=case.lse)
+    if case.k_new:
+        kw["k_new"] = rnd(total_q, hkv, dim, dtype=case.dtype)
+        kw["v_new"] = rnd(total_q, hkv, dim, dtype=case.dtype)
+    if case.sinks:
+        kw["sinks"] = rnd(hq, dtype=torch.float32) * 2
+    args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k)
+    return args, kw
+
+
+def run_case(case: Case, device, *, seed: int = 0, min_blocks: int = 0):
+    """Run one case; assert within budget. Returns ``(max_err, budget)`` of the output."""
+    args, kw = make_inputs(case, device, seed=seed, min_blocks=min_blocks)
+    q = args[0]
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=device)
+    res = prefix_prefill_attention(*args, out=out, impl="triton", **kw)
+    ref64 = reference.prefix_prefill_attention(*args, compute_dtype=torch.float64, **kw)
+    ref_lp = reference.prefix_prefill_attention(*args, compute_dtype=q.dtype, **kw)
+    if case.lse:
+        res, lse = res
+        ref64, ref_lse = ref64
+        ref_lp, _ = ref_lp
+        assert lse.dtype == torch.float32 and lse.shape == (q.shape[0], q.shape[1])
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse).cpu(), finite.cpu()), f"{case.name}: lse -inf rows"
+        if finite.any():
+            lse_err = (lse.double() - ref_lse.double())[finite].abs().max().item()
+            assert lse_err < 2e-3, f"{case.name}: lse max abs error {lse_err:.3e}"
+    assert res is out
+    return assert_within_budget(out, ref64, ref_lp, what=case.name)
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: c.name)
+def test_prefill_matches_reference(case, device):
+    run_case(case, device)
+
+
+@pytest.mark.parametrize("case", CPU_CASES[:3], ids=lambda c: c.name)
+def test_prefill_fresh_inputs_second_seed(case, device):
+    run_case(case, device, seed=1)
+
+
+@gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.name)
+def test_prefill_gpu_real_sizes(case):
+    if not HAS_CUDA:
+        pytest.skip("needs a CUDA GPU")
+    run_case(case, torch.device("cuda"))
+
+
+@gpu
+def test_prefill_gpu_cache_over_2g_elements():
+    """Used pages above element 2^31 of a bf16 cache (int64 offsets)."""
+    if not HAS_CUDA:
+        pytest.skip("needs a CUDA GPU")
+    case = Case("g_big_cache", (3000, 50), (200, 300), group=4, kv_heads=8, page=16,
+                head_dim=128, dtype=torch.bfloat16)
+    per_block = case.kv_heads * case.page * case.head_dim
+    run_case(case, torch.device("cuda"), min_blocks=(2**31) // per_block + 64)
+
+
+def test_prefill_plan_reuse_and_tile_map(device):
+    """The tile map covers each request's m-blocks exactly once (no rectangular grid),
+    and a plan built once serves several calls."""
+    case = CPU_CASES[4]
+    args, kw = make_inputs(case, device)
+    q, k_cache, _, _, cu, lens_k = args
+    plan = plan_prefix_prefill(cu, lens_k, total_q=q.shape[0], num_q_heads=q.shape[1],
+                               num_kv_heads=k_cache.shape[1], head_dim=q.shape[2])
+    tok_m = plan.block_m // plan.group
+    req = plan.tile_req.cpu().tolist()
+    mblk = plan.tile_mblock.cpu().tolist()
+    pairs = sorted((r, m) for r, m in zip(req, mblk) if r >= 0)
+    want = sorted((b, m) for b, e in enumerate(case.extend) for m in range(-(-e // tok_m)))
+    assert pairs == want
+    ref = reference.prefix_prefill_attention(*args, compute_dtype=torch.float64, **kw)[0]
+    for _ in range(2):
+        out = prefix_prefill_attention(*args, plan=plan, impl="triton", **kw)[0]
+        assert (out.double().cpu() - ref.cpu()).abs().max().item() < 1e-2
+
+
+def test_prefill_tile_config_pinned(monkeypatch):
+    monkeypatch.delenv("HYGON_ATTN_PREFILL_TILE", raising=False)
+    assert tuning.prefill_tile_config(head_dim_pad=128, group=4, total_q=8192,
+                                      num_kv_heads=8) == (128, 64, 8, 3)
+    assert tuning.prefill_tile_config(head_dim_pad=256, group=4, total_q=8192,
+                                      num_kv_heads=8) == (64, 64, 4, 2)
+    assert tuning.prefill_tile_config(head_dim_pad=128, group=16, total_q=8, num_kv_heads=1,
+                                      interpreter=True)[0] == 16
+    monkeypatch.setenv("HYGON_ATTN_PREFILL_TILE", "64,32,4,2")
+    assert tuning.prefill_tile_config(head_dim_pad=128, group=4, total_q=8192,
+                                      num_kv_heads=8) == (64, 32, 4, 2)
+    monkeypatch.setenv("HYGON_ATTN_PREFILL_TILE", "48,32,4,2")
+    with pytest.raises(ValueError, match="BLOCK_M"):
+        tuning.prefill_tile_config(head_dim_pad=128, group=4, total_q=1, num_kv_heads=1)
+
+
+def _bad(args, kw, **changes):
+    args = list(args)
+    names = ["q", "k_cache", "v_cache", "block_table", "cu_seqlens_q", "seq_lens_k"]
+    for key, val in list(changes.items()):
+        if key in names:
+            args[names.index(key)] = val
+            del changes[key]
+    return args, {**kw, **changes}
+
+
+def test_prefill_bad_inputs_name_the_argument(device):
+    case = Case("bad", (4, 6), (3, 5), group=2, kv_heads=2, page=4, head_dim=16)
+    args, kw = make_inputs(case, device)
+    q, k_cache, v_cache, bt, cu, lens_k = args
+    checks = [
+        ("cu_seqlens_q", dict(cu_seqlens_q=torch.tensor([0, 5, 3], dtype=torch.int32,
+                                                          device=device))),
+        ("seq_lens_k", dict(seq_lens_k=torch.tensor([2, 11], dtype=torch.int32,
+                                                     device=device))),
+        ("heads", dict(q=torch.randn(q.shape[0], 3, q.shape[2], dtype=q.dtype,
+                                     device=device))),
+        ("k_cache", dict(k_cache=k_cache.to(torch.bfloat16), v_cache=v_cache.to(torch.bfloat16))),
+        ("k_new", dict(k_new=torch.randn(q.shape[0], 2, q.shape[2], dtype=q.dtype,
+                                         device=device))),
+        ("v_new", dict(k_new=torch.randn(q.shape[0], 2, q.shape[2], dtype=q.dtype, device=device),
+                       v_new=torch.randn(q.shape[0], 2, q.shape[2], dtype=torch.float32,
+                                         device=device))),
+        ("block_table", dict(block_table=bt[:1])),
+        ("q", dict(q=q.float())),
+    ]
+    for name, change in checks:
+        a, k = _bad(args, kw, **change)
+        with pytest.raises(ValueError, match=name):
+            prefix_prefill_attention(*a, impl="triton", **k)
+
+
+def test_prefill_reference_impl_matches_oracle(device):
+    case = CPU_CASES[1]
+    args, kw = make_inputs(case, device)
+    out, _ = prefix_prefill_attention(*args, impl="reference", **kw)
+    ref, _ = reference.prefix_prefill_attention(*args, compute_dtype=torch.float64, **kw)
+    assert out.dtype == args[0].dtype
+    assert (out.double().cpu() - ref.cpu()).abs().max().item() < 5e-3
+    assert math.isfinite(out.float().abs().sum().item())
