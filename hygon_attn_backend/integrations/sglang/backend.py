@@ -1,0 +1,267 @@
+"""``HygonAttnBackend``: SGLang's attention-backend interface on our kernels.
+
+SGLang keeps its own memory management untouched: RadixCache decides which prefix a
+request reuses, ``ReqToTokenPool`` holds each running request's token locations, the
+allocator hands out (pages of) KV slots, and ``MHATokenToKVPool`` stores K and V. Per
+forward pass this backend
+
+1. turns the batch's ``req_to_token`` rows into a block table
+   (``shims.sglang.req_to_token_table``: token-level for page size 1, one entry per page
+   otherwise) in ``init_forward_metadata``;
+2. writes the new tokens' K/V with the pool's own ``set_kv_buffer`` (so fp8 scaling,
+   HND scatter and layer-wise transfer hooks stay SGLang's);
+3. runs prefix prefill for extend / mixed batches (cached prefix read through the block
+   table, new tokens from the dense ``k``/``v`` SGLang passes) and paged decode for decode
+   batches, reading the pool through strided ``[blocks, H, P, D]`` views (no copy).
+
+CUDA graphs (decode): ``init_cuda_graph_state`` allocates a static block table and
+seq-len buffer; ``init_forward_metadata_out_graph`` points the metadata at them;
+``init_forward_metadata_in_graph`` refills them from the runner's static
+``req_pool_indices`` / ``seq_lens`` with static-shape gathers (recorded into the graph).
+Padded graph rows use seq len 1 on row 0 of ``req_to_token`` (SGLang's padding row,
+pointing at the padding slot 0).
+
+Not supported (a clear error, never a wrong answer): speculative verify / draft-extend
+and dLLM modes, cross-attention, different QK and V head dims, SWA hybrid pools,
+quantized (fp4 / custom-method) pools, score mods.
+
+Environment: ``HYGON_SGLANG_IMPL`` = ``auto`` (default) | ``triton`` | ``reference``;
+``HYGON_SGLANG_CHECK_PAGES=1`` checks page contiguity of every batch (debugging).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Optional
+
+import torch
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+from hygon_attn_backend.integrations.sglang import _kernels
+from hygon_attn_backend.shims import sglang as shims
+
+logger = logging.getLogger(__name__)
+
+IMPLS = ("auto", "triton", "reference")
+
+
+@dataclasses.dataclass
+class HygonForwardMetadata:
+    """Per-forward metadata, shared by every layer of the pass.
+
+    block_table: ``[B, num_blocks]`` int32 (token locations for P=1, page ids for P>1).
+    seq_lens: ``[B]`` int32 key lengths (cached prefix + new tokens).
+    cu_seqlens_q: ``[B + 1]`` int32 packed-query offsets (extend / mixed), None for decode.
+    """
+
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    cu_seqlens_q: Optional[torch.Tensor] = None
+
+
+def _unsupported_mode(mode) -> Optional[str]:
+    if mode.is_target_verify() or mode.is_draft_extend_v2():
+        return "speculative decoding (target verify / draft extend)"
+    if mode.is_dllm_extend():
+        return "dLLM extend"
+    if mode.is_split_prefill():
+        return "split prefill (PD multiplexing)"
+    return None
+
+
+class HygonAttnBackend(AttentionBackend):
+    """Attention backend ``hygon`` for dense MHA/GQA/MQA models."""
+
+    def __init__(self, model_runner):
+        super().__init__()
+        self.device = torch.device(model_runner.device)
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        pool = self.token_to_kv_pool
+        if isinstance(pool, SWAKVPool):
+            raise NotImplementedError("hygon attention backend: hybrid sliding-window KV pools "
+                                      "are not supported; use a model without SWA layers")
+        layout = getattr(pool, "kv_cache_layout", "nhd")
+        if layout not in ("nhd", "hnd"):
+            raise NotImplementedError(f"hygon attention backend: KV pool layout {layout!r} is not "
+                                      "supported (supported: 'nhd', 'hnd')")
+        if getattr(pool, "is_quantized_kv_cache", False):
+            raise NotImplementedError("hygon attention backend: quantized KV-cache methods are not "
+                                      "supported (fp8 KV via --kv-cache-dtype is)")
+        self.page_size = int(getattr(pool, "page_size", 1) or 1)
+        self.max_blocks = -(-self.req_to_token.shape[1] // self.page_size)
+        self.impl = os.environ.get("HYGON_SGLANG_IMPL", "auto")
+        if self.impl not in IMPLS:
+            raise ValueError(f"HYGON_SGLANG_IMPL must be one of {IMPLS}, got {self.impl!r}")
+        self.check_pages = os.environ.get("HYGON_SGLANG_CHECK_PAGES", "0") == "1"
+        self.forward_metadata: Optional[HygonForwardMetadata] = None
+        self._graph_block_table: Optional[torch.Tensor] = None
+        self._graph_seq_lens: Optional[torch.Tensor] = None
+        logger.info("hygon attention backend: page_size=%d layout=%s impl=%s (decode: %s, "
+                    "prefill: %s)", self.page_size, layout, self.impl,
+                    _kernels.op_source("decode"), _kernels.op_source("prefill"))
+
+    # ------------------------------------------------------------------ metadata
+
+    def _table_width(self, forward_batch) -> int:
+        """Blocks the longest request needs, from the host copy of seq lens when there is
+        one (no device sync); else every block a row can hold."""
+        lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+        if lens_cpu is None or forward_batch.batch_size == 0:
+            return self.max_blocks
+        max_len = int(max(lens_cpu[: forward_batch.batch_size].tolist()))
+        return min(self.max_blocks, max(1, -(-max_len // self.page_size)))
+
+    def init_forward_metadata(self, forward_batch):
+        """Eager metadata: block table, seq lens and (extend) packed-query offsets."""
+        mode = forward_batch.forward_mode
+        reason = _unsupported_mode(mode)
+        if reason is not None:
+            raise NotImplementedError(f"hygon attention backend: {reason} is not supported")
+        bs = forward_batch.batch_size
+        rows = forward_batch.req_pool_indices[:bs]
+        seq_lens = forward_batch.seq_lens[:bs].to(torch.int32)
+        block_table = shims.req_to_token_table(self.req_to_token, rows,
+                                               page_size=self.page_size,
+                                               num_blocks=self._table_width(forward_batch))
+        if self.check_pages and self.page_size > 1:
+            shims.check_paged_rows(self.req_to_token, rows, seq_lens, page_size=self.page_size)
+        cu_seqlens_q = None
+        if not mode.is_decode_or_idle():
+            extend_lens = forward_batch.extend_seq_lens[:bs]
+            cu_seqlens_q = torch.zeros(bs + 1, dtype=torch.int32, device=seq_lens.device)
+            cu_seqlens_q[1:] = torch.cumsum(extend_lens, 0)
+        self.forward_metadata = HygonForwardMetadata(block_table=block_table, seq_lens=seq_lens,
+                                                     cu_seqlens_q=cu_seqlens_q)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, **kwargs):
+        """Static buffers the captured decode graphs read: ``[max_bs, max_blocks]`` block
+        table and ``[max_bs]`` seq lens (filled with 1, the padding length)."""
+        del max_num_tokens, kwargs
+        self._graph_block_table = torch.zeros((max_bs, self.max_blocks), dtype=torch.int32,
+                                              device=self.device)
+        self._graph_seq_lens = torch.ones((max_bs,), dtype=torch.int32, device=self.device)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        """Point the metadata at the static graph buffers (capture and replay alike)."""
+        del in_capture
+        mode = forward_batch.forward_mode
+        if not mode.is_decode_or_idle():
+            raise NotImplementedError(f"hygon attention backend: CUDA graphs are supported for "
+                                      f"decode only, got {mode.name}")
+        if self._graph_block_table is None:
+            raise RuntimeError("init_cuda_graph_state must run before graph metadata")
+        bs = forward_batch.batch_size
+        self.forward_metadata = HygonForwardMetadata(block_table=self._graph_block_table[:bs],
+                                                     seq_lens=self._graph_seq_lens[:bs])
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        """Refill the static buffers from the batch (static shapes, no host sync)."""
+        bs = forward_batch.batch_size
+        shims.req_to_token_table(self.req_to_token, forward_batch.req_pool_indices[:bs],
+                                 page_size=self.page_size, out=self._graph_block_table[:bs])
+        self._graph_seq_lens[:bs].copy_(forward_batch.seq_lens[:bs])
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1
+
+    # ------------------------------------------------------------------ forward
+
+    def _kv_views(self, layer):
+        k_view, v_view, _ = shims.pool_kv_views(self.token_to_kv_pool, layer.layer_id)
+        return k_view, v_view
+
+    @staticmethod
+    def _options(layer, sinks):
+        """Keyword options shared by decode and prefill for ``layer``."""
+        opts = {"scale": layer.scaling}
+        if layer.logit_cap is not None and layer.logit_cap > 0:
+            if layer.logit_capping_method != "tanh":
+                raise NotImplementedError(f"hygon attention backend: logit capping method "
+                                          f"{layer.logit_capping_method!r} (only 'tanh')")
+            opts["soft_cap"] = float(layer.logit_cap)
+        if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
+            # SGLang's window W lets query position i see keys i - W .. i: W + 1 keys.
+            opts["sliding_window"] = int(layer.sliding_window_size) + 1
+        if layer.k_scale is not None:
+            opts["k_scale"] = float(layer.k_scale_float)
+            opts["v_scale"] = float(layer.v_scale_float)
+        if sinks is not None:
+            opts["sinks"] = sinks.to(torch.float32)
+        return opts
+
+    @staticmethod
+    def _check_layer(layer, kwargs):
+        if layer.is_cross_attention:
+            raise NotImplementedError("hygon attention backend: cross-attention is not supported")
+        if layer.qk_head_dim != layer.v_head_dim:
+            raise NotImplementedError(f"hygon attention backend: qk_head_dim {layer.qk_head_dim} "
+                                      f"!= v_head_dim {layer.v_head_dim} is not supported")
+        unknown = sorted(k for k, v in kwargs.items() if v is not None)
+        if unknown:
+            raise NotImplementedError(f"hygon attention backend: unsupported options {unknown}")
+
+    def _save_kv(self, layer, forward_batch, k, v):
+        loc = KVWriteLoc.for_layer(forward_batch, layer)
+        if layer.k_scale is None:
+            self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v)
+        else:
+            # set_kv_buffer divides by the scales in place: keep the caller's k/v intact.
+            self.token_to_kv_pool.set_kv_buffer(layer, loc, k.clone(), v.clone(),
+                                                layer.k_scale, layer.v_scale)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True,
+                       sinks=None, **kwargs):
+        """Prefix prefill of an extend / mixed batch.
+
+        q: ``[num_tokens, Hq * D]`` (or ``[num_tokens, Hq, D]``); k, v: ``[num_tokens, Hkv, D]``
+        new tokens (None: already in the pool at ``out_cache_loc``).
+        Returns ``[num_tokens, Hq * D]`` in q's dtype.
+        """
+        self._check_layer(layer, kwargs)
+        if (k is None) != (v is None):
+            raise ValueError("k and v must both be tensors or both be None")
+        if k is not None and save_kv_cache:
+            self._save_kv(layer, forward_batch, k, v)
+        meta = self.forward_metadata
+        num_heads, head_dim = layer.tp_q_head_num, layer.qk_head_dim
+        q3 = q.reshape(-1, num_heads, head_dim)
+        out = q.new_empty((q3.shape[0], num_heads * layer.v_head_dim))
+        k_view, v_view = self._kv_views(layer)
+        causal = not (layer.attn_type == AttentionType.ENCODER_ONLY)
+        opts = self._options(layer, sinks)
+        if k is not None:
+            opts["k_new"] = k.reshape(-1, layer.tp_k_head_num, head_dim)
+            opts["v_new"] = v.reshape(-1, layer.tp_v_head_num, layer.v_head_dim)
+        _kernels.prefix_prefill_attention(
+            q3, k_view, v_view, meta.block_table, meta.cu_seqlens_q, meta.seq_lens,
+            causal=causal, out=out.view(-1, num_heads, layer.v_head_dim), impl=self.impl, **opts)
+        return out
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True,
+                       sinks=None, **kwargs):
+        """Paged decode: one query token per request.
+
+        q: ``[bs, Hq * D]``; k, v: ``[bs, Hkv, D]`` the new token's K/V (written first).
+        Returns ``[bs, Hq * D]`` in q's dtype.
+        """
+        self._check_layer(layer, kwargs)
+        if k is not None and v is not None and save_kv_cache:
+            self._save_kv(layer, forward_batch, k, v)
+        meta = self.forward_metadata
+        num_heads, head_dim = layer.tp_q_head_num, layer.qk_head_dim
+        q3 = q.reshape(-1, num_heads, head_dim)
+        out = q.new_empty((q3.shape[0], num_heads * layer.v_head_dim))
+        k_view, v_view = self._kv_views(layer)
+        _kernels.paged_decode_attention(
+            q3, k_view, v_view, meta.block_table, meta.seq_lens,
+            out=out.view(-1, num_heads, layer.v_head_dim), impl=self.impl,
+            **self._options(layer, sinks))
+        return out
