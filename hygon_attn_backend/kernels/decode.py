@@ -1,0 +1,185 @@
+"""Paged decode attention with a KV-head grid (the DCU ``REUSE_KV_TIMES`` idea).
+
+Grid ``(num_kv_heads, num_seqs, num_partitions)`` with ``HEADS_PER_PROG = GROUP``: one
+program loads each K/V tile of its KV head once and computes every query head of the
+GQA group (and every speculative token of the sequence) against it. The rows of the
+group are padded to ``BLOCK_M >= 16`` so both dots run on the tensor cores.
+
+The same kernel with ``HEADS_PER_PROG = 1`` and grid ``(num_q_heads, ...)`` is the
+per-query-head variant (one program per query head, re-reading the KV of its group G
+times); it is kept as a benchmark baseline.
+
+Row ``r`` of the M tile is token ``t = r // HEADS_PER_PROG`` of the sequence and query
+head ``head0 + r % HEADS_PER_PROG``; token ``t`` sits at position
+``seq_len - NUM_TOKENS + t`` and sees keys ``j <= seq_len - NUM_TOKENS + t``.
+
+SPLIT=False: the program covers the whole sequence and writes the output.
+SPLIT=True: it covers ``[part * partition_size, (part + 1) * partition_size)`` and
+writes ``(m, l, acc / l)`` to the scratch slot ``seq * num_partitions + part`` for
+``kernels/combine.py``; partitions that start past ``seq_len`` exit at once.
+"""
+
+import triton
+import triton.language as tl
+
+from hygon_attn_backend.kernels.softmax import online_softmax_step, soft_cap_log2
+
+
+@triton.jit
+def paged_decode_kernel(
+    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, sinks_ptr,
+    k_scale_ptr, v_scale_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
+    scale, k_scale_value, v_scale_value, soft_cap, sliding_window,
+    num_blocks, max_blocks_per_seq, partition_size, num_partitions, num_q_heads,
+    stride_q_seq, stride_q_tok, stride_q_head, stride_q_dim,
+    stride_o_seq, stride_o_tok, stride_o_head, stride_o_dim,
+    stride_k_block, stride_k_head, stride_k_slot, stride_k_dim, stride_k_chunk,
+    stride_v_block, stride_v_head, stride_v_slot, stride_v_dim,
+    stride_bt_seq, stride_bt_block,
+    stride_ml_slot, stride_ml_row,
+    stride_po_slot, stride_po_row, stride_po_dim,
+    GROUP: tl.constexpr,            # query heads per KV head
+    HEADS_PER_PROG: tl.constexpr,   # GROUP (KV-head grid) or 1 (per-query-head grid)
+    NUM_TOKENS: tl.constexpr,       # query tokens per sequence (speculative decode)
+    BLOCK_M: tl.constexpr,          # >= 16, >= NUM_TOKENS * HEADS_PER_PROG
+    BLOCK_N: tl.constexpr,          # tokens per KV tile
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,     # next power of two of HEAD_DIM
+    PAGE_SIZE: tl.constexpr,
+    K_SPLIT_X: tl.constexpr,        # 0: 4-D K view; x: 5-D split-x K [N, H, D//x, P, x]
+    SPLIT: tl.constexpr,
+    SCALES_FROM_PTR: tl.constexpr,  # k/v scales are 1-element tensors (no host sync)
+    USE_SOFT_CAP: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SINKS: tl.constexpr,
+):
+    head_prog = tl.program_id(0)
+    seq = tl.program_id(1).to(tl.int64)
+    part = tl.program_id(2)
+
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    part_start = part * partition_size
+    if SPLIT:
+        if part_start >= seq_len:
+            return
+    part_end = tl.minimum(part_start + partition_size, seq_len)
+
+    head0 = head_prog * HEADS_PER_PROG
+    kv_head = (head0 // GROUP).to(tl.int64)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    tok_m = offs_m // HEADS_PER_PROG  # [BLOCK_M] token of each row
+    head_m = head0 + offs_m % HEADS_PER_PROG  # [BLOCK_M] query head of each row
+    row_ok = offs_m < NUM_TOKENS * HEADS_PER_PROG
+    d_ok = offs_d < HEAD_DIM
+
+    q_offs = (seq * stride_q_seq + tok_m[:, None].to(tl.int64) * stride_q_tok
+              + head_m[:, None].to(tl.int64) * stride_q_head
+              + offs_d[None, :].to(tl.int64) * stride_q_dim)
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    # q: [BLOCK_M, HEAD_DIM_PAD]
+
+    if SCALES_FROM_PTR:
+        k_scale = tl.load(k_scale_ptr).to(tl.float32)
+        v_scale = tl.load(v_scale_ptr).to(tl.float32)
+    else:
+        k_scale = k_scale_value
+        v_scale = v_scale_value
+    sm_scale = scale * k_scale  # natural units, K's dequant scale folded in
+    qk_scale = sm_scale * 1.4426950408889634  # log2(e), for exp2
+
+    # last key position each row may see (causal rule of speculative tokens)
+    pos_m = seq_len - NUM_TOKENS + tok_m  # [BLOCK_M]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    if USE_SINKS:
+        # a sink is one extra key with value 0 and logit sinks[h]: start the state from it
+        # (partition 0 only, so the combine counts it once)
+        sink = tl.load(sinks_ptr + head_m, mask=row_ok, other=float("-inf")).to(tl.float32)
+        has_sink = row_ok & (part == 0)
+        m_i = tl.where(has_sink, sink * 1.4426950408889634, m_i)
+        l_i = tl.where(has_sink, 1.0, l_i)
+
+    loop_start = part_start
+    if USE_WINDOW:
+        # keys before the earliest visible one of the first token are skipped whole tiles
+        first_key = tl.maximum(seq_len - NUM_TOKENS - sliding_window + 1, 0)
+        loop_start = tl.maximum(part_start, (first_key // BLOCK_N) * BLOCK_N)
+
+    d_off_k = offs_d.to(tl.int64) * stride_k_dim
+    if K_SPLIT_X > 0:
+        d_off_k = ((offs_d // K_SPLIT_X).to(tl.int64) * stride_k_chunk
+                   + (offs_d % K_SPLIT_X).to(tl.int64) * stride_k_dim)
+    d_off_v = offs_d.to(tl.int64) * stride_v_dim
+    k_head_ptr = k_ptr + kv_head * stride_k_head
+    v_head_ptr = v_ptr + kv_head * stride_v_head
+    bt_row_ptr = block_table_ptr + seq * stride_bt_seq
+
+    for start in range(loop_start, part_end, BLOCK_N):
+        offs_tok = start + offs_n  # [BLOCK_N]
+        tok_ok = offs_tok < part_end
+        if PAGE_SIZE % BLOCK_N == 0:
+            # the whole tile lies inside one page: one table lookup
+            blk = start // PAGE_SIZE
+            in_table = blk < max_blocks_per_seq
+            blk = tl.minimum(blk, max_blocks_per_seq - 1)
+            page = tl.load(bt_row_ptr + blk * stride_bt_block).to(tl.int64)
+            page_ok = in_table & (page >= 0) & (page < num_blocks)
+            tok_ok = offs_tok < tl.where(page_ok, part_end, start)  # bad page: no token
+            page = tl.where(page_ok, page, 0)
+            slot = (start % PAGE_SIZE) + offs_n  # [BLOCK_N]
+        else:
+            # the tile spans pages: one lookup per token
+            blk = offs_tok // PAGE_SIZE  # [BLOCK_N]
+            page = tl.load(bt_row_ptr + blk * stride_bt_block,
+                           mask=tok_ok & (blk < max_blocks_per_seq), other=-1).to(tl.int64)
+            tok_ok = tok_ok & (page >= 0) & (page < num_blocks)
+            page = tl.where(tok_ok, page, 0)
+            slot = offs_tok % PAGE_SIZE  # [BLOCK_N]
+        slot = slot.to(tl.int64)
+        tok_off_k = page * stride_k_block + slot * stride_k_slot  # [BLOCK_N]
+        tok_off_v = page * stride_v_block + slot * stride_v_slot  # [BLOCK_N]
+
+        k = tl.load(k_head_ptr + tok_off_k[None, :] + d_off_k[:, None],
+                    mask=tok_ok[None, :] & d_ok[:, None], other=0.0)
+        # k: [HEAD_DIM_PAD, BLOCK_N] (K^T)
+        qk = tl.dot(q, k.to(q.dtype))  # [BLOCK_M, BLOCK_N] fp32
+        if USE_SOFT_CAP:
+            s = soft_cap_log2(qk * sm_scale, soft_cap)
+        else:
+            s = qk * qk_scale
+        visible = tok_ok[None, :]
+        if NUM_TOKENS > 1:
+            visible = visible & (offs_tok[None, :] <= pos_m[:, None])
+        if USE_WINDOW:
+            visible = visible & (offs_tok[None, :] > pos_m[:, None] - sliding_window)
+        s = tl.where(visible, s, float("-inf"))
+
+        p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i)
+        v = tl.load(v_head_ptr + tok_off_v[:, None] + d_off_v[None, :],
+                    mask=tok_ok[:, None] & d_ok[None, :], other=0.0)
+        # v: [BLOCK_N, HEAD_DIM_PAD]
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    result = acc * (v_scale / l_safe)[:, None]  # [BLOCK_M, HEAD_DIM_PAD]
+    if SPLIT:
+        row = tok_m.to(tl.int64) * num_q_heads + head_m  # scratch row = t * Hq + h
+        slot_id = seq * num_partitions + part
+        tl.store(max_logits_ptr + slot_id * stride_ml_slot + row * stride_ml_row, m_i,
+                 mask=row_ok)
+        tl.store(exp_sums_ptr + slot_id * stride_ml_slot + row * stride_ml_row, l_i,
+                 mask=row_ok)
+        po_offs = (slot_id * stride_po_slot + row[:, None] * stride_po_row
+                   + offs_d[None, :].to(tl.int64) * stride_po_dim)
+        tl.store(partial_out_ptr + po_offs, result, mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        o_offs = (seq * stride_o_seq + tok_m[:, None].to(tl.int64) * stride_o_tok
+                  + head_m[:, None].to(tl.int64) * stride_o_head
+                  + offs_d[None, :].to(tl.int64) * stride_o_dim)
+        tl.store(out_ptr + o_offs, result.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
