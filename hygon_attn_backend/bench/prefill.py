@@ -186,6 +186,9 @@ def run_prefill_bench(args) -> dict:
                         "page": page, "source": src,
                         "tile": [plan.block_m, plan.block_n, plan.num_warps, plan.num_stages],
                         "ms": ms, "tflops": tf, "pct_matmul": 100 * tf / mm_tflops})
+                    print(f"  ({batch},{prefix},{extend}) P={page} {src} tile="
+                          f"{row['ours'][-1]['tile']}: {ms:.3f} ms {tf:.1f} TFLOP/s "
+                          f"{100 * tf / mm_tflops:.1f}%", flush=True)
             # the plain call (plan + host checks inside) once per page size, default tile
             plain = lambda: prefix_prefill_attention(q, kc, vc, bt, cu, lk, out=out)
             row.setdefault("plain_call_ms", {})[page] = _bench(plain, args.rep_ms)
@@ -198,6 +201,8 @@ def run_prefill_bench(args) -> dict:
                     tf = flops / ms / 1e9
                     row["peers"][name] = {"ms": ms, "tflops": tf, "mask": mask_kind,
                                           "pct_matmul": 100 * tf / mm_tflops}
+                    print(f"  ({batch},{prefix},{extend}) sdpa {name}: {ms:.3f} ms {tf:.1f} "
+                          f"TFLOP/s {100 * tf / mm_tflops:.1f}%", flush=True)
                 else:
                     row["peers"][name] = {"error": ms}
         result["rows"].append(row)
