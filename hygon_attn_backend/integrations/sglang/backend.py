@@ -58,11 +58,17 @@ class HygonForwardMetadata:
     block_table: ``[B, num_blocks]`` int32 (token locations for P=1, page ids for P>1).
     seq_lens: ``[B]`` int32 key lengths (cached prefix + new tokens).
     cu_seqlens_q: ``[B + 1]`` int32 packed-query offsets (extend / mixed), None for decode.
+    max_seq_len: host-side bound of ``seq_lens`` (sizes the decode grid), None: the table's
+    capacity. graph: the static CUDA-graph buffers back this metadata. plans: prefill tile maps, built by the first layer of the pass and reused
+    by the others (keyed by head counts and head dim).
     """
 
     block_table: torch.Tensor
     seq_lens: torch.Tensor
     cu_seqlens_q: Optional[torch.Tensor] = None
+    max_seq_len: Optional[int] = None
+    graph: bool = False
+    plans: dict = dataclasses.field(default_factory=dict)
 
 
 def _unsupported_mode(mode) -> Optional[str]:
@@ -104,20 +110,23 @@ class HygonAttnBackend(AttentionBackend):
         self.forward_metadata: Optional[HygonForwardMetadata] = None
         self._graph_block_table: Optional[torch.Tensor] = None
         self._graph_seq_lens: Optional[torch.Tensor] = None
+        self._graph_max_bs = 0
+        # split-KV decode scratch for graph replays, per (Hq, Hkv, D): allocated by the
+        # warm-up pass that precedes capture, so captured launches allocate nothing
+        self._decode_workspaces: dict = {}
         logger.info("hygon attention backend: page_size=%d layout=%s impl=%s (decode: %s, "
                     "prefill: %s)", self.page_size, layout, self.impl,
                     _kernels.op_source("decode"), _kernels.op_source("prefill"))
 
     # ------------------------------------------------------------------ metadata
 
-    def _table_width(self, forward_batch) -> int:
-        """Blocks the longest request needs, from the host copy of seq lens when there is
-        one (no device sync); else every block a row can hold."""
+    def _max_seq_len(self, forward_batch) -> Optional[int]:
+        """Longest key length of the batch from the host copy of seq lens (no device
+        sync), or None when the batch carries none."""
         lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
         if lens_cpu is None or forward_batch.batch_size == 0:
-            return self.max_blocks
-        max_len = int(max(lens_cpu[: forward_batch.batch_size].tolist()))
-        return min(self.max_blocks, max(1, -(-max_len // self.page_size)))
+            return None
+        return int(max(lens_cpu[: forward_batch.batch_size].tolist()))
 
     def init_forward_metadata(self, forward_batch):
         """Eager metadata: block table, seq lens and (extend) packed-query offsets."""
@@ -128,9 +137,12 @@ class HygonAttnBackend(AttentionBackend):
         bs = forward_batch.batch_size
         rows = forward_batch.req_pool_indices[:bs]
         seq_lens = forward_batch.seq_lens[:bs].to(torch.int32)
+        max_seq_len = self._max_seq_len(forward_batch)
+        num_blocks = self.max_blocks
+        if max_seq_len is not None:
+            num_blocks = min(self.max_blocks, max(1, -(-max_seq_len // self.page_size)))
         block_table = shims.req_to_token_table(self.req_to_token, rows,
-                                               page_size=self.page_size,
-                                               num_blocks=self._table_width(forward_batch))
+                                               page_size=self.page_size, num_blocks=num_blocks)
         if self.check_pages and self.page_size > 1:
             shims.check_paged_rows(self.req_to_token, rows, seq_lens, page_size=self.page_size)
         cu_seqlens_q = None
@@ -139,12 +151,14 @@ class HygonAttnBackend(AttentionBackend):
             cu_seqlens_q = torch.zeros(bs + 1, dtype=torch.int32, device=seq_lens.device)
             cu_seqlens_q[1:] = torch.cumsum(extend_lens, 0)
         self.forward_metadata = HygonForwardMetadata(block_table=block_table, seq_lens=seq_lens,
-                                                     cu_seqlens_q=cu_seqlens_q)
+                                                     cu_seqlens_q=cu_seqlens_q,
+                                                     max_seq_len=max_seq_len)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, **kwargs):
         """Static buffers the captured decode graphs read: ``[max_bs, max_blocks]`` block
         table and ``[max_bs]`` seq lens (filled with 1, the padding length)."""
         del max_num_tokens, kwargs
+        self._graph_max_bs = max_bs
         self._graph_block_table = torch.zeros((max_bs, self.max_blocks), dtype=torch.int32,
                                               device=self.device)
         self._graph_seq_lens = torch.ones((max_bs,), dtype=torch.int32, device=self.device)
@@ -160,7 +174,8 @@ class HygonAttnBackend(AttentionBackend):
             raise RuntimeError("init_cuda_graph_state must run before graph metadata")
         bs = forward_batch.batch_size
         self.forward_metadata = HygonForwardMetadata(block_table=self._graph_block_table[:bs],
-                                                     seq_lens=self._graph_seq_lens[:bs])
+                                                     seq_lens=self._graph_seq_lens[:bs],
+                                                     graph=True)
 
     def init_forward_metadata_in_graph(self, forward_batch):
         """Refill the static buffers from the batch (static shapes, no host sync)."""
@@ -240,6 +255,17 @@ class HygonAttnBackend(AttentionBackend):
         if k is not None:
             opts["k_new"] = k.reshape(-1, layer.tp_k_head_num, head_dim)
             opts["v_new"] = v.reshape(-1, layer.tp_v_head_num, layer.v_head_dim)
+        if _kernels.uses_public_op("prefill", self.impl, q3):
+            key = (num_heads, layer.tp_k_head_num, head_dim, q3.shape[0])
+            first_layer = key not in meta.plans
+            if first_layer:
+                from hygon_attn_backend.ops.prefill import plan_prefix_prefill
+
+                meta.plans[key] = plan_prefix_prefill(
+                    meta.cu_seqlens_q, meta.seq_lens, total_q=q3.shape[0],
+                    num_q_heads=num_heads, num_kv_heads=layer.tp_k_head_num, head_dim=head_dim)
+            # index values are checked on the host once per forward pass, not per layer
+            opts.update(plan=meta.plans[key], validate=first_layer)
         _kernels.prefix_prefill_attention(
             q3, k_view, v_view, meta.block_table, meta.cu_seqlens_q, meta.seq_lens,
             causal=causal, out=out.view(-1, num_heads, layer.v_head_dim), impl=self.impl, **opts)
@@ -260,8 +286,25 @@ class HygonAttnBackend(AttentionBackend):
         q3 = q.reshape(-1, num_heads, head_dim)
         out = q.new_empty((q3.shape[0], num_heads * layer.v_head_dim))
         k_view, v_view = self._kv_views(layer)
+        opts = self._options(layer, sinks)
+        if meta.max_seq_len is not None:
+            opts["max_seq_len"] = meta.max_seq_len
+        if meta.graph and _kernels.uses_public_op("decode", self.impl, q3):
+            opts["workspace"] = self._graph_decode_workspace(num_heads, layer.tp_k_head_num,
+                                                             head_dim)
         _kernels.paged_decode_attention(
             q3, k_view, v_view, meta.block_table, meta.seq_lens,
-            out=out.view(-1, num_heads, layer.v_head_dim), impl=self.impl,
-            **self._options(layer, sinks))
+            out=out.view(-1, num_heads, layer.v_head_dim), impl=self.impl, **opts)
         return out
+
+    def _graph_decode_workspace(self, num_q_heads: int, num_kv_heads: int, head_dim: int):
+        """Split-KV scratch sized for every graph batch size and the full context."""
+        key = (num_q_heads, num_kv_heads, head_dim)
+        if key not in self._decode_workspaces:
+            from hygon_attn_backend.ops.decode import allocate_decode_workspace
+
+            self._decode_workspaces[key] = allocate_decode_workspace(
+                max_num_seqs=max(1, self._graph_max_bs), num_q_heads=num_q_heads,
+                num_kv_heads=num_kv_heads, head_dim=head_dim,
+                max_context_len=self.max_blocks * self.page_size, device=self.device)
+        return self._decode_workspaces[key]
