@@ -32,6 +32,7 @@ def _load_tests():
     spec = importlib.util.spec_from_file_location("test_prefill",
                                                   os.path.join(ROOT, "tests", "test_prefill.py"))
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["test_prefill"] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
