@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["partition_size", "num_partitions"])
 def combine_partitions_kernel(
     out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr, seq_lens_ptr,
     partition_size, num_partitions, num_q_heads,

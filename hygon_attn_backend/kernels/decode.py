@@ -25,7 +25,9 @@ import triton.language as tl
 from hygon_attn_backend.kernels.softmax import online_softmax_step, soft_cap_log2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["scale", "k_scale_value", "v_scale_value",
+                               "soft_cap", "sliding_window", "num_blocks",
+                               "max_blocks_per_seq", "partition_size", "num_partitions"])
 def paged_decode_kernel(
     out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, sinks_ptr,
     k_scale_ptr, v_scale_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
@@ -144,8 +146,13 @@ def paged_decode_kernel(
         tok_off_k = page * stride_k_block + slot * stride_k_slot  # [BLOCK_N]
         tok_off_v = page * stride_v_block + slot * stride_v_slot  # [BLOCK_N]
 
-        k = tl.load(k_head_ptr + tok_off_k[None, :] + d_off_k[:, None],
-                    mask=tok_ok[None, :] & d_ok[:, None], other=0.0)
+        if HEAD_DIM == HEAD_DIM_PAD:
+            k_mask = tok_ok[None, :]  # no mask along D: keeps 16-byte loads
+            v_mask = tok_ok[:, None]
+        else:
+            k_mask = tok_ok[None, :] & d_ok[:, None]
+            v_mask = tok_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_head_ptr + tok_off_k[None, :] + d_off_k[:, None], mask=k_mask, other=0.0)
         # k: [HEAD_DIM_PAD, BLOCK_N] (K^T)
         qk = tl.dot(q, k.to(q.dtype))  # [BLOCK_M, BLOCK_N] fp32
         if USE_SOFT_CAP:
@@ -160,8 +167,7 @@ def paged_decode_kernel(
         s = tl.where(visible, s, float("-inf"))
 
         p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i)
-        v = tl.load(v_head_ptr + tok_off_v[:, None] + d_off_v[None, :],
-                    mask=tok_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_head_ptr + tok_off_v[:, None] + d_off_v[None, :], mask=v_mask, other=0.0)
         # v: [BLOCK_N, HEAD_DIM_PAD]
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
 
