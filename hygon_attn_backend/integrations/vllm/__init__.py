@@ -1,0 +1,127 @@
+"""vLLM integration: ``--attention-backend hygon``.
+
+vLLM loads :func:`register` through the ``vllm.general_plugins`` entry point in every
+process it starts (the front end, the engine core and each worker). ``register`` is
+idempotent and cheap: it imports nothing of ours beyond this module and nothing of vLLM
+that vLLM has not already imported when it calls plugins (the backend class is named by
+its path and imported only when vLLM selects it).
+
+How the name ``hygon`` reaches a spawned worker
+-----------------------------------------------
+vLLM parses ``--attention-backend NAME`` as ``AttentionBackendEnum[NAME.upper()]`` and
+ships the config to spawned processes by pickle, and an enum member pickles by *value*.
+A spawned process unpickles the config before it loads plugins, so a member created at
+run time (``AttentionBackendEnum.register("HYGON", ...)``) would not exist yet there and
+unpickling would fail. The enum's ``CUSTOM`` slot (value ``None``) exists in every
+process, so ``register`` points ``CUSTOM`` at our backend class (vLLM's own
+``register_backend``) and adds ``HYGON`` as an alias *name* of that member: the user's
+``hygon`` parses to ``CUSTOM``, which survives pickling, and each process's own
+``register`` call makes ``CUSTOM`` resolve to our class before any backend is selected.
+If another plugin already owns ``CUSTOM``, ``register`` leaves it alone and registers a
+separate ``HYGON`` member instead (works in one process and with forked workers; a
+warning says spawned workers cannot see it).
+
+CPU platform
+------------
+vLLM 0.32's ``CpuPlatform.get_attn_backend_cls`` ignores the selected backend and always
+returns its own CPU backend. ``register`` installs a version-gated wrapper
+(:mod:`.cpu_platform`, recorded in ``patches/vllm-0.32-cpu-backend-choice.md``) that
+returns our backend only when the selection is ours; every other selection goes to
+vLLM's original method unchanged.
+
+Supported vLLM versions: :data:`SUPPORTED_VLLM` (0.32 is tested on CPU, 0.33 is the GPU
+release). On any other version ``register`` logs a warning and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional, Tuple
+
+# Under vLLM's logger namespace, so messages appear with vLLM's own (in every process).
+logger = logging.getLogger("vllm.hygon_attn_backend")
+
+#: Name users pass: ``--attention-backend hygon`` (vLLM upper-cases it).
+BACKEND_NAME = "HYGON"
+#: Class path vLLM resolves when our backend is selected.
+BACKEND_PATH = "hygon_attn_backend.integrations.vllm.backend.HygonAttentionBackend"
+#: vLLM versions (major, minor) this integration is written against.
+SUPPORTED_VLLM: Tuple[Tuple[int, int], ...] = ((0, 32), (0, 33))
+
+_registered_member = None
+
+
+def _version_tuple(text: str) -> Optional[Tuple[int, int]]:
+    parts = text.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def vllm_version() -> Optional[str]:
+    """The installed vLLM's version string, or None when vLLM is not importable."""
+    try:
+        from vllm.version import __version__
+    except Exception:  # vLLM absent or broken: the plugin must never break anything
+        return None
+    return __version__
+
+
+def is_supported_version(version: Optional[str]) -> bool:
+    return version is not None and _version_tuple(version) in SUPPORTED_VLLM
+
+
+def register():
+    """Make ``--attention-backend hygon`` select our backend in this process.
+
+    Idempotent; returns the ``AttentionBackendEnum`` member that ``hygon`` parses to (or
+    None on an unsupported vLLM, where nothing is changed).
+    """
+    global _registered_member
+    if _registered_member is not None:
+        return _registered_member
+    version = vllm_version()
+    if not is_supported_version(version):
+        logger.warning("hygon-attn-backend supports vLLM %s; found %s: not registering the "
+                       "'hygon' attention backend.",
+                       " and ".join(f"{a}.{b}" for a, b in SUPPORTED_VLLM), version)
+        return None
+
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    enum = AttentionBackendEnum
+    existing = enum.__members__.get(BACKEND_NAME)
+    if existing is not None:
+        member = existing  # registered before in this process (e.g. by another path)
+    elif (not enum.CUSTOM.is_overridden()
+          or enum.CUSTOM.get_path() == BACKEND_PATH):
+        register_backend(enum.CUSTOM, BACKEND_PATH)
+        member = enum.CUSTOM
+        # An alias name for the CUSTOM member, as Enum itself stores aliases: in the
+        # name -> member map only, so iterating the enum does not list CUSTOM twice.
+        setattr(enum, BACKEND_NAME, member)
+        enum._member_map_[BACKEND_NAME] = member
+    else:
+        logger.warning("vLLM's CUSTOM attention backend slot already points at %s; "
+                       "registering 'hygon' as its own name instead. Spawned workers "
+                       "cannot unpickle that name: use it with forked workers only.",
+                       enum.CUSTOM.get_path())
+        register_backend(BACKEND_NAME, BACKEND_PATH)  # creates the member HYGON
+        member = enum[BACKEND_NAME]
+
+    from . import cpu_platform
+
+    cpu_platform.install(version, member)
+    _registered_member = member
+    return member
+
+
+def is_selected(backend) -> bool:
+    """True when ``backend`` (an ``AttentionBackendEnum`` member or None) is ours."""
+    if backend is None or _registered_member is None:
+        return False
+    try:
+        return backend is _registered_member and backend.get_path() == BACKEND_PATH
+    except ValueError:
+        return False

@@ -1,0 +1,243 @@
+"""vLLM v1 attention backend running our kernels: backend class, metadata builder, impl.
+
+Selected with ``--attention-backend hygon`` (see :mod:`hygon_attn_backend.integrations.vllm`
+for how the name is registered). vLLM keeps its own KVCacheManager, BlockPool and prefix
+caching; this backend only reads and writes the per-layer cache tensor vLLM hands it:
+logical ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` (K = ``[..., :D]``,
+V = ``[..., D:]``) in whatever physical order vLLM's ``KVCacheLayout`` resolved to; the
+kernels read K and V as two strided views, with no copy.
+
+Capabilities declared here are the ones the kernels and the reference both implement;
+the routing of a batch to the kernels is in :mod:`._core` (engine-free).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Optional
+
+import torch
+
+from vllm.config import VllmConfig
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionLayer,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+    max_decode_query_len,
+)
+from vllm.v1.attention.backends.utils import (
+    get_num_attention_heads_from_layers,
+    split_decodes_and_prefills,
+)
+from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
+
+from . import BACKEND_NAME, _core, _ops, logger
+from ._core import HygonAttentionMetadata
+
+__all__ = [
+    "HygonAttentionBackend",
+    "HygonAttentionMetadata",
+    "HygonAttentionMetadataBuilder",
+    "HygonAttentionImpl",
+]
+
+#: Head sizes the decode and prefill kernels are tested at (32: by this backend's tests).
+SUPPORTED_HEAD_SIZES = [32, 64, 80, 96, 128, 192, 256]
+
+
+class HygonAttentionBackend(AttentionBackend):
+    """Paged decode with a KV-head grid + prefix-prefill, on vLLM's combined K|V cache."""
+
+    # vLLM writes the new K/V through do_kv_cache_update before forward.
+    forward_includes_kv_cache_update: bool = False
+
+    # The kernels take fp16/bf16 queries (the Triton interpreter on CPU: fp16 only).
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = [
+        "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls() -> type["HygonAttentionImpl"]:
+        return HygonAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type["HygonAttentionMetadataBuilder"]:
+        return HygonAttentionMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        # Pages are addressed through the block table with any size P >= 1.
+        return [MultipleOf(1)]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(SUPPORTED_HEAD_SIZES)
+
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
+        # The kernels take K/V as [block, kv_head, slot, dim] views with arbitrary
+        # strides, so every physical order works. Head-major block interiors first: a
+        # decode program reads one KV head's tokens, contiguous in LBHNC.
+        return (KVCacheLayout.LBHNC, KVCacheLayout.LBNHC, KVCacheLayout.BLHNC,
+                KVCacheLayout.BLNHC, KVCacheLayout.BHLNC, KVCacheLayout.LHBNC)
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return True  # both kernels mask i - W < j <= i
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return True  # per-head sink logits, both kernels
+
+    @classmethod
+    def supports_non_causal(cls) -> bool:
+        return False
+
+
+class HygonAttentionMetadataBuilder(AttentionMetadataBuilder[HygonAttentionMetadata]):
+    """Splits each batch into decode head / prefill tail and keeps the kernels' scratch.
+
+    CUDA graphs: uniform decode batches (every request with the same 1 + num_spec
+    tokens) run only the decode kernel, which allocates nothing and does not sync with
+    the host, so they can be captured (``UNIFORM_BATCH``). Batches holding a prefill
+    run the prefix-prefill kernel, whose tile schedule depends on the batch's lengths,
+    and stay eager (vLLM runs them piecewise).
+    """
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+
+    def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str],
+                 vllm_config: VllmConfig, device: torch.device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # Decodes first, up to 1 + num_speculative_tokens tokens each.
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
+        model_config = vllm_config.model_config
+        self.block_size = kv_cache_spec.block_size
+        self.num_kv_heads = kv_cache_spec.num_kv_heads
+        self.head_size = kv_cache_spec.head_size
+        self.num_heads = (get_num_attention_heads_from_layers(vllm_config, layer_names)
+                          or model_config.get_num_attention_heads(vllm_config.parallel_config))
+        self.impl = _ops.impl_from_env()
+        self.use_triton = _ops.runs_triton(self.impl, torch.device(device))
+        self.workspace = None
+        logger.info("hygon attention backend: %s kernels (%s=%s) for layers %s",
+                    "Triton" if self.use_triton else "reference (plain torch)",
+                    _ops.IMPL_ENV, self.impl, ", ".join(layer_names))
+        if self.use_triton:
+            # Split-KV scratch for every decode batch this engine can form, allocated once
+            # (no allocation inside a captured graph): up to max_num_seqs sequences of
+            # up to the block table's capacity, T = 1 + num_speculative_tokens each.
+            from hygon_attn_backend.ops.decode import allocate_decode_workspace
+
+            max_blocks = -(-model_config.max_model_len // self.block_size)
+            self.workspace = allocate_decode_workspace(
+                max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
+                num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                head_dim=self.head_size, max_context_len=max_blocks * self.block_size,
+                device=device, num_tokens=max_decode_query_len(vllm_config))
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> HygonAttentionMetadata:
+        cm = common_attn_metadata
+        if not isinstance(cm.causal, bool):
+            raise NotImplementedError("the hygon backend does not take per-request causal flags")
+        causal = cm.causal
+        num_decodes, _, num_decode_tokens, _ = split_decodes_and_prefills(
+            cm, decode_threshold=self.reorder_batch_threshold or 1, require_uniform=True)
+        md = _core.make_metadata(
+            query_start_loc=cm.query_start_loc, seq_lens=cm.seq_lens,
+            block_table=cm.block_table_tensor, slot_mapping=cm.slot_mapping,
+            num_reqs=cm.num_reqs, num_actual_tokens=cm.num_actual_tokens,
+            max_query_len=cm.max_query_len, max_seq_len=cm.max_seq_len,
+            num_decodes=num_decodes, num_decode_tokens=num_decode_tokens, causal=causal)
+        if self.use_triton:
+            md.decode_workspace = self.workspace
+            _core.plan_prefill(md, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                               head_size=self.head_size)
+        return md
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata
+                                    ) -> HygonAttentionMetadata:
+        md = self.build(0, common_attn_metadata)
+        # Capture with short sequences (the kernels' launch does not depend on them).
+        md.seq_lens.fill_(1)
+        return md
+
+
+class HygonAttentionImpl(AttentionImpl[HygonAttentionMetadata]):
+    """Per-layer attention: writes new K/V with our cache kernel, then routes the batch."""
+
+    def __init__(self, num_heads: int, head_size: int, scale: float,
+                 num_kv_heads: Optional[int] = None,
+                 alibi_slopes: Optional[list[float]] = None,
+                 sliding_window: Optional[int] = None, kv_cache_dtype: str = "auto",
+                 logits_soft_cap: Optional[float] = None,
+                 attn_type: str = AttentionType.DECODER,
+                 kv_sharing_target_layer_name: Optional[str] = None,
+                 sinks: Optional[torch.Tensor] = None, **unsupported) -> None:
+        if alibi_slopes is not None:
+            raise NotImplementedError("the hygon backend does not implement ALiBi")
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(f"the hygon backend implements decoder attention "
+                                      f"only, got {attn_type}")
+        if sliding_window is not None and not HygonAttentionBackend.supports_sliding_window():
+            raise NotImplementedError("the hygon backend does not implement sliding windows")
+        if sinks is not None and not HygonAttentionBackend.supports_sink():
+            raise NotImplementedError("the hygon backend does not implement attention sinks")
+        if unsupported:
+            raise NotImplementedError(f"the hygon backend does not take {sorted(unsupported)}")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads "
+                             f"{self.num_kv_heads}")
+        self.sliding_window = sliding_window
+        self.kv_cache_dtype = kv_cache_dtype
+        self.logits_soft_cap = logits_soft_cap if logits_soft_cap else None
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.attn_type = attn_type
+        self.sinks = sinks
+        self.impl = _ops.impl_from_env()
+
+    def do_kv_cache_update(self, layer: AttentionLayer, key: torch.Tensor,
+                           value: torch.Tensor, kv_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor) -> None:
+        """key, value: ``[num_tokens, num_kv_heads, head_size]``; slot_mapping
+        ``[num_tokens]`` (``-1`` = padding)."""
+        if kv_cache.numel() == 0:
+            return
+        _core.write_new_kv(key, value, kv_cache, slot_mapping, head_size=self.head_size,
+                           kv_cache_dtype=self.kv_cache_dtype, k_scale=layer._k_scale,
+                           v_scale=layer._v_scale, impl=self.impl)
+
+    def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: HygonAttentionMetadata, output: torch.Tensor,
+                output_scale: Optional[torch.Tensor] = None,
+                output_block_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """query: ``[num_tokens, num_heads, head_size]``; output: same shape, written in
+        place for the first ``num_actual_tokens`` rows."""
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("the hygon backend does not fuse output quantization")
+        if attn_metadata is None:  # vLLM's memory-profiling run
+            return output.fill_(0)
+        return _core.attention(query, kv_cache, attn_metadata, output,
+                               head_size=self.head_size, scale=self.scale,
+                               kv_cache_dtype=self.kv_cache_dtype, k_scale=layer._k_scale,
+                               v_scale=layer._v_scale, sliding_window=self.sliding_window,
+                               soft_cap=self.logits_soft_cap, sinks=self.sinks,
+                               impl=self.impl)
