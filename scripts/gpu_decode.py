@@ -50,10 +50,14 @@ def _bench_argv(cfg, shapes, groups, rep_ms, out=None):
     return argv
 
 
-def _run(argv, log):
+def _run(argv, log, timeout=None):
     t0 = time.time()
     with open(log, "w") as fh:
-        rc = subprocess.call(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
+        try:
+            rc = subprocess.call(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+                                 timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
     return rc, time.time() - t0
 
 
@@ -107,12 +111,12 @@ def main():
             warm.append(_bench_argv(cfg, [], g, 1.0))
     pool = ThreadPoolExecutor(max_workers=args.workers)
     os.makedirs("/tmp/decode-warm", exist_ok=True)  # $OUT returns at most 8 files
-    futures = [pool.submit(_run, a, f"/tmp/decode-warm/warm{i}.log")
+    futures = [pool.submit(_run, a, f"/tmp/decode-warm/warm{i}.log", 150)
                for i, a in enumerate(warm)]
     test_rc = None
     if not args.skip_tests:
         test_rc, dt = _run([sys.executable, "-m", "pytest", "-q", "-rs", "-n", "6", "--timeout", "300",
-                            "tests/test_decode.py"], os.path.join(args.out, "pytest.log"))
+                            "tests/test_decode.py"], os.path.join(args.out, "pytest.log"), 150)
         print(f"pytest rc={test_rc} ({dt:.0f}s)", flush=True)
         os.system(f"tail -5 {os.path.join(args.out, 'pytest.log')}")
     warm_rc = [f.result() for f in futures]
@@ -123,7 +127,7 @@ def main():
     for cfg in plan:
         base = os.path.join(args.out, cfg["name"])
         rc, dt = _run(_bench_argv(cfg, cfg["shapes"], cfg["groups"], args.rep_ms, out=base),
-                      base + ".log")
+                      base + ".log", 90)
         print(f"bench {cfg['name']}: rc={rc} ({dt:.0f}s)", flush=True)
     # a short summary last (the reply carries the end of the output; tables are files)
     for cfg in plan:
