@@ -162,20 +162,24 @@ def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
 
 
 def prefill_tile_config(*, head_dim_pad: int, group: int, total_q: int, num_kv_heads: int,
-                        num_sms: int = 132, interpreter: bool = False
+                        num_seqs: int = 1, num_sms: int = 132, interpreter: bool = False
                         ) -> "tuple[int, int, int, int]":
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the prefix-prefill kernel.
 
     Reasoning: prefill is matrix-bound (each K/V tile feeds ``BLOCK_M`` rows), so the M tile
     should be as tall as the registers allow: 128 rows (a GQA group packed in, 8 warps = two
-    warpgroups of 64 rows each for Hopper's wgmma) with a 64-key N tile and 3 pipeline
-    stages for ``D <= 128``; ``D = 256`` doubles the accumulator and the K/V tiles, so 64
-    rows, 4 warps, 2 stages (shared memory ~160 KB). When the whole batch gives fewer
-    programs than SMs (short extends), 64-row tiles double the program count. ``BLOCK_M``
-    is never below the group (each row a (token, head) pair; odd groups leave
+    warpgroups of 64 rows each for Hopper's wgmma) with a 128-key N tile (fewer softmax
+    rescales per key) and 3 pipeline stages for ``D <= 128`` (K/V ring 192 KB + Q 32 KB);
+    ``D = 256`` doubles the accumulator and the K/V tiles, so 64 rows, 64 keys, 4 warps,
+    2 stages. Short extends (mean ``total_q / num_seqs <= 256`` tokens) take 64x64 tiles
+    with 4 warps: less masked waste on each diagonal and more programs. When the batch
+    gives fewer programs than SMs, 64-row tiles double the program count. ``BLOCK_M`` is
+    never below the group (each row a (token, head) pair; odd groups leave
     ``BLOCK_M % G`` rows idle). Under the CPU interpreter tiny tiles keep tests fast.
-    Measurement: docs/bench-prefill.md (H200, bf16, D=128). Override:
-    ``HYGON_ATTN_PREFILL_TILE="BLOCK_M,BLOCK_N,num_warps,num_stages"``.
+    Measurement (H200, bf16, Hq/Hkv=32/8, D=128, docs/bench-prefill.md): 128x128/8w/3s
+    beat 128x64/8w/3s by 8-26% on all five issue-4 shapes; 64x64/4w/3s beat it by 7% at
+    (B=32, prefix 1024, extend 128).
+    Override: ``HYGON_ATTN_PREFILL_TILE="BLOCK_M,BLOCK_N,num_warps,num_stages"``.
     """
     group_pow2 = 1 << max(0, (group - 1).bit_length())
     env = os.environ.get("HYGON_ATTN_PREFILL_TILE")
@@ -196,7 +200,9 @@ def prefill_tile_config(*, head_dim_pad: int, group: int, total_q: int, num_kv_h
     if interpreter:
         return max(16, group_pow2), 16, 4, 1
     if head_dim_pad <= 128:
-        block_m, block_n, num_warps, num_stages = 128, 64, 8, 3
+        block_m, block_n, num_warps, num_stages = 128, 128, 8, 3
+        if total_q <= 256 * max(1, num_seqs):
+            block_m, block_n, num_warps, num_stages = 64, 64, 4, 3
     else:
         block_m, block_n, num_warps, num_stages = 64, 64, 4, 2
     programs = -(-total_q * group // block_m) * num_kv_heads

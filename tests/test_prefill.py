@@ -106,10 +106,10 @@ GPU_CASES = [
 
 def make_inputs(case: Case, device, *, seed: int = 0, min_blocks: int = 0):
     """Random inputs for ``case``: a shuffled paged cache, packed q (and k_new/v_new)."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
 
     def rnd(*shape, dtype):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+        return torch.randn(*shape, generator=gen, device=device).to(dtype=dtype)
 
     num_seqs = len(case.extend)
     hq, hkv, dim, page = case.group * case.kv_heads, case.kv_heads, case.head_dim, case.page
@@ -133,8 +133,9 @@ def make_inputs(case: Case, device, *, seed: int = 0, min_blocks: int = 0):
     else:
         k_cache, v_cache = k_store, v_store
     # the used blocks sit at the top of the cache (high ids exercise int64 offsets)
-    perm = torch.randperm(num_seqs * max_blocks, generator=gen) + (num_blocks - num_seqs * max_blocks)
-    block_table = perm.reshape(num_seqs, max_blocks).to(device=device, dtype=torch.int32)
+    perm = (torch.randperm(num_seqs * max_blocks, generator=gen, device=device)
+            + (num_blocks - num_seqs * max_blocks))
+    block_table = perm.reshape(num_seqs, max_blocks).to(dtype=torch.int32)
     cu = [0]
     for e in case.extend:
         cu.append(cu[-1] + e)
@@ -230,7 +231,9 @@ def test_prefill_plan_reuse_and_tile_map(device):
 def test_prefill_tile_config_pinned(monkeypatch):
     monkeypatch.delenv("HYGON_ATTN_PREFILL_TILE", raising=False)
     assert tuning.prefill_tile_config(head_dim_pad=128, group=4, total_q=8192,
-                                      num_kv_heads=8) == (128, 64, 8, 3)
+                                      num_kv_heads=8) == (128, 128, 8, 3)
+    assert tuning.prefill_tile_config(head_dim_pad=128, group=4, total_q=4096,
+                                      num_kv_heads=8, num_seqs=32) == (64, 64, 4, 3)
     assert tuning.prefill_tile_config(head_dim_pad=256, group=4, total_q=8192,
                                       num_kv_heads=8) == (64, 64, 4, 2)
     assert tuning.prefill_tile_config(head_dim_pad=128, group=16, total_q=8, num_kv_heads=1,

@@ -84,14 +84,15 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
         s = tl.dot(q, tl.trans(k.to(q.dtype)))  # [BLOCK_M, BLOCK_N] fp32
         if SOFT_CAP:
             s = soft_cap * tanh_f32(s * cap_scale) * 1.4426950408889634
+            s_mult = 1.0
         else:
-            s = s * qk_scale
+            s_mult = qk_scale  # applied inside exp2's argument: one FMA per logit
         if MASKED:
             vis = tile_visibility(diag, key0 + n, n, n_limit, window, BOUND, CAUSAL, WINDOW)
             s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
+        m_new = tl.maximum(m_i, tl.max(s, 1) * s_mult)  # [BLOCK_M], scale > 0
         alpha = tl.exp2(m_i - m_new)  # m_i starts finite: never -inf - -inf
-        p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
+        p = tl.exp2(s * s_mult - m_new[:, None])  # [BLOCK_M, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if SCALE_V:

@@ -10,6 +10,7 @@ bounded from shapes alone (``cdiv(total_q, TOK_M) + B`` tiles), so an engine can
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -52,6 +53,13 @@ class PrefillPlan:
     num_seqs: int
 
 
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
@@ -77,12 +85,9 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     group = num_q_heads // num_kv_heads
     device = cu_seqlens_q.device
     if tile is None:
-        num_sms = 132
-        if device.type == "cuda":
-            num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         tile = tuning.prefill_tile_config(
             head_dim_pad=max(16, _next_pow2(head_dim)), group=group, total_q=total_q,
-            num_kv_heads=num_kv_heads, num_sms=num_sms,
+            num_kv_heads=num_kv_heads, num_seqs=num_seqs, num_sms=_num_sms(device),
             interpreter=device.type == "cpu" and triton_interpreter_on())
     block_m, block_n, num_warps, num_stages = (int(x) for x in tile)
     if block_m < group:
@@ -111,8 +116,9 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
 
 def _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size):
     """Host-side checks of the index tensors' values (one sync)."""
-    cu = cu_seqlens_q.detach().to("cpu", torch.int64)
-    lens_k = seq_lens_k.detach().to("cpu", torch.int64)
+    both = torch.cat([cu_seqlens_q.detach().to(torch.int64),
+                      seq_lens_k.detach().to(torch.int64)]).cpu()  # one device->host copy
+    cu, lens_k = both[:cu_seqlens_q.shape[0]], both[cu_seqlens_q.shape[0]:]
     if cu.numel() and int(cu[0]) != 0:
         raise ValueError(f"cu_seqlens_q must start at 0, got {cu[:4].tolist()}...")
     len_q = cu[1:] - cu[:-1]
@@ -214,6 +220,9 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                              shape=tuple(q.shape))
     if sinks is not None:
         _checks.check_tensor("sinks", sinks, ndim=1, device=device, shape=(num_q_heads,))
+    if scale is not None and not float(scale) > 0:
+        raise ValueError(f"scale must be > 0 (the kernel's running max relies on it), got "
+                         f"{scale}")
     if sliding_window is not None and int(sliding_window) <= 0:
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window}")
     if soft_cap is not None and float(soft_cap) < 0:
