@@ -1,0 +1,278 @@
+"""A small SGLang serving loop on SGLang's own memory structures, for the integration tests.
+
+``Server`` owns what SGLang's scheduler owns (``RadixCache``, ``ReqToTokenPool``, an
+``MHATokenToKVPool`` and the token or paged allocator, all SGLang's classes, unchanged) and
+drives our ``HygonAttnBackend`` with the ``ForwardBatch`` objects the scheduler would
+build: match the prompt against the tree and lock the matched node, allocate slots for
+the new tokens, write the request's ``req_to_token`` row, run extend or decode, and on
+finish insert the sequence into the tree (page-aligned), free the duplicate and unaligned
+slots, unlock and release the row.
+
+``TinyModel`` is one attention layer over token ids (an embedding plus a position table,
+projected to q/k/v). ``TinyModel.oracle`` recomputes the attention of any positions of a
+full sequence from scratch (dense causal attention, no cache), the "full recompute" the
+cached extends are checked against.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import List, Optional
+
+import torch
+
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+from hygon_attn_backend.integrations.sglang.backend import HygonAttnBackend
+
+
+def dense_causal_attention(q, k, v, q_positions, *, scale, dtype):
+    """Oracle: q ``[n, Hq, D]`` at ``q_positions`` over keys ``k, v [L, Hkv, D]`` (key j at
+    position j), causal (``j <= position``), computed in ``dtype``."""
+    group = q.shape[1] // k.shape[1]
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q, k) * scale
+    mask = torch.arange(k.shape[0]).unsqueeze(0) <= q_positions.unsqueeze(1)  # [n, L]
+    s = s.masked_fill(~mask.unsqueeze(0), float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("hqk,khd->qhd", p, v)
+
+
+class TinyModel:
+    """q/k/v of token ``t`` at position ``i``: ``(emb[t] + pos[i]) @ W``."""
+
+    def __init__(self, *, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 vocab: int = 1000, hidden: int = 64, max_pos: int = 1024, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.dtype = dtype
+        self.emb = torch.randn(vocab, hidden, generator=g, dtype=torch.float64)
+        self.pos = 0.5 * torch.randn(max_pos, hidden, generator=g, dtype=torch.float64)
+        self.wq = torch.randn(hidden, num_heads * head_dim, generator=g,
+                              dtype=torch.float64) / math.sqrt(hidden)
+        self.wk = torch.randn(hidden, num_kv_heads * head_dim, generator=g,
+                              dtype=torch.float64) / math.sqrt(hidden)
+        self.wv = torch.randn(hidden, num_kv_heads * head_dim, generator=g, dtype=torch.float64)
+        self.scale = head_dim ** -0.5
+
+    def qkv(self, tokens, positions):
+        """``q [n, Hq*D]``, ``k, v [n, Hkv, D]`` in the model dtype (as SGLang hands them)."""
+        x = self.emb[torch.as_tensor(tokens)] + self.pos[torch.as_tensor(positions)]
+        q = (x @ self.wq).to(self.dtype)
+        k = (x @ self.wk).view(-1, self.num_kv_heads, self.head_dim).to(self.dtype)
+        v = (x @ self.wv).view(-1, self.num_kv_heads, self.head_dim).to(self.dtype)
+        return q, k, v
+
+    def oracle(self, tokens, positions, dtype=torch.float64):
+        """Attention output ``[n, Hq, D]`` of ``positions`` of the sequence ``tokens``,
+        recomputed from scratch in ``dtype`` (inputs rounded to the model dtype first)."""
+        q, k, v = self.qkv(tokens, range(len(tokens)))
+        pos = torch.as_tensor(positions)
+        q = q.view(-1, self.num_heads, self.head_dim)[pos]
+        return dense_causal_attention(q, k, v, pos, scale=self.scale, dtype=dtype)
+
+
+@dataclass
+class Request:
+    tokens: List[int]
+    row: int
+    node: object  # locked tree node of the cached prefix
+    cached_len: int  # prefix served by the tree (its slots belong to the tree)
+    kv_len: int  # tokens whose K/V are in the pool, reachable through the row
+    outputs: list = field(default_factory=list)
+
+
+class Server:
+    """SGLang's memory structures plus our backend, driven like the scheduler does."""
+
+    def __init__(self, model: TinyModel, *, page_size: int, pool_tokens: int = 1024,
+                 max_context: int = 256, max_reqs: int = 8, kv_dtype: Optional[torch.dtype] = None,
+                 k_scale: Optional[float] = None, seed: int = 0):
+        self.model = model
+        self.page_size = page_size
+        self.pool = MHATokenToKVPool(
+            size=pool_tokens, page_size=page_size, dtype=kv_dtype or model.dtype,
+            head_num=model.num_kv_heads, head_dim=model.head_dim, layer_num=1, device="cpu",
+            enable_memory_saver=False, enable_alt_stream=False)
+        if page_size == 1:
+            self.allocator = TokenToKVPoolAllocator(pool_tokens, self.pool.dtype, "cpu",
+                                                    self.pool, need_sort=False)
+        else:
+            self.allocator = PagedTokenToKVPoolAllocator(pool_tokens, page_size, self.pool.dtype,
+                                                         "cpu", self.pool, need_sort=False)
+        # fragmented free list, as a long-running server has: requests get scattered slots
+        g = torch.Generator().manual_seed(seed)
+        free = self.allocator.free_pages
+        self.allocator.free_pages = free[torch.randperm(free.numel(), generator=g)]
+        self.req_to_token_pool = ReqToTokenPool(size=max_reqs, max_context_len=max_context,
+                                                device="cpu", enable_memory_saver=False)
+        self.tree = RadixCache(CacheInitParams(
+            disable=False, req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=self.allocator, page_size=page_size))
+        self.layer = RadixAttention(num_heads=model.num_heads, head_dim=model.head_dim,
+                                    scaling=model.scale, num_kv_heads=model.num_kv_heads,
+                                    layer_id=0)
+        if k_scale is not None:
+            self.layer.k_scale = torch.tensor(k_scale)
+            self.layer.v_scale = torch.tensor(k_scale)
+            self.layer.k_scale_float = self.layer.v_scale_float = float(k_scale)
+        runner = SimpleNamespace(device="cpu", req_to_token_pool=self.req_to_token_pool,
+                                 token_to_kv_pool=self.pool, page_size=page_size)
+        self.backend = HygonAttnBackend(runner)
+        self.backend_calls = 0
+
+    # ------------------------------------------------------------------ scheduling
+
+    def start(self, tokens: List[int]) -> Request:
+        """Match ``tokens`` against the tree, lock the hit, take a row, write the prefix."""
+        match = self.tree.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
+        node = match.last_device_node
+        cached = match.device_prefix_len
+        self.tree.inc_lock_ref(node)
+        row = self.req_to_token_pool.alloc_rows(1)[0]
+        if cached:
+            self.req_to_token_pool.req_to_token[row, :cached] = (
+                self.tree.path_device_indices(node)[:cached].to(torch.int32))
+        return Request(tokens=list(tokens), row=row, node=node, cached_len=cached, kv_len=cached)
+
+    def _alloc(self, reqs: List[Request], new_lens: List[int]) -> torch.Tensor:
+        prefix = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
+        seq = prefix + torch.tensor(new_lens, dtype=torch.int64)
+        total = int(sum(new_lens))
+        if self.page_size == 1:
+            locs = self.allocator.alloc(total)
+        else:
+            r2t = self.req_to_token_pool.req_to_token
+            last = torch.tensor([int(r2t[r.row, r.kv_len - 1]) if r.kv_len else -1 for r in reqs],
+                                dtype=torch.int64)
+            locs = self.allocator.alloc_extend(prefix, prefix, seq, seq, last, total)
+        assert locs is not None, "KV pool exhausted"
+        return locs
+
+    def extend(self, reqs: List[Request], *, mode: ForwardMode = ForwardMode.EXTEND):
+        """One extend (or mixed) pass over ``tokens[kv_len:]`` of each request; returns the
+        per-request outputs ``[n_b, Hq, D]``."""
+        new_lens = [len(r.tokens) - r.kv_len for r in reqs]
+        locs = self._alloc(reqs, new_lens)
+        r2t = self.req_to_token_pool.req_to_token
+        starts = [0]
+        for n in new_lens:
+            starts.append(starts[-1] + n)
+        qs, ks, vs, positions = [], [], [], []
+        for r, n, s in zip(reqs, new_lens, starts):
+            r2t[r.row, r.kv_len:r.kv_len + n] = locs[s:s + n].to(torch.int32)
+            pos = list(range(r.kv_len, r.kv_len + n))
+            q, k, v = self.model.qkv(r.tokens[r.kv_len:], pos)
+            qs.append(q), ks.append(k), vs.append(v), positions.extend(pos)
+        seq_lens = [r.kv_len + n for r, n in zip(reqs, new_lens)]
+        batch = self._batch(mode, reqs, seq_lens, locs, positions)
+        batch.extend_prefix_lens = torch.tensor([r.kv_len for r in reqs], dtype=torch.int32)
+        batch.extend_prefix_lens_cpu = [r.kv_len for r in reqs]
+        batch.extend_seq_lens = torch.tensor(new_lens, dtype=torch.int32)
+        batch.extend_seq_lens_cpu = list(new_lens)
+        batch.extend_num_tokens = sum(new_lens)
+        out = self._run(batch, torch.cat(qs), torch.cat(ks), torch.cat(vs))
+        for r, n, s in zip(reqs, new_lens, starts):
+            r.kv_len += n
+            r.outputs.append(out[s:s + n])
+        return [out[s:s + n] for n, s in zip(new_lens, starts)]
+
+    def decode(self, reqs: List[Request], next_tokens: List[int]):
+        """One decode step: append ``next_tokens`` (one per request) and attend."""
+        for r, t in zip(reqs, next_tokens):
+            r.tokens.append(int(t))
+        r2t = self.req_to_token_pool.req_to_token
+        if self.page_size == 1:
+            locs = self.allocator.alloc(len(reqs))
+        else:
+            seq = torch.tensor([r.kv_len + 1 for r in reqs], dtype=torch.int64)
+            last = torch.tensor([int(r2t[r.row, r.kv_len - 1]) for r in reqs], dtype=torch.int64)
+            locs = self.allocator.alloc_decode(seq, seq, last)
+        positions = [r.kv_len for r in reqs]
+        for r, loc in zip(reqs, locs):
+            r2t[r.row, r.kv_len] = int(loc)
+        q, k, v = self.model.qkv([r.tokens[-1] for r in reqs], positions)
+        batch = self._batch(ForwardMode.DECODE, reqs, [r.kv_len + 1 for r in reqs], locs,
+                            positions)
+        out = self._run(batch, q, k, v)
+        for i, r in enumerate(reqs):
+            r.kv_len += 1
+            r.outputs.append(out[i:i + 1])
+        return [out[i:i + 1] for i in range(len(reqs))]
+
+    def finish(self, req: Request) -> int:
+        """Cache the request's tokens in the tree and release it; returns how many of its
+        tokens the tree already held (their duplicate slots are freed)."""
+        r2t = self.req_to_token_pool.req_to_token
+        kv = r2t[req.row, :req.kv_len].to(torch.int64)
+        aligned = req.kv_len // self.page_size * self.page_size
+        key = RadixKey(array("q", req.tokens[:req.kv_len]))
+        result = self.tree.insert(InsertParams(key=key, value=kv[:aligned].clone()))
+        if result.prefix_len > req.cached_len:
+            self.allocator.free(kv[req.cached_len:result.prefix_len])
+        if aligned < req.kv_len:
+            self.allocator.free(kv[aligned:])
+        self.tree.dec_lock_ref(req.node)
+        self.req_to_token_pool.free_rows([req.row])
+        return result.prefix_len
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _batch(self, mode, reqs, seq_lens, locs, positions) -> ForwardBatch:
+        return ForwardBatch(
+            forward_mode=mode, batch_size=len(reqs),
+            input_ids=torch.zeros(len(positions), dtype=torch.int64),
+            req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+            seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
+            out_cache_loc=locs.to(torch.int64), seq_lens_sum=int(sum(seq_lens)),
+            positions=torch.tensor(positions, dtype=torch.int64))
+
+    def _run(self, batch, q, k, v):
+        """Run the backend; it must only read the tree and ``req_to_token``."""
+        tree_before = tree_snapshot(self.tree)
+        rows_before = self.req_to_token_pool.req_to_token.clone()
+        self.backend.init_forward_metadata(batch)
+        out = self.backend.forward(q, k, v, self.layer, batch)
+        assert snapshots_equal(tree_before, tree_snapshot(self.tree)), "the backend changed the tree"
+        assert torch.equal(rows_before, self.req_to_token_pool.req_to_token), \
+            "the backend wrote req_to_token"
+        self.backend_calls += 1
+        return out.view(-1, self.model.num_heads, self.model.head_dim)
+
+
+def tree_snapshot(tree: RadixCache):
+    """Structure, lock counts and values of every node (to prove nothing else changed)."""
+    nodes = []
+    stack = [tree.root_node]
+    while stack:
+        node = stack.pop()
+        value = node.value
+        nodes.append((node.id, len(node.key), node.lock_ref,
+                      None if not isinstance(value, torch.Tensor) else value.clone(),
+                      sorted(c.id for c in node.children.values())))
+        stack.extend(node.children.values())
+    return sorted(nodes, key=lambda n: n[0])
+
+
+def snapshots_equal(a, b) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x[:3] != y[:3] or x[4] != y[4]:
+            return False
+        if (x[3] is None) != (y[3] is None) or (x[3] is not None and not torch.equal(x[3], y[3])):
+            return False
+    return True
