@@ -43,7 +43,8 @@ def _parse_shapes(text: str):
 def _parse_tiles(text):
     if not text:
         return [None]
-    return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
+    return [None if part.strip() == "default" else tuple(int(x) for x in part.split(","))
+            for part in text.split(";") if part.strip()]
 
 
 def add_prefill_parser(subparsers) -> argparse.ArgumentParser:
@@ -59,8 +60,8 @@ def add_prefill_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--kv-source", default="cache", choices=["cache", "dense", "both"],
                    help="new tokens' K/V from the cache (vLLM) or dense tensors (SGLang)")
     p.add_argument("--tiles", default="",
-                   help="';'-separated BLOCK_M,BLOCK_N,warps,stages configs to sweep "
-                        "(default: the tuning heuristic)")
+                   help="';'-separated BLOCK_M,BLOCK_N,warps,stages configs to sweep, "
+                        "'default' for the tuning heuristic (the default)")
     p.add_argument("--no-peers", action="store_true", help="skip the SDPA peers")
     p.add_argument("--rep-ms", type=float, default=100.0, help="timed milliseconds per point")
     p.add_argument("--json", default="", help="write all results to this JSON file")
