@@ -82,14 +82,18 @@ LAYOUT_NAMES = ("bshd", "bhsd", "bhsd_bhds", "split_x", "vllm_LBNHC", "vllm_BLHN
 
 
 def _poison(storages, gen):
-    """Fill storages with random values (fp8 too), never zeros."""
+    """Fill storages with random values (fp8 too), never zeros; generated on the
+    storage's device (seeded from ``gen``) so large GPU caches poison fast."""
     for t in storages:
-        vals = torch.randn(t.shape, generator=gen, dtype=torch.float32) * 8.0
-        t.copy_(vals.to(t.device).to(t.dtype))
+        dev_gen = torch.Generator(device=t.device)
+        dev_gen.manual_seed(int(torch.randint(2 ** 62, (1,), generator=gen)))
+        vals = torch.randn(t.shape, generator=dev_gen, dtype=torch.float32, device=t.device)
+        t.copy_((vals * 8.0).to(t.dtype))
 
 
 def _bytes(t):
-    return t.detach().contiguous().view(torch.uint8).cpu()
+    """The tensor's bytes (on its device), for bit-exact comparison."""
+    return t.detach().contiguous().view(torch.uint8)
 
 
 def _assert_storages_equal(got, want, what):
@@ -151,22 +155,22 @@ def _run_write_case(layout, dtype, page_size, head_dim, device, *, num_kv_heads=
     assert changed > 0, f"{what}: the written tokens did not change the poisoned cache"
 
 
-# ----------------------------------------------------------------------------- write_kv, CPU
+# ------------------------------------------------------------- write_kv, small (CPU interpreter or GPU)
 
 
 @pytest.mark.parametrize("head_dim", [64, 80])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
 @pytest.mark.parametrize("layout", LAYOUT_NAMES)
-def test_write_kv_matches_reference(layout, dtype, page_size, head_dim):
-    _run_write_case(layout, dtype, page_size, head_dim, torch.device("cpu"),
+def test_write_kv_matches_reference(layout, dtype, page_size, head_dim, device):
+    _run_write_case(layout, dtype, page_size, head_dim, device,
                     seed=_seed(layout, str(dtype), page_size, head_dim),
                     index_dtype=torch.int32 if page_size == 1 else torch.int64,
                     in_dtype=torch.float16 if head_dim == 80 else torch.float32)
 
 
 @pytest.mark.parametrize("dtype", FP8, ids=str)
-def test_write_kv_fp8_rounding_is_exact(dtype):
+def test_write_kv_fp8_rounding_is_exact(dtype, device):
     """Every fp8 value, every midpoint between neighbours (ties to even) and the fp32
     numbers either side of it, zeros, tiny and huge values, +-inf (saturate) and NaN."""
     codes = torch.arange(256, dtype=torch.uint8).view(dtype).float()
@@ -181,33 +185,34 @@ def test_write_kv_fp8_rounding_is_exact(dtype):
     vals = torch.cat([vals, torch.full((num_tokens * head_dim - vals.numel(),), 1.5)])
     scale = 2.0
     # the cache stores x / scale: feed x = vals * scale (exact, a power of two)
-    k = (vals * scale).view(num_tokens, 1, head_dim)
+    k = (vals * scale).view(num_tokens, 1, head_dim).to(device)
     v = torch.full_like(k, float("nan"))
-    k_cache = torch.randn(num_tokens, 1, 1, head_dim).to(dtype)
-    v_cache = torch.randn(num_tokens, 1, 1, head_dim).to(dtype)
-    slots = torch.arange(num_tokens, dtype=torch.int64)
-    write_kv(k, v, k_cache, v_cache, slots, k_scale=torch.tensor([scale]), v_scale=1.0,
-             impl="triton")
+    k_cache = torch.randn(num_tokens, 1, 1, head_dim).to(dtype).to(device)
+    v_cache = torch.randn(num_tokens, 1, 1, head_dim).to(dtype).to(device)
+    slots = torch.arange(num_tokens, dtype=torch.int64, device=device)
+    write_kv(k, v, k_cache, v_cache, slots, k_scale=torch.tensor([scale], device=device),
+             v_scale=1.0, impl="triton")
     limit = torch.finfo(dtype).max
     want = vals.clamp(-limit, limit).to(dtype).view(torch.uint8).view(k_cache.shape)
-    got = k_cache.view(torch.uint8)
+    got = k_cache.view(torch.uint8).cpu()
     bad = got != want
-    assert not bad.any(), (f"{int(bad.sum())} fp8 codes differ, e.g. x={vals.view(k.shape)[bad.view(k.shape)][:4].tolist()} "
+    examples = vals.view(k_cache.shape)[bad][:4].tolist()
+    assert not bad.any(), (f"{int(bad.sum())} fp8 codes differ, e.g. x={examples} "
                            f"got {got[bad][:4].tolist()} want {want[bad][:4].tolist()}")
     assert torch.isnan(v_cache.float()).all(), "NaN input must give an fp8 NaN code"
 
 
-def test_write_kv_skips_padding_and_out_of_range_slots(monkeypatch):
+def test_write_kv_skips_padding_and_out_of_range_slots(monkeypatch, device):
     """Slot -1 (and, outside debug mode, any slot outside the cache) writes nothing."""
     monkeypatch.delenv("HYGON_ATTN_DEBUG", raising=False)
     gen = torch.Generator().manual_seed(7)
     num_blocks, h, p, d = 4, 2, 16, 64
-    storage = torch.randn(num_blocks, p, h, d, generator=gen).half()
-    v_storage = torch.randn(num_blocks, p, h, d, generator=gen).half()
+    storage = torch.randn(num_blocks, p, h, d, generator=gen).half().to(device)
+    v_storage = torch.randn(num_blocks, p, h, d, generator=gen).half().to(device)
     k_cache, v_cache = storage.permute(0, 2, 1, 3), v_storage.permute(0, 2, 1, 3)
     before = (storage.clone(), v_storage.clone())
-    k = torch.randn(5, h, d, generator=gen).half()
-    slots = torch.tensor([-1, -1, num_blocks * p, -7, 10 ** 9], dtype=torch.int64)
+    k = torch.randn(5, h, d, generator=gen).half().to(device)
+    slots = torch.tensor([-1, -1, num_blocks * p, -7, 10 ** 9], dtype=torch.int64, device=device)
     write_kv(k, k, k_cache, v_cache, slots, impl="triton")
     assert torch.equal(storage, before[0]) and torch.equal(v_storage, before[1])
     # one valid slot among them lands where the reference puts it, and nowhere else
@@ -219,32 +224,33 @@ def test_write_kv_skips_padding_and_out_of_range_slots(monkeypatch):
     assert torch.equal(storage, before[0]) and torch.equal(v_storage, before[1])
 
 
-def test_write_kv_debug_mode_rejects_bad_slots(monkeypatch):
+def test_write_kv_debug_mode_rejects_bad_slots(monkeypatch, device):
     monkeypatch.setenv("HYGON_ATTN_DEBUG", "1")
-    k_cache = torch.randn(2, 1, 4, 64).half()
-    v_cache = torch.randn(2, 1, 4, 64).half()
-    k = torch.randn(2, 1, 64).half()
+    k_cache = torch.randn(2, 1, 4, 64).half().to(device)
+    v_cache = torch.randn(2, 1, 4, 64).half().to(device)
+    k = torch.randn(2, 1, 64).half().to(device)
     before = k_cache.clone()
     with pytest.raises(ValueError, match=r"slot_mapping holds slots in \[0, 8\].*8 slots"):
-        write_kv(k, k, k_cache, v_cache, torch.tensor([0, 8]), impl="triton")
+        write_kv(k, k, k_cache, v_cache, torch.tensor([0, 8], device=device), impl="triton")
     with pytest.raises(ValueError, match="slot_mapping"):
-        write_kv(k, k, k_cache, v_cache, torch.tensor([-2, 1]), impl="triton")
+        write_kv(k, k, k_cache, v_cache, torch.tensor([-2, 1], device=device), impl="triton")
     assert torch.equal(k_cache, before), "nothing may be written when validation fails"
-    write_kv(k, k, k_cache, v_cache, torch.tensor([-1, 7]), impl="triton")
+    write_kv(k, k, k_cache, v_cache, torch.tensor([-1, 7], device=device), impl="triton")
     assert torch.equal(k_cache[1, :, 3], k[1])
 
 
-def test_write_kv_empty_batch_and_reference_impl():
+def test_write_kv_empty_batch_and_reference_impl(device):
     gen = torch.Generator().manual_seed(3)
-    k_cache = torch.randn(3, 2, 4, 80, generator=gen).half()
-    v_cache = torch.randn(3, 2, 80, 4, generator=gen).half().permute(0, 1, 3, 2)
+    k_cache = torch.randn(3, 2, 4, 80, generator=gen).half().to(device)
+    v_cache = torch.randn(3, 2, 80, 4, generator=gen).half().to(device).permute(0, 1, 3, 2)
     before = k_cache.clone()
-    empty = torch.empty(0, 2, 80, dtype=torch.float16)
-    write_kv(empty, empty, k_cache, v_cache, torch.empty(0, dtype=torch.int32), impl="triton")
+    empty = torch.empty(0, 2, 80, dtype=torch.float16, device=device)
+    write_kv(empty, empty, k_cache, v_cache, torch.empty(0, dtype=torch.int32, device=device),
+             impl="triton")
     assert torch.equal(k_cache, before)
-    k = torch.randn(3, 2, 80, generator=gen).half()
-    v = torch.randn(3, 2, 80, generator=gen).half()
-    slots = torch.tensor([11, -1, 0], dtype=torch.int32)
+    k = torch.randn(3, 2, 80, generator=gen).half().to(device)
+    v = torch.randn(3, 2, 80, generator=gen).half().to(device)
+    slots = torch.tensor([11, -1, 0], dtype=torch.int32, device=device)
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     write_kv(k, v, ref_k, ref_v, slots, impl="reference")
     write_kv(k, v, k_cache, v_cache, slots, impl="triton")
@@ -261,11 +267,19 @@ def _valid_write_args():
                 slot_mapping=torch.tensor([0, 1, 2], dtype=torch.int32))
 
 
+def _to(t, device):
+    """Move an argument to ``device`` keeping broadcast (stride-0) axes broadcast."""
+    if t.device.type == "meta":
+        return t
+    base = t[tuple(slice(0, 1) if st == 0 else slice(None) for st in t.stride())]
+    return base.contiguous().to(device).expand(t.shape)
+
+
 @pytest.mark.parametrize("name,bad,match", [
     ("k", torch.randn(3, 2, 64).to(torch.int32), "k must have dtype"),
     ("k", torch.randn(3, 128).half(), "k must have 3 dims"),
     ("v", torch.randn(3, 2, 32).half(), r"v must have shape \(3, 2, 64\)"),
-    ("v", torch.randn(3, 2, 64, device="meta").half(), "v must be on cpu"),
+    ("v", torch.randn(3, 2, 64, device="meta").half(), "v must be on"),
     ("slot_mapping", torch.tensor([0, 1, 2], dtype=torch.float32), "slot_mapping must have dtype"),
     ("slot_mapping", torch.tensor([0, 1], dtype=torch.int32), r"slot_mapping must have shape \(3\)"),
     ("k_cache", torch.randn(4, 2, 16, 64).float(), "share a dtype"),
@@ -277,18 +291,18 @@ def _valid_write_args():
     ("v_cache", torch.randn(4, 2, 1, 64).half().expand(4, 2, 16, 64), "v_cache has stride 0"),
     ("k_scale", torch.tensor([1.0, 2.0]), "k_scale must be a float or a 1-element tensor"),
 ])
-def test_write_kv_rejects_bad_arguments(name, bad, match):
-    args = _valid_write_args()
-    if name in ("k_scale",):
+def test_write_kv_rejects_bad_arguments(name, bad, match, device):
+    args = {key: _to(t, device) for key, t in _valid_write_args().items()}
+    if name == "k_scale":
         with pytest.raises(ValueError, match=match):
-            write_kv(**args, k_scale=bad, impl="triton")
+            write_kv(**args, k_scale=_to(bad, device), impl="triton")
         return
-    args[name] = bad
+    args[name] = _to(bad, device)
     with pytest.raises(ValueError, match=match):
         write_kv(**args, impl="triton")
 
 
-# ----------------------------------------------------------------------------- copy_blocks, CPU
+# ---------------------------------------------------------- copy_blocks, small (CPU interpreter or GPU)
 
 
 def _run_copy_case(layout, dtype, page_size, head_dim, device, pairs, *, num_blocks=7,
@@ -314,54 +328,58 @@ def _run_copy_case(layout, dtype, page_size, head_dim, device, pairs, *, num_blo
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
 @pytest.mark.parametrize("layout", LAYOUT_NAMES)
-def test_copy_blocks_matches_reference(layout, dtype, page_size, head_dim):
+def test_copy_blocks_matches_reference(layout, dtype, page_size, head_dim, device):
     # block 0 forked twice, 5 -> 2; sources {0, 5} disjoint from destinations {3, 6, 2}
     pairs = [[0, 3], [5, 2], [0, 6]]
-    _run_copy_case(layout, dtype, page_size, head_dim, torch.device("cpu"), pairs,
+    _run_copy_case(layout, dtype, page_size, head_dim, device, pairs,
                    seed=_seed("copy", layout, str(dtype), page_size, head_dim))
 
 
-def test_copy_blocks_int32_mapping_non_contiguous_and_empty():
+def test_copy_blocks_int32_mapping_non_contiguous_and_empty(device):
     gen = torch.Generator().manual_seed(11)
-    k = torch.randn(6, 2, 4, 64, generator=gen).half()
-    v = torch.randn(6, 2, 64, 4, generator=gen).half()
+    k = torch.randn(6, 2, 4, 64, generator=gen).half().to(device)
+    v = torch.randn(6, 2, 64, 4, generator=gen).half().to(device)
     ek, ev = k.clone(), v.clone()
     # a strided [n, 2] mapping: the columns of a [2, n] tensor
-    mapping = torch.tensor([[1, 2], [4, 5]], dtype=torch.int32).t()  # pairs (1, 4), (2, 5)
+    mapping = torch.tensor([[1, 2], [4, 5]], dtype=torch.int32, device=device).t()  # (1, 4), (2, 5)
     reference.copy_blocks(ek, ev, mapping)
     copy_blocks(k, v, mapping, impl="triton")
     assert torch.equal(k, ek) and torch.equal(v, ev)
     assert torch.equal(k[4], k[1]) and torch.equal(v[5], v[2])
-    copy_blocks(k, v, torch.empty(0, 2, dtype=torch.int64), impl="triton")
+    copy_blocks(k, v, torch.empty(0, 2, dtype=torch.int64, device=device), impl="triton")
     assert torch.equal(k, ek)
 
 
-def test_copy_blocks_skips_out_of_range_pairs(monkeypatch):
+def test_copy_blocks_skips_out_of_range_pairs(monkeypatch, device):
     monkeypatch.delenv("HYGON_ATTN_DEBUG", raising=False)
     gen = torch.Generator().manual_seed(5)
-    k = torch.randn(4, 2, 16, 64, generator=gen).half()
-    v = torch.randn(4, 2, 16, 64, generator=gen).half()
+    k = torch.randn(4, 2, 16, 64, generator=gen).half().to(device)
+    v = torch.randn(4, 2, 16, 64, generator=gen).half().to(device)
     ek, ev = k.clone(), v.clone()
-    reference.copy_blocks(ek, ev, torch.tensor([[0, 1]]))
-    copy_blocks(k, v, torch.tensor([[0, 1], [0, 4], [-1, 2], [9, 3]]), impl="triton")
+    reference.copy_blocks(ek, ev, torch.tensor([[0, 1]], device=device))
+    copy_blocks(k, v, torch.tensor([[0, 1], [0, 4], [-1, 2], [9, 3]], device=device),
+                impl="triton")
     assert torch.equal(k, ek) and torch.equal(v, ev)
 
 
-def test_copy_blocks_debug_mode_checks(monkeypatch):
+def test_copy_blocks_debug_mode_checks(monkeypatch, device):
     monkeypatch.setenv("HYGON_ATTN_DEBUG", "1")
-    k = torch.randn(4, 2, 16, 64).half()
-    v = torch.randn(4, 2, 16, 64).half()
+    k = torch.randn(4, 2, 16, 64).half().to(device)
+    v = torch.randn(4, 2, 16, 64).half().to(device)
     before = k.clone()
+
+    def mapping(pairs):
+        return torch.tensor(pairs, device=device)
     with pytest.raises(ValueError, match=r"block_mapping holds block ids in \[0, 4\]"):
-        copy_blocks(k, v, torch.tensor([[0, 4]]), impl="triton")
+        copy_blocks(k, v, mapping([[0, 4]]), impl="triton")
     with pytest.raises(ValueError, match="destinations must be distinct"):
-        copy_blocks(k, v, torch.tensor([[0, 2], [1, 2]]), impl="triton")
+        copy_blocks(k, v, mapping([[0, 2], [1, 2]]), impl="triton")
     with pytest.raises(ValueError, match="disjoint"):
-        copy_blocks(k, v, torch.tensor([[0, 1], [1, 2]]), impl="triton")
+        copy_blocks(k, v, mapping([[0, 1], [1, 2]]), impl="triton")
     assert torch.equal(k, before)
     # the reference reads every source first: a chain is fine there
     ek, ev = k.clone(), v.clone()
-    copy_blocks(ek, ev, torch.tensor([[0, 1], [1, 2]]), impl="reference")
+    copy_blocks(ek, ev, mapping([[0, 1], [1, 2]]), impl="reference")
     assert torch.equal(ek[1], k[0]) and torch.equal(ek[2], k[1])
 
 
@@ -369,7 +387,7 @@ def test_copy_blocks_debug_mode_checks(monkeypatch):
     ("k_cache", torch.randn(4).half(), "k_cache must have 2 or 3 or 4 or 5 dims"),
     ("v_cache", torch.randn(5, 2, 16, 64).half(), "same number of blocks"),
     ("v_cache", torch.randn(4, 2, 16, 64).to(torch.int16), "v_cache must have dtype"),
-    ("v_cache", torch.randn(4, 2, 16, 64, device="meta").half(), "v_cache must be on cpu"),
+    ("v_cache", torch.randn(4, 2, 16, 64, device="meta").half(), "v_cache must be on"),
     ("block_mapping", torch.tensor([[0, 1, 2]]), r"block_mapping must have shape \(\*, 2\)"),
     ("block_mapping", torch.tensor([[0.0, 1.0]]), "block_mapping must have dtype"),
     ("block_mapping", torch.tensor([0, 1]), "block_mapping must have 2 dims"),
@@ -377,9 +395,164 @@ def test_copy_blocks_debug_mode_checks(monkeypatch):
      "k_cache has stride 0 on its block axis"),
     ("v_cache", torch.randn(4, 1, 16, 64).half().expand(4, 2, 16, 64), "v_cache has stride 0"),
 ])
-def test_copy_blocks_rejects_bad_arguments(name, bad, match):
-    args = dict(k_cache=torch.randn(4, 2, 16, 64).half(), v_cache=torch.randn(4, 2, 16, 64).half(),
-                block_mapping=torch.tensor([[0, 1]]))
-    args[name] = bad
+def test_copy_blocks_rejects_bad_arguments(name, bad, match, device):
+    args = dict(k_cache=torch.randn(4, 2, 16, 64).half().to(device),
+                v_cache=torch.randn(4, 2, 16, 64).half().to(device),
+                block_mapping=torch.tensor([[0, 1]], device=device))
+    args[name] = _to(bad, device)
     with pytest.raises(ValueError, match=match):
         copy_blocks(**args, impl="triton")
+
+
+# ----------------------------------------------------------------------------- GPU, real sizes
+
+HAS_CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (run on the H200 test "
+                                                     "machine)")
+# (page_size, head_dim): the common shape, token-level pages with D = 80, big pages, D = 96
+GPU_SHAPES = [(16, 128), (1, 80), (64, 96)]
+GPU_CASES = ([(layout, dtype, 16, 128) for layout in LAYOUT_NAMES for dtype in GPU_DTYPES]
+             + [(layout, dtype, p, d) for layout in LAYOUT_NAMES
+                for dtype in (torch.bfloat16, torch.float8_e4m3fn) for p, d in GPU_SHAPES[1:]])
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("layout,dtype,page_size,head_dim", GPU_CASES,
+                         ids=lambda x: str(x).replace("torch.", ""))
+def test_write_kv_gpu_matches_reference(layout, dtype, page_size, head_dim):
+    num_blocks = 4096 // page_size * 4  # 16K slots
+    _run_write_case(layout, dtype, page_size, head_dim, torch.device("cuda"), num_kv_heads=8,
+                    num_blocks=num_blocks, num_tokens=4000, num_pad=37,
+                    seed=_seed("gpu", layout, str(dtype), page_size, head_dim),
+                    in_dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float16)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("layout,dtype,page_size,head_dim", GPU_CASES,
+                         ids=lambda x: str(x).replace("torch.", ""))
+def test_copy_blocks_gpu_matches_reference(layout, dtype, page_size, head_dim):
+    num_blocks = 2048
+    gen = torch.Generator().manual_seed(_seed("gpu-copy", layout, str(dtype), page_size))
+    perm = torch.randperm(num_blocks, generator=gen)
+    src, dst = perm[:100], perm[100:300]  # each source forked twice; disjoint sets
+    pairs = torch.stack([torch.cat([src, src]), dst], dim=1).tolist()
+    _run_copy_case(layout, dtype, page_size, head_dim, torch.device("cuda"), pairs,
+                   num_blocks=num_blocks, num_kv_heads=8,
+                   seed=_seed("gpu-copy", layout, str(dtype), page_size, head_dim))
+
+
+def _free_cuda_bytes() -> int:
+    free, _ = torch.cuda.mem_get_info()
+    return free
+
+
+def _run_head_major_case(num_blocks, device, *, h=2, p=16, d=128):
+    """K as bshd ``[N, P, H, D]`` and V head-major ``[H, N, P, D]``; tokens written into the
+    last two blocks (and blocks 0-1), then blocks copied from/to the end; the whole
+    storages must equal the reference applied to clones."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1234)
+    k_store = torch.randn(num_blocks, p, h, d, device=device, dtype=torch.float16, generator=gen)
+    v_store = torch.randn(h, num_blocks, p, d, device=device, dtype=torch.float16, generator=gen)
+
+    def views(ks, vs):
+        return ks.permute(0, 2, 1, 3), vs.permute(1, 0, 2, 3)
+
+    num_tokens = 3 * p
+    last = num_blocks * p
+    slots = torch.cat([torch.arange(last - 2 * p, last), torch.arange(5, 5 + p)])
+    slots[7] = -1
+    slots = slots[torch.randperm(num_tokens, generator=torch.Generator().manual_seed(5))]
+    slots = slots.to(device)
+    k = torch.randn(num_tokens, h, d, device=device, dtype=torch.float16, generator=gen)
+    v = torch.randn(num_tokens, h, d, device=device, dtype=torch.float16, generator=gen)
+    pairs = torch.tensor([[num_blocks - 1, 3], [1, num_blocks - 3], [2, num_blocks - 4]],
+                         device=device)
+
+    ek_store, ev_store = k_store.clone(), v_store.clone()
+    ek, ev = views(ek_store, ev_store)
+    reference.write_kv(k, v, ek, ev, slots)
+    reference.copy_blocks(ek, ev, pairs)
+    gk, gv = views(k_store, v_store)
+    write_kv(k, v, gk, gv, slots, impl="triton")
+    copy_blocks(gk, gv, pairs, impl="triton")
+    assert torch.equal(gk[num_blocks - 1, :, p - 1], k[(slots == last - 1).nonzero()[0, 0]])
+    assert torch.equal(gv[num_blocks - 3], gv[1]) and torch.equal(gk[3], gk[num_blocks - 1])
+    assert torch.equal(k_store.view(torch.int16), ek_store.view(torch.int16)), "K storage"
+    assert torch.equal(v_store.view(torch.int16), ev_store.view(torch.int16)), "V storage"
+
+
+def test_cache_ops_head_major_v_small(device):
+    _run_head_major_case(9, device, d=64)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cache_ops_gpu_cache_over_2_pow_31_elements():
+    """Both caches hold 2^31 + 2^16 fp16 elements: writes and copies at the very end must
+    land there (int64 offsets). In the head-major V, ``h*s_h + blk*s_b`` passes 2^31
+    although every stride fits in int32."""
+    h, p, d = 2, 16, 128
+    per_block = h * p * d
+    num_blocks = 2 ** 31 // per_block + 16
+    numel = num_blocks * per_block
+    assert numel > 2 ** 31
+    need = 4 * numel * 2 + (1 << 30)  # two caches, their reference clones, slack
+    if _free_cuda_bytes() < need:
+        pytest.skip(f"needs {need / 2**30:.1f} GiB of free GPU memory for two "
+                    f"{numel}-element caches and their reference copies")
+    _run_head_major_case(num_blocks, torch.device("cuda"), h=h, p=p, d=d)
+
+
+def _time_ms(fn, reps=20):
+    fn()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / reps
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cache_ops_gpu_bandwidth(record_property):
+    """Achieved GB/s of write_kv and copy_blocks next to a device copy of the same bytes
+    (recorded as junit properties). Floor: a third of the copy's bandwidth, which only a
+    badly configured launch misses (both ops are plain data movement)."""
+    dev = torch.device("cuda")
+    num_tokens, h, p, d, num_blocks = 65536, 8, 16, 128, 8192
+    k_cache = torch.randn(num_blocks, p, h, d, device=dev, dtype=torch.bfloat16)
+    v_cache = torch.randn(num_blocks, p, h, d, device=dev, dtype=torch.bfloat16)
+    kv, vv = k_cache.permute(0, 2, 1, 3), v_cache.permute(0, 2, 1, 3)
+    k = torch.randn(num_tokens, h, d, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(num_tokens, h, d, device=dev, dtype=torch.bfloat16)
+    slots = torch.randperm(num_blocks * p, device=dev)[:num_tokens]
+    perm = torch.randperm(num_blocks, device=dev)
+    num_pairs = 4096
+    mapping = torch.stack([perm[:num_pairs], perm[num_pairs:2 * num_pairs]], dim=1)
+
+    write_bytes = 2 * 2 * k.numel() * k.element_size()  # read k, v; write both
+    copy_bytes = 2 * 2 * num_pairs * h * p * d * k.element_size()  # read + write, both caches
+    src = torch.empty(write_bytes // 2, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    copy_ms = _time_ms(lambda: dst.copy_(src))
+    write_ms = _time_ms(lambda: write_kv(k, v, kv, vv, slots, impl="triton"))
+    blocks_ms = _time_ms(lambda: copy_blocks(k_cache, v_cache, mapping, impl="triton"))
+    copy_gbps = write_bytes / copy_ms / 1e6
+    write_gbps = write_bytes / write_ms / 1e6
+    blocks_gbps = copy_bytes / blocks_ms / 1e6
+    record_property("device_copy_GBps", round(copy_gbps, 1))
+    record_property("write_kv_GBps", round(write_gbps, 1))
+    record_property("write_kv_ms", round(write_ms, 4))
+    record_property("copy_blocks_GBps", round(blocks_gbps, 1))
+    record_property("copy_blocks_ms", round(blocks_ms, 4))
+    assert torch.equal(kv[slots[0] // p, :, slots[0] % p], k[0])
+    assert write_gbps > copy_gbps / 3, (f"write_kv {write_gbps:.0f} GB/s vs device copy "
+                                        f"{copy_gbps:.0f} GB/s")
+    assert blocks_gbps > copy_gbps / 3, (f"copy_blocks {blocks_gbps:.0f} GB/s vs device copy "
+                                         f"{copy_gbps:.0f} GB/s")
