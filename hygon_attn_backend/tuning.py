@@ -97,12 +97,16 @@ def decode_partition_size(*, num_seqs: int, num_kv_heads: int, group: int,
     Reasoning: decode reads each KV byte once, so the only questions are whether the grid
     ``num_kv_heads x num_seqs x num_partitions`` keeps every SM streaming, and what the
     split costs (a scratch write/read of ``Hq * D`` fp32 per partition and a combine
-    launch). With ``programs = num_seqs * num_kv_heads`` already filling several waves of
-    the SMs, splitting only adds cost: one partition. Below that, split the longest
-    context into enough partitions for about ``DECODE_TARGET_WAVES`` programs per SM,
-    never shorter than ``DECODE_MIN_PARTITION`` tokens (per-program set-up and the combine
-    grow as partitions shrink).
-    Measurement: docs/bench-decode.md (partition sweep on the H200, bf16, D=128).
+    launch). Once ``programs = num_seqs * num_kv_heads`` reaches
+    ``DECODE_NO_SPLIT_WAVES`` programs per SM, splitting only adds cost: one partition.
+    Below that, split the longest context into enough partitions for about
+    ``DECODE_TARGET_WAVES`` programs per SM, never shorter than ``DECODE_MIN_PARTITION``
+    tokens, rounded up to a multiple of it.
+    Measurement (H200, 132 SMs, bf16, D=128, Hq/Hkv 32/8, docs/notes-decode.md sweep 1):
+    at B=1 the best forced size was 1024 (ctx 32k) and 4096 (ctx 128k), i.e. ~32
+    partitions x 8 heads = 256 programs (~2 per SM); the DCU rule's 512 was 6-20% slower
+    there. With >= 256 programs (B=64 with 8 or 4 KV heads, B=256) no split beat every
+    split size by 2-10%; the DCU rule splits those anyway.
     Override: ``HYGON_ATTN_PARTITION_SIZE`` / ``PA_PARTITION_SIZE`` (checked first);
     ``rule="dcu"`` gives :func:`decode_partition_size_dcu`.
     """
@@ -125,8 +129,8 @@ def decode_partition_size(*, num_seqs: int, num_kv_heads: int, group: int,
     return min(max(size, DECODE_MIN_PARTITION), whole)
 
 
-DECODE_TARGET_WAVES = 4     # programs per SM aimed at when splitting
-DECODE_NO_SPLIT_WAVES = 2   # programs per SM from which a batch is not split
+DECODE_TARGET_WAVES = 2     # programs per SM aimed at when splitting
+DECODE_NO_SPLIT_WAVES = 1   # programs per SM from which a batch is not split
 
 
 def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
@@ -134,18 +138,25 @@ def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
     """``(BLOCK_N, num_warps, num_stages)`` of the paged decode kernel.
 
     Reasoning: the kernel is bandwidth-bound, so a KV tile pair (K and V, ``2 * BLOCK_N *
-    D`` elements) should be ~16-32 KB to keep enough bytes in flight per SM with two or
-    three pipeline stages, while the fp32 accumulator ``[BLOCK_M, D]`` and the logits
-    ``[BLOCK_M, BLOCK_N]`` stay in registers. Large ``BLOCK_M * D`` (big groups, D=256)
-    get 8 warps and a smaller BLOCK_N.
-    Measurement: docs/bench-decode.md. Override: ``HYGON_ATTN_DECODE_BLOCK_N``,
-    ``HYGON_ATTN_DECODE_WARPS``, ``HYGON_ATTN_DECODE_STAGES``.
+    D`` elements) of ~8-32 KB with two pipeline stages keeps enough bytes in flight per
+    SM, while the fp32 accumulator ``[BLOCK_M, D]`` and the logits ``[BLOCK_M, BLOCK_N]``
+    stay in registers. A tile that spans pages (``P < BLOCK_N``) pays a table lookup and
+    64-bit address math per token, so small pages get a smaller BLOCK_N. Large
+    ``BLOCK_M * D`` (big groups, D=256) get 8 warps and a smaller BLOCK_N.
+    Measurement (H200, bf16, D=128, G=4, docs/notes-decode.md sweep 1, KV-read GB/s):
+    P=64: (64,4,2) 4386 at B=64 ctx 4k and 3090 at B=1 ctx 32k, against 3785 / 2717 for
+    (64,4,3); P=16: (32,4,2) 3361 / 2624 against 2822 / 2004 for (64,4,3).
+    Override: ``HYGON_ATTN_DECODE_BLOCK_N``, ``HYGON_ATTN_DECODE_WARPS``,
+    ``HYGON_ATTN_DECODE_STAGES``.
     """
-    block_n = 64 if head_dim_pad <= 128 else 32
-    if kv_elem_size == 1 and head_dim_pad <= 128:
-        block_n = 128
+    if head_dim_pad > 128:
+        block_n = 32
+    elif page_size < 64:
+        block_n = 32
+    else:
+        block_n = 64
     num_warps = 8 if block_m * head_dim_pad >= 64 * 256 else 4
-    num_stages = 3
+    num_stages = 2
     env_n = os.environ.get("HYGON_ATTN_DECODE_BLOCK_N")
     if env_n:
         block_n = int(env_n)

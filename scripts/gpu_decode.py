@@ -26,16 +26,23 @@ sys.path.insert(0, ROOT)
 SHAPES = ["1,32768", "1,131072", "8,8192", "64,4096", "64,16384", "256,2048"]
 TILES = "32,4,2;32,4,3;64,4,2;64,4,3;64,8,3;128,4,2;128,4,3;128,8,3"
 PLANS = {
-    # partition-rule sweep over issue 3's shapes, G sweep, per-query-head variant
+    # sweep 1: partition-rule sweep over issue 3's shapes, G sweep, per-query-head variant
     "sweep": [
         dict(name="partitions", shapes=SHAPES, groups="1,8,16",
              partitions="auto,dcu,256,512,1024,2048,4096,none", tiles=""),
         dict(name="tiles", shapes=["64,4096", "1,32768"], groups="",
              partitions="auto", tiles=TILES),
     ],
-    # the shipped configuration only, for docs/bench-decode.md
+    # the shipped configuration (auto) against the DCU rule, for docs/bench-decode.md,
+    # plus small checks of the tile and partition choices around it
     "final": [
-        dict(name="final", shapes=SHAPES, groups="1,8,16", partitions="auto,dcu", tiles=""),
+        dict(name="final", shapes=SHAPES, groups="1,8,16", partitions="auto,dcu", tiles="",
+             timeout=120),
+        dict(name="tiles16", shapes=["64,4096", "1,32768", "1,131072"], groups="",
+             partitions="auto", pages="16",
+             tiles="16,4,2;16,4,3;16,4,4;32,4,2;32,4,3;128,4,2", timeout=60),
+        dict(name="parts", shapes=["1,32768", "1,131072", "8,8192"], groups="",
+             partitions="1024,2048,4096", tiles="", timeout=60),
     ],
 }
 
@@ -44,7 +51,7 @@ def _bench_argv(cfg, shapes, groups, rep_ms, out=None):
     argv = [sys.executable, "-m", "hygon_attn_backend.bench.decode",
             "--shapes", ";".join(shapes), "--groups", groups,
             "--partitions", cfg["partitions"], "--tiles", cfg["tiles"],
-            "--rep-ms", str(rep_ms)]
+            "--rep-ms", str(rep_ms), "--block-sizes", cfg.get("pages", "16,64")]
     if out:
         argv += ["--json", out + ".json", "--markdown", out + ".md"]
     return argv
@@ -95,7 +102,7 @@ def main():
     ap.add_argument("--plan", default="sweep", choices=sorted(PLANS))
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--rep-ms", type=float, default=60.0)
+    ap.add_argument("--rep-ms", type=float, default=40.0)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
@@ -127,7 +134,7 @@ def main():
     for cfg in plan:
         base = os.path.join(args.out, cfg["name"])
         rc, dt = _run(_bench_argv(cfg, cfg["shapes"], cfg["groups"], args.rep_ms, out=base),
-                      base + ".log", 90)
+                      base + ".log", cfg.get("timeout", 90))
         print(f"bench {cfg['name']}: rc={rc} ({dt:.0f}s)", flush=True)
     # a short summary last (the reply carries the end of the output; tables are files)
     for cfg in plan:

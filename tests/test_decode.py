@@ -295,10 +295,11 @@ def test_partition_rule_dcu_baseline_and_env(monkeypatch):
 
 
 @pytest.mark.parametrize("num_seqs,ctx,num_kv_heads,expect_parts", [
-    (1, 32768, 8, 64),      # batch 1: split to fill the SMs
-    (1, 131072, 8, 64),
-    (8, 8192, 8, 8),
-    (64, 4096, 8, 1),       # large batch: no split
+    (1, 32768, 8, 32),      # batch 1: split to ~2 programs per SM (partition 1024)
+    (1, 131072, 8, 32),     # partition 4096
+    (8, 8192, 8, 5),        # partition 1792
+    (64, 4096, 8, 1),       # >= 1 program per SM: no split
+    (64, 4096, 2, 3),       # G=16: 128 programs, split in 3
     (64, 16384, 8, 1),
     (256, 2048, 8, 1),
 ])
