@@ -7,8 +7,9 @@ byte, with the reference applied to a copy, so writes through the wrong stride, 
 other half of a combined K|V tensor, into another layer, or into a slot marked -1 all
 fail. Storages are poisoned with random values (never zeros) before each run.
 
-Layouts are built here from plain torch storages and permuted views (no copy), so these
-tests do not depend on ``layouts.py``.
+The main cases build each layout here from plain torch storages and permuted views (no
+copy), independent of ``layouts.py``; one more test runs both ops on the views that
+``layouts`` builds, for every layout and every vLLM physical order.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import zlib
 import pytest
 import torch
 
-from hygon_attn_backend import reference
+from hygon_attn_backend import layouts, reference
 from hygon_attn_backend.ops.cache import copy_blocks, write_kv
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -402,6 +403,53 @@ def test_copy_blocks_rejects_bad_arguments(name, bad, match, device):
     args[name] = _to(bad, device)
     with pytest.raises(ValueError, match=match):
         copy_blocks(**args, impl="triton")
+
+
+# ------------------------------------------------------- through layouts.py (every engine storage)
+
+LAYOUTS_CASES = ([("layout", name) for name in layouts.LAYOUTS if name != "vllm"]
+                 + [("vllm", order) for order in layouts.VLLM_ORDERS])
+
+
+def _layouts_storage(kind, name, dtype, device, *, num_blocks=6, h=3, p=16, d=80):
+    """``(tensors, views)``: every tensor of the storage (all vLLM layers) and a function
+    from that list to ``(k_view, v_view)`` (canonical views, also the copy_blocks tensors)."""
+    if kind == "vllm":
+        per_layer = layouts.allocate_vllm(name, num_layers=3, num_blocks=num_blocks,
+                                          block_size=p, num_kv_heads=h, head_dim=d,
+                                          dtype=dtype, device=device)
+        return per_layer, lambda ts: layouts.vllm_kv_views(ts[1])
+    v_layout = "bhds" if name == "split_x" else name
+    size = dict(num_blocks=num_blocks, block_size=p, num_kv_heads=h, head_dim=d, dtype=dtype,
+                device=device)
+    k_st, v_st = layouts.allocate(name, **size), layouts.allocate(v_layout, **size)
+    return [k_st, v_st], lambda ts: layouts.kv_views(name, ts[0], ts[1], block_size=p,
+                                                     v_layout=v_layout)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("kind,name", LAYOUTS_CASES)
+def test_cache_ops_on_layouts_module_storages(kind, name, dtype, device):
+    """write_kv then copy_blocks on the views ``layouts`` builds, for every layout and
+    every vLLM physical order (3 layers; layer 1 used, layers 0 and 2 must not change)."""
+    tensors, views = _layouts_storage(kind, name, dtype, device)
+    before = [t.clone() for t in tensors]
+    expected = [t.clone() for t in tensors]  # contents matter, not strides
+    gen = torch.Generator().manual_seed(_seed("layouts", kind, name, str(dtype)))
+    h, p, d, num_blocks = 3, 16, 80, 6
+    k, v, slots = _inputs(9, h, d, num_blocks * p, gen, device, index_dtype=torch.int64,
+                          num_pad=2, in_dtype=torch.float16, saturate=False)
+    mapping = torch.tensor([[0, 4], [2, 5], [0, 1]], device=device)
+    k_scale, v_scale = _scales(dtype, device)
+    ek, ev = views(expected)
+    reference.write_kv(k, v, ek, ev, slots, k_scale=k_scale, v_scale=v_scale)
+    reference.copy_blocks(ek, ev, mapping)
+    gk, gv = views(tensors)
+    write_kv(k, v, gk, gv, slots, k_scale=k_scale, v_scale=v_scale, impl="triton")
+    copy_blocks(gk, gv, mapping, impl="triton")
+    _assert_storages_equal(tensors, expected, f"layouts {kind} {name} {dtype}")
+    changed = sum(int((_bytes(e) != _bytes(b)).sum()) for e, b in zip(expected, before))
+    assert changed > 0, "the ops did not change the random cache"
 
 
 # ----------------------------------------------------------------------------- GPU, real sizes
