@@ -36,16 +36,29 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 from hygon_attn_backend.integrations.sglang.backend import HygonAttnBackend
 
 
-def dense_causal_attention(q, k, v, q_positions, *, scale, dtype):
+def dense_causal_attention(q, k, v, q_positions, *, scale, dtype, window=None, soft_cap=None,
+                           sinks=None):
     """Oracle: q ``[n, Hq, D]`` at ``q_positions`` over keys ``k, v [L, Hkv, D]`` (key j at
-    position j), causal (``j <= position``), computed in ``dtype``."""
+    position j), causal (``j <= position``), computed in ``dtype``; SGLang's conventions
+    for the options: ``window`` W keeps keys ``position - W <= j``, ``soft_cap`` c maps
+    logits to ``c * tanh(s / c)``, ``sinks [Hq]`` adds a key of value 0 and logit sink."""
     group = q.shape[1] // k.shape[1]
-    q, k, v = (t.to(dtype) for t in (q, k, v))
+    q, k, v = (t.detach().cpu().to(dtype) for t in (q, k, v))
+    q_positions = torch.as_tensor(q_positions).cpu()
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     s = torch.einsum("qhd,khd->hqk", q, k) * scale
-    mask = torch.arange(k.shape[0]).unsqueeze(0) <= q_positions.unsqueeze(1)  # [n, L]
+    if soft_cap:
+        s = soft_cap * torch.tanh(s / soft_cap)
+    j = torch.arange(k.shape[0]).unsqueeze(0)
+    mask = j <= q_positions.unsqueeze(1)  # [n, L]
+    if window is not None:
+        mask &= j >= q_positions.unsqueeze(1) - window
     s = s.masked_fill(~mask.unsqueeze(0), float("-inf"))
+    if sinks is not None:
+        sink = sinks.detach().cpu().to(dtype).view(-1, 1, 1).expand(-1, s.shape[1], 1)
+        s = torch.cat([s, sink], dim=-1)
+        v = torch.cat([v, torch.zeros_like(v[:1])], dim=0)
     p = torch.softmax(s, dim=-1)
     return torch.einsum("hqk,khd->qhd", p, v)
 
@@ -54,10 +67,13 @@ class TinyModel:
     """q/k/v of token ``t`` at position ``i``: ``(emb[t] + pos[i]) @ W``."""
 
     def __init__(self, *, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 vocab: int = 1000, hidden: int = 64, max_pos: int = 1024, seed: int = 0):
+                 vocab: int = 1000, hidden: int = 64, max_pos: int = 1024, seed: int = 0,
+                 device="cpu"):
         g = torch.Generator().manual_seed(seed)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.dtype = dtype
+        self.device = torch.device(device)
+        self.window = self.soft_cap = self.sinks = None  # attention options (SGLang's meaning)
         self.emb = torch.randn(vocab, hidden, generator=g, dtype=torch.float64)
         self.pos = 0.5 * torch.randn(max_pos, hidden, generator=g, dtype=torch.float64)
         self.wq = torch.randn(hidden, num_heads * head_dim, generator=g,
@@ -69,19 +85,25 @@ class TinyModel:
 
     def qkv(self, tokens, positions):
         """``q [n, Hq*D]``, ``k, v [n, Hkv, D]`` in the model dtype (as SGLang hands them)."""
-        x = self.emb[torch.as_tensor(tokens)] + self.pos[torch.as_tensor(positions)]
-        q = (x @ self.wq).to(self.dtype)
-        k = (x @ self.wk).view(-1, self.num_kv_heads, self.head_dim).to(self.dtype)
-        v = (x @ self.wv).view(-1, self.num_kv_heads, self.head_dim).to(self.dtype)
+        x = self.emb[torch.as_tensor(list(tokens))] + self.pos[torch.as_tensor(list(positions))]
+        to = dict(dtype=self.dtype, device=self.device)
+        q = (x @ self.wq).to(**to)
+        k = (x @ self.wk).view(-1, self.num_kv_heads, self.head_dim).to(**to)
+        v = (x @ self.wv).view(-1, self.num_kv_heads, self.head_dim).to(**to)
         return q, k, v
 
-    def oracle(self, tokens, positions, dtype=torch.float64):
+    def oracle(self, tokens, positions, dtype=torch.float64, kv_transform=None):
         """Attention output ``[n, Hq, D]`` of ``positions`` of the sequence ``tokens``,
-        recomputed from scratch in ``dtype`` (inputs rounded to the model dtype first)."""
+        recomputed from scratch in ``dtype`` (inputs rounded to the model dtype first).
+        ``kv_transform(k, v) -> (k, v)`` may alter the keys/values first (fp8 rounding)."""
         q, k, v = self.qkv(tokens, range(len(tokens)))
+        if kv_transform is not None:
+            k, v = kv_transform(k, v)
         pos = torch.as_tensor(positions)
-        q = q.view(-1, self.num_heads, self.head_dim)[pos]
-        return dense_causal_attention(q, k, v, pos, scale=self.scale, dtype=dtype)
+        q = q.view(-1, self.num_heads, self.head_dim)[pos.to(q.device)]
+        return dense_causal_attention(q, k, v, pos, scale=self.scale, dtype=dtype,
+                                      window=self.window, soft_cap=self.soft_cap,
+                                      sinks=self.sinks)
 
 
 @dataclass
@@ -102,33 +124,37 @@ class Server:
                  k_scale: Optional[float] = None, seed: int = 0):
         self.model = model
         self.page_size = page_size
+        self.device = model.device
+        dev = str(model.device)
         self.pool = MHATokenToKVPool(
             size=pool_tokens, page_size=page_size, dtype=kv_dtype or model.dtype,
-            head_num=model.num_kv_heads, head_dim=model.head_dim, layer_num=1, device="cpu",
+            head_num=model.num_kv_heads, head_dim=model.head_dim, layer_num=1, device=dev,
             enable_memory_saver=False, enable_alt_stream=False)
         if page_size == 1:
-            self.allocator = TokenToKVPoolAllocator(pool_tokens, self.pool.dtype, "cpu",
+            self.allocator = TokenToKVPoolAllocator(pool_tokens, self.pool.dtype, dev,
                                                     self.pool, need_sort=False)
         else:
             self.allocator = PagedTokenToKVPoolAllocator(pool_tokens, page_size, self.pool.dtype,
-                                                         "cpu", self.pool, need_sort=False)
+                                                         dev, self.pool, need_sort=False)
         # fragmented free list, as a long-running server has: requests get scattered slots
         g = torch.Generator().manual_seed(seed)
         free = self.allocator.free_pages
-        self.allocator.free_pages = free[torch.randperm(free.numel(), generator=g)]
+        self.allocator.free_pages = free[torch.randperm(free.numel(), generator=g).to(free.device)]
         self.req_to_token_pool = ReqToTokenPool(size=max_reqs, max_context_len=max_context,
-                                                device="cpu", enable_memory_saver=False)
+                                                device=dev, enable_memory_saver=False)
         self.tree = RadixCache(CacheInitParams(
             disable=False, req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool_allocator=self.allocator, page_size=page_size))
         self.layer = RadixAttention(num_heads=model.num_heads, head_dim=model.head_dim,
                                     scaling=model.scale, num_kv_heads=model.num_kv_heads,
                                     layer_id=0)
+        self.layer.sliding_window_size = -1 if model.window is None else model.window
+        self.layer.logit_cap = model.soft_cap or 0.0
         if k_scale is not None:
-            self.layer.k_scale = torch.tensor(k_scale)
-            self.layer.v_scale = torch.tensor(k_scale)
+            self.layer.k_scale = torch.tensor(k_scale, device=self.device)
+            self.layer.v_scale = torch.tensor(k_scale, device=self.device)
             self.layer.k_scale_float = self.layer.v_scale_float = float(k_scale)
-        runner = SimpleNamespace(device="cpu", req_to_token_pool=self.req_to_token_pool,
+        runner = SimpleNamespace(device=dev, req_to_token_pool=self.req_to_token_pool,
                                  token_to_kv_pool=self.pool, page_size=page_size)
         self.backend = HygonAttnBackend(runner)
         self.backend_calls = 0
@@ -148,16 +174,18 @@ class Server:
         return Request(tokens=list(tokens), row=row, node=node, cached_len=cached, kv_len=cached)
 
     def _alloc(self, reqs: List[Request], new_lens: List[int]) -> torch.Tensor:
-        prefix = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
-        seq = prefix + torch.tensor(new_lens, dtype=torch.int64)
+        dev = self.device
+        prefix_cpu = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
+        seq_cpu = prefix_cpu + torch.tensor(new_lens, dtype=torch.int64)
+        prefix, seq = prefix_cpu.to(dev), seq_cpu.to(dev)
         total = int(sum(new_lens))
         if self.page_size == 1:
             locs = self.allocator.alloc(total)
         else:
             r2t = self.req_to_token_pool.req_to_token
             last = torch.tensor([int(r2t[r.row, r.kv_len - 1]) if r.kv_len else -1 for r in reqs],
-                                dtype=torch.int64)
-            locs = self.allocator.alloc_extend(prefix, prefix, seq, seq, last, total)
+                                dtype=torch.int64, device=dev)
+            locs = self.allocator.alloc_extend(prefix, prefix_cpu, seq, seq_cpu, last, total)
         assert locs is not None, "KV pool exhausted"
         return locs
 
@@ -178,9 +206,10 @@ class Server:
             qs.append(q), ks.append(k), vs.append(v), positions.extend(pos)
         seq_lens = [r.kv_len + n for r, n in zip(reqs, new_lens)]
         batch = self._batch(mode, reqs, seq_lens, locs, positions)
-        batch.extend_prefix_lens = torch.tensor([r.kv_len for r in reqs], dtype=torch.int32)
+        batch.extend_prefix_lens = torch.tensor([r.kv_len for r in reqs], dtype=torch.int32,
+                                                device=self.device)
         batch.extend_prefix_lens_cpu = [r.kv_len for r in reqs]
-        batch.extend_seq_lens = torch.tensor(new_lens, dtype=torch.int32)
+        batch.extend_seq_lens = torch.tensor(new_lens, dtype=torch.int32, device=self.device)
         batch.extend_seq_lens_cpu = list(new_lens)
         batch.extend_num_tokens = sum(new_lens)
         out = self._run(batch, torch.cat(qs), torch.cat(ks), torch.cat(vs))
@@ -197,9 +226,10 @@ class Server:
         if self.page_size == 1:
             locs = self.allocator.alloc(len(reqs))
         else:
-            seq = torch.tensor([r.kv_len + 1 for r in reqs], dtype=torch.int64)
-            last = torch.tensor([int(r2t[r.row, r.kv_len - 1]) for r in reqs], dtype=torch.int64)
-            locs = self.allocator.alloc_decode(seq, seq, last)
+            seq_cpu = torch.tensor([r.kv_len + 1 for r in reqs], dtype=torch.int64)
+            last = torch.tensor([int(r2t[r.row, r.kv_len - 1]) for r in reqs], dtype=torch.int64,
+                                device=self.device)
+            locs = self.allocator.alloc_decode(seq_cpu.to(self.device), seq_cpu, last)
         positions = [r.kv_len for r in reqs]
         for r, loc in zip(reqs, locs):
             r2t[r.row, r.kv_len] = int(loc)
@@ -212,6 +242,80 @@ class Server:
             r.outputs.append(out[i:i + 1])
         return [out[i:i + 1] for i in range(len(reqs))]
 
+    def decode_graph(self, reqs: List[Request], next_tokens: List[int], *, graph_bs: int,
+                     state: dict):
+        """One decode step through the CUDA-graph hooks, as SGLang's decode graph runner
+        drives them: static input buffers padded to ``graph_bs`` (padding rows use row 0,
+        the backend's seq-len fill value and slot 0); ``init_forward_metadata_out_graph``
+        before the step, ``init_forward_metadata_in_graph`` inside it. On CUDA the step is
+        captured once (after one warm-up run) and replayed; on CPU it runs the same hooks
+        eagerly. ``state`` (a dict owned by the caller) keeps the buffers and the graph."""
+        dev, n = self.device, len(reqs)
+        backend = self.backend
+        for r, t in zip(reqs, next_tokens):
+            r.tokens.append(int(t))
+        r2t = self.req_to_token_pool.req_to_token
+        if self.page_size == 1:
+            locs = self.allocator.alloc(n)
+        else:
+            seq_cpu = torch.tensor([r.kv_len + 1 for r in reqs], dtype=torch.int64)
+            last = torch.tensor([int(r2t[r.row, r.kv_len - 1]) for r in reqs], dtype=torch.int64,
+                                device=dev)
+            locs = self.allocator.alloc_decode(seq_cpu.to(dev), seq_cpu, last)
+        for r, loc in zip(reqs, locs):
+            r2t[r.row, r.kv_len] = int(loc)
+        positions = [r.kv_len for r in reqs]
+        q, k, v = self.model.qkv([r.tokens[-1] for r in reqs], positions)
+        fill = backend.get_cuda_graph_seq_len_fill_value()
+        first = not state
+        if first:
+            backend.init_cuda_graph_state(graph_bs, graph_bs)
+            state.update(
+                rows=torch.zeros(graph_bs, dtype=torch.int64, device=dev),
+                seq_lens=torch.full((graph_bs,), fill, dtype=torch.int64, device=dev),
+                locs=torch.zeros(graph_bs, dtype=torch.int64, device=dev),
+                q=torch.randn(graph_bs, q.shape[1], device=dev).to(q.dtype),
+                k=torch.randn(graph_bs, *k.shape[1:], device=dev).to(k.dtype),
+                v=torch.randn(graph_bs, *v.shape[1:], device=dev).to(v.dtype))
+            state["batch"] = ForwardBatch(
+                forward_mode=ForwardMode.DECODE, batch_size=graph_bs,
+                input_ids=torch.zeros(graph_bs, dtype=torch.int64, device=dev),
+                req_pool_indices=state["rows"], seq_lens=state["seq_lens"],
+                out_cache_loc=state["locs"], seq_lens_sum=graph_bs * fill,
+                positions=torch.zeros(graph_bs, dtype=torch.int64, device=dev))
+        st = state
+        st["rows"].zero_()
+        st["rows"][:n].copy_(torch.tensor([r.row for r in reqs], device=dev))
+        st["seq_lens"].fill_(fill)
+        st["seq_lens"][:n].copy_(torch.tensor([r.kv_len + 1 for r in reqs], device=dev))
+        st["locs"].zero_()
+        st["locs"][:n].copy_(locs.to(torch.int64))
+        st["q"][:n].copy_(q), st["k"][:n].copy_(k), st["v"][:n].copy_(v)
+        batch = st["batch"]
+
+        def step():
+            backend.init_forward_metadata_in_graph(batch)
+            st["out"] = backend.forward(st["q"], st["k"], st["v"], self.layer, batch)
+
+        backend.init_forward_metadata_out_graph(batch, in_capture=first)
+        if dev.type == "cuda":
+            if first:
+                step()  # warm-up: lazy allocations happen here, outside the capture
+                torch.cuda.synchronize()
+                st["graph"] = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(st["graph"]):
+                    step()
+            st["graph"].replay()
+            torch.cuda.synchronize()
+        else:
+            step()
+        self.backend_calls += 1
+        out = st["out"].view(-1, self.model.num_heads, self.model.head_dim)
+        for i, r in enumerate(reqs):
+            r.kv_len += 1
+            r.outputs.append(out[i:i + 1].clone())
+        return [out[i:i + 1].clone() for i in range(n)]
+
     def finish(self, req: Request) -> int:
         """Cache the request's tokens in the tree and release it; returns how many of its
         tokens the tree already held (their duplicate slots are freed)."""
@@ -220,7 +324,7 @@ class Server:
         aligned = req.kv_len // self.page_size * self.page_size
         key = RadixKey(array("q", req.tokens[:req.kv_len]))
         result = self.tree.insert(InsertParams(key=key, value=kv[:aligned].clone()))
-        if result.prefix_len > req.cached_len:
+        if result.prefix_len > req.cached_len:  # computed twice: free this request's copy
             self.allocator.free(kv[req.cached_len:result.prefix_len])
         if aligned < req.kv_len:
             self.allocator.free(kv[aligned:])
@@ -231,21 +335,23 @@ class Server:
     # ------------------------------------------------------------------ plumbing
 
     def _batch(self, mode, reqs, seq_lens, locs, positions) -> ForwardBatch:
+        dev = self.device
         return ForwardBatch(
             forward_mode=mode, batch_size=len(reqs),
-            input_ids=torch.zeros(len(positions), dtype=torch.int64),
-            req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+            input_ids=torch.zeros(len(positions), dtype=torch.int64, device=dev),
+            req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
             seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int64),
             out_cache_loc=locs.to(torch.int64), seq_lens_sum=int(sum(seq_lens)),
-            positions=torch.tensor(positions, dtype=torch.int64))
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev))
 
     def _run(self, batch, q, k, v):
         """Run the backend; it must only read the tree and ``req_to_token``."""
         tree_before = tree_snapshot(self.tree)
         rows_before = self.req_to_token_pool.req_to_token.clone()
         self.backend.init_forward_metadata(batch)
-        out = self.backend.forward(q, k, v, self.layer, batch)
+        kwargs = {} if self.model.sinks is None else {"sinks": self.model.sinks}
+        out = self.backend.forward(q, k, v, self.layer, batch, **kwargs)
         assert snapshots_equal(tree_before, tree_snapshot(self.tree)), "the backend changed the tree"
         assert torch.equal(rows_before, self.req_to_token_pool.req_to_token), \
             "the backend wrote req_to_token"

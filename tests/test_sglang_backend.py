@@ -1,0 +1,142 @@
+"""HygonAttnBackend features on SGLang's pools: the HND pool, fp8 KV with scales, sliding
+window / soft cap / sinks, the CUDA-graph hooks (real capture and replay on a GPU, the same
+hooks eagerly on CPU), and the modes it refuses.
+
+The oracle is a full recompute (tests/_sglang_harness.py); budgets are a small multiple of
+that recompute's own error in the model dtype.
+"""
+
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.mem_cache.radix_cache")
+
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+
+from _budget import assert_within_budget  # noqa: E402
+from _sglang_harness import Server, TinyModel  # noqa: E402
+
+HEADS = dict(num_heads=8, num_kv_heads=2, head_dim=32)  # GQA group 4
+
+
+def _tokens(rng, n):
+    return [rng.randrange(1, 1000) for _ in range(n)]
+
+
+def _check(srv, req, out, positions, what, kv_transform=None, mult=4.0):
+    model = srv.model
+    upto = req.tokens[: max(positions) + 1]
+    ref64 = model.oracle(upto, positions, dtype=torch.float64, kv_transform=kv_transform)
+    ref_lowp = model.oracle(upto, positions, dtype=model.dtype, kv_transform=kv_transform)
+    assert_within_budget(out, ref64, ref_lowp, what=what, mult=mult)
+
+
+def _chat(srv, rng, *, kv_transform_for=None):
+    """Turn 1 (prefill + 2 decodes), then turn 2 extending over turn 1's cached prefix;
+    checks every output. ``kv_transform_for(cached_len)`` gives the oracle's K/V rounding
+    for a pass whose first ``cached_len`` positions are read from the cache."""
+    tf = kv_transform_for or (lambda n: None)
+    n1 = 29 if srv.page_size <= 16 else 29 + srv.page_size  # turn 1 ends mid-page
+    t1 = srv.start(_tokens(rng, n1))
+    (out,) = srv.extend([t1])
+    _check(srv, t1, out, list(range(n1)), "turn 1 prefill", tf(0))
+    for _ in range(2):
+        (out,) = srv.decode([t1], [rng.randrange(1, 1000)])
+        _check(srv, t1, out, [t1.kv_len - 1], "turn 1 decode", tf(t1.kv_len))
+    history = list(t1.tokens)
+    srv.finish(t1)
+    t2 = srv.start(history + _tokens(rng, 13))
+    assert t2.cached_len == len(history) // srv.page_size * srv.page_size > 0
+    (out,) = srv.extend([t2])
+    _check(srv, t2, out, list(range(t2.cached_len, len(t2.tokens))), "turn 2 over the cache",
+           tf(t2.cached_len))
+    srv.finish(t2)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_hnd_pool(page_size, monkeypatch, device):
+    monkeypatch.setenv("SGLANG_USE_HND_KVCACHE", "1")
+    srv = Server(TinyModel(dtype=torch.float16, seed=11, device=device, **HEADS),
+                 page_size=page_size, seed=11)
+    assert srv.pool.kv_cache_layout == "hnd"
+    _chat(srv, random.Random(11))
+
+
+def _fp8_round(fp8_dtype, scale, num_cached):
+    """SGLang's fp8 write (``k / scale`` in the model dtype, cast to fp8) and our read
+    (``x * scale``), applied to the first ``num_cached`` positions."""
+
+    def transform(k, v):
+        def rnd(x):
+            stored = (x / torch.tensor(scale, dtype=x.dtype, device=x.device)).to(fp8_dtype)
+            return (stored.to(torch.float32) * scale).to(x.dtype)
+
+        k, v = k.clone(), v.clone()
+        k[:num_cached], v[:num_cached] = rnd(k[:num_cached]), rnd(v[:num_cached])
+        return k, v
+
+    return transform
+
+
+@pytest.mark.parametrize("fp8_dtype, scale", [(torch.float8_e4m3fn, 0.5),
+                                              (torch.float8_e5m2, None)], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_fp8_kv_cache(fp8_dtype, scale, page_size, device):
+    srv = Server(TinyModel(dtype=torch.float16, seed=12, device=device, **HEADS),
+                 page_size=page_size, kv_dtype=fp8_dtype, k_scale=scale, seed=12)
+    assert srv.pool.dtype == fp8_dtype
+    _chat(srv, random.Random(12),
+          kv_transform_for=lambda n: _fp8_round(fp8_dtype, 1.0 if scale is None else scale, n))
+
+
+@pytest.mark.parametrize("option", ["window", "soft_cap", "sinks"])
+def test_attention_options(option, device):
+    model = TinyModel(dtype=torch.float16, seed=13, device=device, **HEADS)
+    if option == "window":
+        model.window = 9  # SGLang: a query at i sees keys i - 9 .. i
+    elif option == "soft_cap":
+        model.soft_cap = 5.0
+    else:
+        model.sinks = torch.randn(HEADS["num_heads"], generator=torch.Generator().manual_seed(3),
+                                  dtype=torch.float32).to(device)
+    srv = Server(model, page_size=16, seed=13)
+    _chat(srv, random.Random(13))
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_cuda_graph_hooks_decode(page_size, device):
+    """Decode through ``init_cuda_graph_state`` / ``init_forward_metadata_out_graph`` /
+    ``init_forward_metadata_in_graph`` with a padded static batch, for several steps (on a
+    GPU: captured once, replayed with new buffer contents)."""
+    rng = random.Random(14)
+    srv = Server(TinyModel(dtype=torch.float16, seed=14, device=device, **HEADS),
+                 page_size=page_size, seed=14)
+    reqs = [srv.start(_tokens(rng, n)) for n in (21, 40, 5)]
+    srv.extend(reqs)
+    state = {}
+    for step in range(3):
+        outs = srv.decode_graph(reqs, [rng.randrange(1, 1000) for _ in reqs], graph_bs=4,
+                                state=state)
+        for r, out in zip(reqs, outs):
+            _check(srv, r, out, [r.kv_len - 1], f"graph decode step {step}")
+    meta = srv.backend.forward_metadata
+    assert meta.graph and meta.block_table.shape == (4, srv.backend.max_blocks)
+    assert int(meta.seq_lens[3]) == srv.backend.get_cuda_graph_seq_len_fill_value()
+    # eager metadata of the same batch addresses the same blocks
+    eager = srv.decode([reqs[0]], [3])
+    _check(srv, reqs[0], eager[0], [reqs[0].kv_len - 1], "eager decode after graph steps")
+
+
+def test_refuses_what_it_cannot_serve(device):
+    srv = Server(TinyModel(dtype=torch.float16, seed=15, device=device, **HEADS), page_size=1)
+    req = srv.start(_tokens(random.Random(15), 8))
+    batch = srv._batch(ForwardMode.TARGET_VERIFY, [req], [8], torch.zeros(8, dtype=torch.int64,
+                                                                         device=srv.device),
+                       list(range(8)))
+    with pytest.raises(NotImplementedError, match="speculative"):
+        srv.backend.init_forward_metadata(batch)
+    srv.layer.is_cross_attention = True
+    with pytest.raises(NotImplementedError, match="cross-attention"):
+        srv.extend([req])
