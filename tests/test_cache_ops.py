@@ -156,7 +156,7 @@ def _run_write_case(layout, dtype, page_size, head_dim, device, *, num_kv_heads=
     assert changed > 0, f"{what}: the written tokens did not change the poisoned cache"
 
 
-# ------------------------------------------------------------- write_kv, small (CPU interpreter or GPU)
+# --------------------------------------------------- write_kv, small (CPU interpreter or GPU)
 
 
 @pytest.mark.parametrize("head_dim", [64, 80])
@@ -282,7 +282,8 @@ def _to(t, device):
     ("v", torch.randn(3, 2, 32).half(), r"v must have shape \(3, 2, 64\)"),
     ("v", torch.randn(3, 2, 64, device="meta").half(), "v must be on"),
     ("slot_mapping", torch.tensor([0, 1, 2], dtype=torch.float32), "slot_mapping must have dtype"),
-    ("slot_mapping", torch.tensor([0, 1], dtype=torch.int32), r"slot_mapping must have shape \(3\)"),
+    ("slot_mapping", torch.tensor([0, 1], dtype=torch.int32),
+     r"slot_mapping must have shape \(3\)"),
     ("k_cache", torch.randn(4, 2, 16, 64).float(), "share a dtype"),
     ("k_cache", torch.randn(4, 3, 16, 64).half(), "same"),
     ("v_cache", torch.randn(4, 2, 16, 32).half(), "same"),
@@ -303,7 +304,7 @@ def test_write_kv_rejects_bad_arguments(name, bad, match, device):
         write_kv(**args, impl="triton")
 
 
-# ---------------------------------------------------------- copy_blocks, small (CPU interpreter or GPU)
+# ------------------------------------------------ copy_blocks, small (CPU interpreter or GPU)
 
 
 def _run_copy_case(layout, dtype, page_size, head_dim, device, pairs, *, num_blocks=7,

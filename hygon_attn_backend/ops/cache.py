@@ -152,8 +152,9 @@ def _cdiv(a: int, b: int) -> int:
 def _block_inner_axes(name: str, cache: torch.Tensor) -> tuple[list[int], list[int]]:
     """The axes after dim 0 as ``(sizes, strides)``: size-1 axes dropped, ordered by
     decreasing stride, adjacent axes merged where one is the contiguous continuation of
-    the other, padded to four axes. A block is a set of elements, so the order in which
-    they are visited does not change the copy, only how coalesced it is."""
+    the other, padded to four axes with trailing size-1 axes. A block is a set of
+    elements, so the order in which they are visited does not change the copy, only how
+    coalesced it is."""
     axes = [(s, st) for s, st in zip(cache.shape[1:], cache.stride()[1:]) if s != 1]
     for size, stride in axes:
         if stride == 0:
@@ -170,7 +171,9 @@ def _block_inner_axes(name: str, cache: torch.Tensor) -> tuple[list[int], list[i
     if len(merged) > 4:
         raise ValueError(f"{name}: a block must be addressable with at most 4 strided axes, "
                          f"got strides {cache.stride()} with {_checks.describe(cache)}")
-    merged = [(1, 0)] * (4 - len(merged)) + merged
+    # Pad at the end: size-1 trailing axes make the kernel's div/mod by them fold away
+    # (Triton specialises arguments equal to 1), so one contiguous axis costs none.
+    merged = merged + [(1, 0)] * (4 - len(merged))
     return [s for s, _ in merged], [st for _, st in merged]
 
 
