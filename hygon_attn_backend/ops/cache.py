@@ -9,7 +9,7 @@ to ``copy_blocks``.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Union
 
 import torch
 
