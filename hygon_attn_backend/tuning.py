@@ -178,18 +178,19 @@ def prefill_tile_config(*, head_dim_pad: int, group: int, total_q: int, num_kv_h
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the prefix-prefill kernel.
 
     Reasoning: prefill is matrix-bound (each K/V tile feeds ``BLOCK_M`` rows), so the M tile
-    should be as tall as the registers allow: 128 rows (a GQA group packed in, 8 warps = two
-    warpgroups of 64 rows each for Hopper's wgmma) with a 128-key N tile (fewer softmax
-    rescales per key) and 3 pipeline stages for ``D <= 128`` (K/V ring 192 KB + Q 32 KB);
-    ``D = 256`` doubles the accumulator and the K/V tiles, so 64 rows, 64 keys, 4 warps,
-    2 stages. Short extends (mean ``total_q / num_seqs <= 256`` tokens) take 64x64 tiles
-    with 4 warps: less masked waste on each diagonal and more programs. When the batch
-    gives fewer programs than SMs, 64-row tiles double the program count. ``BLOCK_M`` is
-    never below the group (each row a (token, head) pair; odd groups leave
+    should be as tall as the registers allow, with the GQA group packed in. For ``D <= 128``
+    the best measured tile is 256 rows x 64 keys with 16 warps (four warpgroups of 64 rows:
+    the same registers per thread as 128 rows on 8 warps, but each K/V tile in shared
+    memory feeds twice the rows, and four warpgroups let one's softmax overlap another's
+    MMA) and 3 stages (Q 64 KB + K/V ring 96 KB). 256 x 128 on 16 warps spills (8x slower).
+    When that gives fewer programs than SMs (small batches of short extends), fall back to
+    128 x 128 on 8 warps, then 64 x 64 on 4 warps. ``D = 256`` doubles the accumulator and
+    the K/V tiles: 64 x 64, 4 warps, 2 stages (correct on the H200, not tuned). ``BLOCK_M``
+    is never below the group (each row a (token, head) pair; odd groups leave
     ``BLOCK_M % G`` rows idle). Under the CPU interpreter tiny tiles keep tests fast.
-    Measurement (H200, bf16, Hq/Hkv=32/8, D=128, docs/bench-prefill.md): 128x128/8w/3s
-    beat 128x64/8w/3s by 8-26% on all five issue-4 shapes; 64x64/4w/3s beat it by 7% at
-    (B=32, prefix 1024, extend 128).
+    Measurement (H200, bf16, Hq/Hkv=32/8, D=128, page 16 and 64, docs/bench-prefill.md):
+    256x64/16w/3s was the fastest of eight tiles on all five issue-4 shapes: +5-22% over
+    128x128/8w/3s, +17-45% over 128x64/8w/3s, +9-23% over 64x64/4w/3s.
     Override: ``HYGON_ATTN_PREFILL_TILE="BLOCK_M,BLOCK_N,num_warps,num_stages"``.
     """
     group_pow2 = 1 << max(0, (group - 1).bit_length())
@@ -210,13 +211,14 @@ def prefill_tile_config(*, head_dim_pad: int, group: int, total_q: int, num_kv_h
         return block_m, block_n, num_warps, num_stages
     if interpreter:
         return max(16, group_pow2), 16, 4, 1
-    if head_dim_pad <= 128:
-        block_m, block_n, num_warps, num_stages = 128, 128, 8, 3
-        if total_q <= 256 * max(1, num_seqs):
-            block_m, block_n, num_warps, num_stages = 64, 64, 4, 3
-    else:
-        block_m, block_n, num_warps, num_stages = 64, 64, 4, 2
-    programs = -(-total_q * group // block_m) * num_kv_heads
-    if programs < num_sms and block_m > 64:
-        block_m, num_warps = 64, 4
-    return max(block_m, group_pow2), block_n, num_warps, num_stages
+    if head_dim_pad > 128:
+        return max(64, group_pow2), 64, 4, 2
+
+    def programs(block_m):  # a bound: each request adds at most one partial tile
+        return (-(-total_q * group // block_m) + max(0, num_seqs - 1)) * num_kv_heads
+
+    if programs(256) >= num_sms or group_pow2 > 128:
+        return max(256, group_pow2), 64, 16, 3
+    if programs(128) >= num_sms or group_pow2 > 64:
+        return max(128, group_pow2), 128, 8, 3
+    return max(64, group_pow2), 64, 4, 3

@@ -208,6 +208,15 @@ def test_prefill_gpu_cache_over_2g_elements():
     run_case(case, torch.device("cuda"), min_blocks=(2**31) // per_block + 64)
 
 
+@pytest.mark.parametrize("tile", ["32,16,4,1", "64,32,4,1"])
+def test_prefill_larger_tiles(tile, device, monkeypatch):
+    """Several tokens per M tile (GQA rows packed) and several pages per N tile."""
+    monkeypatch.setenv("HYGON_ATTN_PREFILL_TILE", tile)
+    run_case(Case("tile_" + tile, (0, 21, 40, 5), (17, 9, 1, 33), group=5, page=16), device)
+    run_case(Case("tile_knew_" + tile, (0, 21, 40, 5), (17, 9, 1, 33), group=4, page=1,
+                  k_new=True, causal=False), device)
+
+
 def test_prefill_plan_reuse_and_tile_map(device):
     """The tile map covers each request's m-blocks exactly once (no rectangular grid),
     and a plan built once serves several calls."""
@@ -231,9 +240,11 @@ def test_prefill_plan_reuse_and_tile_map(device):
 def test_prefill_tile_config_pinned(monkeypatch):
     monkeypatch.delenv("HYGON_ATTN_PREFILL_TILE", raising=False)
     assert tuning.prefill_tile_config(head_dim_pad=128, group=4, total_q=8192,
-                                      num_kv_heads=8) == (128, 128, 8, 3)
+                                      num_kv_heads=8) == (256, 64, 16, 3)
     assert tuning.prefill_tile_config(head_dim_pad=128, group=4, total_q=4096,
-                                      num_kv_heads=8, num_seqs=32) == (64, 64, 4, 3)
+                                      num_kv_heads=8, num_seqs=32) == (256, 64, 16, 3)
+    assert tuning.prefill_tile_config(head_dim_pad=128, group=4, total_q=256,
+                                      num_kv_heads=8, num_seqs=2) == (64, 64, 4, 3)
     assert tuning.prefill_tile_config(head_dim_pad=256, group=4, total_q=8192,
                                       num_kv_heads=8) == (64, 64, 4, 2)
     assert tuning.prefill_tile_config(head_dim_pad=128, group=16, total_q=8, num_kv_heads=1,

@@ -135,6 +135,37 @@ def _sdpa_ms(backend_name, batch, prefix, extend, hq, dim, dtype, rep_ms):
     return "n/a (" + "; ".join(errors) + ")", None
 
 
+def _host_overhead(shape, page, hq, hkv, dim, dtype, n=50):
+    """Host microseconds per call (launches queued, no sync inside the timed loop, except
+    the plain call's own value checks)."""
+    import torch
+    from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
+    batch, prefix, extend = shape
+    q, kc, vc, bt, cu, lk, _, _ = _build_batch(batch, prefix, extend, page, hq, hkv, dim, dtype)
+    out = torch.empty_like(q)
+    plan = plan_prefix_prefill(cu, lk, total_q=q.shape[0], num_q_heads=hq, num_kv_heads=hkv,
+                               head_dim=dim)
+    fns = {
+        "plan": lambda: plan_prefix_prefill(cu, lk, total_q=q.shape[0], num_q_heads=hq,
+                                            num_kv_heads=hkv, head_dim=dim),
+        "launch with plan": lambda: prefix_prefill_attention(
+            q, kc, vc, bt, cu, lk, out=out, plan=plan, validate=False),
+        "call, validate=False": lambda: prefix_prefill_attention(
+            q, kc, vc, bt, cu, lk, out=out, validate=False),
+        "plain call": lambda: prefix_prefill_attention(q, kc, vc, bt, cu, lk, out=out),
+    }
+    res = {}
+    for name, fn in fns.items():
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        res[name] = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+    return res
+
+
 def run_prefill_bench(args) -> dict:
     """Run the prefill benchmark described by ``args`` (see :func:`add_prefill_parser`);
     print a markdown table and return all numbers as a dict."""
@@ -208,6 +239,9 @@ def run_prefill_bench(args) -> dict:
                     row["peers"][name] = {"error": ms}
         result["rows"].append(row)
         torch.cuda.empty_cache()
+    result["host_us"] = _host_overhead(shapes[-1], pages[0], hq, hkv, dim, dtype)
+    print("host time per call (us): " + ", ".join(f"{k} {v:.0f}"
+                                                  for k, v in result["host_us"].items()))
     table = format_table(result)
     print(table)
     if args.json:
@@ -247,6 +281,9 @@ def format_table(result: dict) -> str:
                 lines.append(f"{head} | sdpa {name} (dense, {p['mask']}) | - | - | - | "
                              f"{p['ms']:.3f} | "
                              f"{p['tflops']:.1f} | {p['pct_matmul']:.1f} |")
+    if result.get("host_us"):
+        lines += ["", "host time per call, us (B, prefix, extend = last shape, first page "
+                  "size): " + ", ".join(f"{k} {v:.0f}" for k, v in result["host_us"].items())]
     return "\n".join(lines)
 
 

@@ -8,12 +8,17 @@ token ``m_block * TOK_M + r // GROUP`` and query head ``kv_head * GROUP + r % GR
 
 Two stages (mask drawn in ``prefill_mask``):
 
-1. prefix keys ``[0, Lk - Lq)`` from the paged cache, no mask (only the partial last tile
-   checks its bound);
-2. new keys ``[0, Lq)`` (from the cache at positions ``Lk - Lq + j``, or from dense
-   ``k_new``/``v_new``), walked up to ``min(Lq, (m_block + 1) * TOK_M)``: the tiles wholly
-   below the diagonal run unmasked, the diagonal tiles masked, and tiles above the diagonal
-   are never loaded.
+1. no mask: the prefix keys ``[0, Lk - Lq)`` from the paged cache;
+2. the new keys ``[0, Lq)`` under ``j <= i + (Lk - Lq)``, walked up to
+   ``min(Lq, (m_block + 1) * TOK_M)``: tiles above the diagonal are never loaded, tiles
+   wholly below it run unmasked, only the diagonal tiles pay for the mask.
+
+With dense ``k_new``/``v_new`` (SGLang) the stages read two sources: the prefix from the
+cache (its partial last tile bound-checked), then the new keys from the dense tensors.
+With every key in the cache (vLLM), stage 1 extends over the new keys wholly below the
+diagonal (they are visible to every row of the tile), so one unmasked walk from key 0
+covers prefix and below-diagonal keys with tiles aligned to ``BLOCK_N`` (and to pages:
+one table read per tile when ``P % BLOCK_N == 0``), and stage 2 is the diagonal alone.
 
 Softmax state ``m_i``, ``l_i``, ``acc`` is fp32 in log2 units (``exp2``).
 """
@@ -181,73 +186,94 @@ def prefix_prefill_kernel(
     k_base = k_cache_ptr + kv_head.to(tl.int64) * stride_kh
     v_base = v_cache_ptr + kv_head.to(tl.int64) * stride_vh
 
-    # ---- stage 1: the paged prefix [0, len_p), no mask
-    lo1 = 0
-    if WINDOW and CAUSAL:
-        lo1 = tl.maximum(0, len_p + m_tok0 - window + 1) // BLOCK_N * BLOCK_N
-    full1 = len_p // BLOCK_N * BLOCK_N
-    acc, l_i, m_i = _prefill_stage(
-        acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
-        stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-        lo1, full1, len_p, 0, 0, window, qk_scale_c, cap_scale_c, soft_cap, v_scale,
-        offs_n, offs_d, head_dim,
-        FROM_CACHE=True, TILE_IN_PAGE=PREFIX_TILE_IN_PAGE, PAGE_SIZE=PAGE_SIZE, BOUND=False,
-        CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
-        PAD_D=PAD_D,
-        BLOCK_N=BLOCK_N)
-    acc, l_i, m_i = _prefill_stage(  # the partial last prefix tile, if any
-        acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
-        stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-        tl.maximum(full1, lo1), len_p, len_p, 0, 0, window, qk_scale_c, cap_scale_c,
-        soft_cap, v_scale, offs_n, offs_d, head_dim,
-        FROM_CACHE=True, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
-        CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
-        PAD_D=PAD_D,
-        BLOCK_N=BLOCK_N)
-
-    # ---- stage 2: the new tokens [0, len_q)
     if HAS_K_NEW:
+        # ---- stage 1: the paged prefix [0, len_p), no mask
+        lo1 = 0
+        if WINDOW and CAUSAL:
+            lo1 = tl.maximum(0, len_p + m_tok0 - window + 1) // BLOCK_N * BLOCK_N
+        full1 = len_p // BLOCK_N * BLOCK_N
+        acc, l_i, m_i = _prefill_stage(
+            acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+            lo1, full1, len_p, 0, 0, window, qk_scale_c, cap_scale_c, soft_cap, v_scale,
+            offs_n, offs_d, head_dim,
+            FROM_CACHE=True, TILE_IN_PAGE=PREFIX_TILE_IN_PAGE, PAGE_SIZE=PAGE_SIZE, BOUND=False,
+            CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
+            PAD_D=PAD_D,
+            BLOCK_N=BLOCK_N)
+        acc, l_i, m_i = _prefill_stage(  # the partial last prefix tile, if any
+            acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+            tl.maximum(full1, lo1), len_p, len_p, 0, 0, window, qk_scale_c, cap_scale_c,
+            soft_cap, v_scale, offs_n, offs_d, head_dim,
+            FROM_CACHE=True, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
+            CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
+            PAD_D=PAD_D,
+            BLOCK_N=BLOCK_N)
+
+        # ---- stage 2: the new tokens [0, len_q) from k_new / v_new
         kn_base = k_new_ptr + kv_head.to(tl.int64) * stride_knh
         vn_base = v_new_ptr + kv_head.to(tl.int64) * stride_vnh
-        s_kb, s_kr, s_kd = stride_knt, stride_knt, stride_knd
-        s_vb, s_vr, s_vd = stride_vnt, stride_vnt, stride_vnd
-        src0 = q_start
-        qk_scale_2, cap_scale_2, v_mult_2 = qk_scale, cap_scale, 1.0
+        if CAUSAL:
+            hi2 = tl.minimum(len_q, m_tok0 + TOK_M)  # tiles above the diagonal: never loaded
+            diag_lo = m_tok0 // BLOCK_N * BLOCK_N  # tiles below it need no mask
+            lo2 = 0
+            if WINDOW:
+                lo2 = tl.maximum(0, m_tok0 - window + 1) // BLOCK_N * BLOCK_N
+        else:
+            hi2 = len_q
+            diag_lo = len_q // BLOCK_N * BLOCK_N
+            lo2 = 0
+        acc, l_i, m_i = _prefill_stage(
+            acc, l_i, m_i, q, diag, kn_base, vn_base, bt_row,
+            stride_knt, stride_knt, stride_knd, stride_vnt, stride_vnt, stride_vnd,
+            lo2, diag_lo, hi2, len_p, q_start, window, qk_scale, cap_scale, soft_cap, 1.0,
+            offs_n, offs_d, head_dim,
+            FROM_CACHE=False, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=False,
+            CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=False,
+            PAD_D=PAD_D,
+            BLOCK_N=BLOCK_N)
+        acc, l_i, m_i = _prefill_stage(  # diagonal tiles (or the partial last tile)
+            acc, l_i, m_i, q, diag, kn_base, vn_base, bt_row,
+            stride_knt, stride_knt, stride_knd, stride_vnt, stride_vnt, stride_vnd,
+            tl.maximum(diag_lo, lo2), hi2, hi2, len_p, q_start, window, qk_scale, cap_scale,
+            soft_cap, 1.0, offs_n, offs_d, head_dim,
+            FROM_CACHE=False, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
+            CAUSAL=CAUSAL, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=False,
+            PAD_D=PAD_D,
+            BLOCK_N=BLOCK_N)
+
     else:
-        kn_base = k_base
-        vn_base = v_base
-        s_kb, s_kr, s_kd = stride_kb, stride_ks, stride_kd
-        s_vb, s_vr, s_vd = stride_vb, stride_vs, stride_vd
-        src0 = len_p
-        qk_scale_2, cap_scale_2, v_mult_2 = qk_scale_c, cap_scale_c, v_scale
-    if CAUSAL:
-        hi2 = tl.minimum(len_q, m_tok0 + TOK_M)  # tiles above the diagonal: never loaded
-        diag_lo = m_tok0 // BLOCK_N * BLOCK_N  # tiles below it need no mask
-        lo2 = 0
-        if WINDOW:
-            lo2 = tl.maximum(0, m_tok0 - window + 1) // BLOCK_N * BLOCK_N
-    else:
-        hi2 = len_q
-        diag_lo = len_q // BLOCK_N * BLOCK_N
-        lo2 = 0
-    acc, l_i, m_i = _prefill_stage(
-        acc, l_i, m_i, q, diag, kn_base, vn_base, bt_row,
-        s_kb, s_kr, s_kd, s_vb, s_vr, s_vd,
-        lo2, diag_lo, hi2, len_p, src0, window, qk_scale_2, cap_scale_2, soft_cap, v_mult_2,
-        offs_n, offs_d, head_dim,
-        FROM_CACHE=not HAS_K_NEW, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=False,
-        CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP,
-        SCALE_V=KV_SCALED and not HAS_K_NEW, PAD_D=PAD_D,
-        BLOCK_N=BLOCK_N)
-    acc, l_i, m_i = _prefill_stage(  # diagonal tiles (or the partial last tile)
-        acc, l_i, m_i, q, diag, kn_base, vn_base, bt_row,
-        s_kb, s_kr, s_kd, s_vb, s_vr, s_vd,
-        tl.maximum(diag_lo, lo2), hi2, hi2, len_p, src0, window, qk_scale_2, cap_scale_2,
-        soft_cap, v_mult_2, offs_n, offs_d, head_dim,
-        FROM_CACHE=not HAS_K_NEW, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
-        CAUSAL=CAUSAL, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP,
-        SCALE_V=KV_SCALED and not HAS_K_NEW, PAD_D=PAD_D,
-        BLOCK_N=BLOCK_N)
+        # Every key is in the cache. Stage 1 walks the prefix and the new keys wholly
+        # below the diagonal (keys < len_p + m_tok0 are visible to every row of the
+        # tile) as one unmasked walk from key 0, so its tiles stay aligned to BLOCK_N and
+        # to pages; stage 2 masks the diagonal and stops at len_p + min(Lq, m_tok0 +
+        # TOK_M): tiles above the diagonal are never loaded.
+        if CAUSAL:
+            free_hi = (len_p + m_tok0) // BLOCK_N * BLOCK_N
+            hi = len_p + tl.minimum(len_q, m_tok0 + TOK_M)
+        else:
+            free_hi = len_k // BLOCK_N * BLOCK_N
+            hi = len_k
+        lo = 0
+        if WINDOW and CAUSAL:
+            lo = tl.maximum(0, len_p + m_tok0 - window + 1) // BLOCK_N * BLOCK_N
+        acc, l_i, m_i = _prefill_stage(  # ---- stage 1: no mask
+            acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+            lo, free_hi, hi, 0, 0, window, qk_scale_c, cap_scale_c, soft_cap, v_scale,
+            offs_n, offs_d, head_dim,
+            FROM_CACHE=True, TILE_IN_PAGE=PREFIX_TILE_IN_PAGE, PAGE_SIZE=PAGE_SIZE,
+            BOUND=False, CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP,
+            SCALE_V=KV_SCALED, PAD_D=PAD_D, BLOCK_N=BLOCK_N)
+        acc, l_i, m_i = _prefill_stage(  # ---- stage 2: the diagonal (or the last tile)
+            acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
+            stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+            tl.maximum(free_hi, lo), hi, hi, 0, 0, window, qk_scale_c, cap_scale_c,
+            soft_cap, v_scale, offs_n, offs_d, head_dim,
+            FROM_CACHE=True, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
+            CAUSAL=CAUSAL, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
+            PAD_D=PAD_D, BLOCK_N=BLOCK_N)
 
     # ---- epilogue: rows that saw no key (l_i == 0) give out = 0, lse = -inf
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
