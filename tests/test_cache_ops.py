@@ -117,6 +117,9 @@ def _inputs(num_tokens, h, d, num_slots, gen, device, *, index_dtype, num_pad, i
     k, v = qkv[:, hq:hq + h], qkv[:, hq + h:]
     slots = torch.randperm(num_slots, generator=gen)[:num_tokens]
     slots[torch.randperm(num_tokens, generator=gen)[:num_pad]] = -1
+    if index_dtype == torch.int32:  # int32 slots as a strided view: a column of [T, 2]
+        pair = torch.stack([slots, torch.full_like(slots, -5)], dim=1)
+        return k, v, pair.to(index_dtype).to(device)[:, 0]
     return k, v, slots.to(index_dtype).to(device)
 
 

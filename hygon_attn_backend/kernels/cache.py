@@ -54,6 +54,7 @@ def write_kv_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
     k_scale_ptr, v_scale_ptr, k_scale_value, v_scale_value,
     num_slots, num_kv_heads,
+    stride_slot,
     stride_k_t, stride_k_h, stride_k_d,
     stride_v_t, stride_v_h, stride_v_d,
     stride_kc_b, stride_kc_h, stride_kc_s, stride_kc_d, stride_kc_x,
@@ -76,7 +77,7 @@ def write_kv_kernel(
     pid_t = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
 
-    slot = tl.load(slot_mapping_ptr + pid_t).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + pid_t * stride_slot).to(tl.int64)
     valid = (slot >= 0) & (slot < num_slots)
     slot = tl.where(valid, slot, 0)
     blk = slot // PAGE_SIZE

@@ -54,7 +54,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
        pools are all stride patterns of this view), same dtype: float16 / bfloat16 /
        float32 / float8_e4m3fn / float8_e5m2. K may instead be vLLM's split-x K cache
        ``[num_blocks, num_kv_heads, D // x, P, x]`` with ``x = 16 / element_size``.
-    slot_mapping: ``[num_tokens]`` int32 / int64. Token ``i`` goes to block
+    slot_mapping: ``[num_tokens]`` int32 / int64 (any stride). Token ``i`` goes to block
        ``slot_mapping[i] // P``, offset ``slot_mapping[i] % P``; ``-1`` marks padding and
        is skipped (nothing is written). The kernel never writes outside the cache: any slot
        outside ``[0, num_blocks * P)`` is skipped; with ``HYGON_ATTN_DEBUG=1`` such slots
@@ -127,6 +127,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         k_scale_ptr=k_scale_ptr, v_scale_ptr=v_scale_ptr,
         k_scale_value=k_scale_value, v_scale_value=v_scale_value,
         num_slots=num_blocks * page_size, num_kv_heads=num_kv_heads,
+        stride_slot=slot_mapping.stride(0),
         stride_k_t=k.stride(0), stride_k_h=k.stride(1), stride_k_d=k.stride(2),
         stride_v_t=v.stride(0), stride_v_h=v.stride(1), stride_v_d=v.stride(2),
         stride_kc_b=kc_b, stride_kc_h=kc_h, stride_kc_s=kc_s, stride_kc_d=kc_d,
