@@ -95,18 +95,19 @@ def decode_partition_size(*, num_seqs: int, num_kv_heads: int, group: int,
     """Tokens per split-KV partition of paged decode (``>= max_context_len``: no split).
 
     Reasoning: decode reads each KV byte once, so the only questions are whether the grid
-    ``num_kv_heads x num_seqs x num_partitions`` keeps every SM streaming, and what the
-    split costs (a scratch write/read of ``Hq * D`` fp32 per partition and a combine
-    launch). Once ``programs = num_seqs * num_kv_heads`` reaches
-    ``DECODE_NO_SPLIT_WAVES`` programs per SM, splitting only adds cost: one partition.
-    Below that, split the longest context into enough partitions for about
-    ``DECODE_TARGET_WAVES`` programs per SM, never shorter than ``DECODE_MIN_PARTITION``
-    tokens, rounded up to a multiple of it.
-    Measurement (H200, 132 SMs, bf16, D=128, Hq/Hkv 32/8, docs/notes-decode.md sweep 1):
-    at B=1 the best forced size was 1024 (ctx 32k) and 4096 (ctx 128k), i.e. ~32
-    partitions x 8 heads = 256 programs (~2 per SM); the DCU rule's 512 was 6-20% slower
-    there. With >= 256 programs (B=64 with 8 or 4 KV heads, B=256) no split beat every
-    split size by 2-10%; the DCU rule splits those anyway.
+    ``num_kv_heads x num_seqs x num_partitions`` keeps enough loads in flight on every
+    SM, and what the split costs (a scratch write/read of ``Hq * D`` fp32 per partition
+    and a combine launch). Aim for about ``DECODE_TARGET_WAVES`` programs per SM:
+    ``num_partitions = round(target / (num_seqs * num_kv_heads))``, so a batch that
+    already gives ~target programs (or more) is not split, and a small batch splits its
+    longest context into partitions of at least ``DECODE_MIN_PARTITION`` tokens (rounded
+    up to a multiple of it).
+    Measurement (H200, 132 SMs, bf16, D=128, docs/notes-decode.md sweeps 1-2): ~512
+    programs (4 per SM) was the best grid in every split test: B=1 ctx 128k 4034 GB/s
+    with 64 partitions against 3612 with 32 and 3253 with 256 (the DCU rule); B=8 ctx 8k
+    3882 GB/s with 8 partitions against 3417 with 4 (P=64). Unsplit 512-program batches
+    (B=64, 8 KV heads) beat every split (4386 GB/s against 4120 at best, P=64). The DCU
+    rule splits large batches anyway and over-splits long contexts.
     Override: ``HYGON_ATTN_PARTITION_SIZE`` / ``PA_PARTITION_SIZE`` (checked first);
     ``rule="dcu"`` gives :func:`decode_partition_size_dcu`.
     """
@@ -121,21 +122,20 @@ def decode_partition_size(*, num_seqs: int, num_kv_heads: int, group: int,
     whole = -(-ctx // DECODE_MIN_PARTITION) * DECODE_MIN_PARTITION
     programs = max(1, num_seqs * num_kv_heads)
     target = DECODE_TARGET_WAVES * max(1, num_sms)
-    if programs >= DECODE_NO_SPLIT_WAVES * max(1, num_sms):
+    parts = int(target / programs + 0.5)  # nearest
+    if parts <= 1:
         return whole
-    parts = -(-target // programs)
     size = -(-ctx // parts)
     size = -(-size // DECODE_MIN_PARTITION) * DECODE_MIN_PARTITION
     return min(max(size, DECODE_MIN_PARTITION), whole)
 
 
-DECODE_TARGET_WAVES = 2     # programs per SM aimed at when splitting
-DECODE_NO_SPLIT_WAVES = 1   # programs per SM from which a batch is not split
+DECODE_TARGET_WAVES = 4     # programs per SM the split aims at
 
 
 def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
-                       kv_elem_size: int) -> "tuple[int, int, int]":
-    """``(BLOCK_N, num_warps, num_stages)`` of the paged decode kernel.
+                       kv_elem_size: int) -> "tuple[int, int, int, bool]":
+    """``(BLOCK_N, num_warps, num_stages, page_prefetch)`` of the paged decode kernel.
 
     Reasoning: the kernel is bandwidth-bound, so a KV tile pair (K and V, ``2 * BLOCK_N *
     D`` elements) of ~8-32 KB with two pipeline stages keeps enough bytes in flight per
@@ -146,8 +146,10 @@ def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
     Measurement (H200, bf16, D=128, G=4, docs/notes-decode.md sweep 1, KV-read GB/s):
     P=64: (64,4,2) 4386 at B=64 ctx 4k and 3090 at B=1 ctx 32k, against 3785 / 2717 for
     (64,4,3); P=16: (32,4,2) 3361 / 2624 against 2822 / 2004 for (64,4,3).
+    ``page_prefetch`` reads the next tile's block ids one iteration ahead, so the block
+    table's latency overlaps the K/V loads.
     Override: ``HYGON_ATTN_DECODE_BLOCK_N``, ``HYGON_ATTN_DECODE_WARPS``,
-    ``HYGON_ATTN_DECODE_STAGES``.
+    ``HYGON_ATTN_DECODE_STAGES``, ``HYGON_ATTN_DECODE_PREFETCH`` (0/1).
     """
     if head_dim_pad > 128:
         block_n = 32
@@ -166,7 +168,10 @@ def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
         num_warps = int(os.environ["HYGON_ATTN_DECODE_WARPS"])
     if os.environ.get("HYGON_ATTN_DECODE_STAGES"):
         num_stages = int(os.environ["HYGON_ATTN_DECODE_STAGES"])
-    return block_n, num_warps, num_stages
+    prefetch = True
+    if os.environ.get("HYGON_ATTN_DECODE_PREFETCH"):
+        prefetch = os.environ["HYGON_ATTN_DECODE_PREFETCH"] not in ("0", "false", "False")
+    return block_n, num_warps, num_stages, prefetch
 
 
 # ----------------------------------------------------------------------------- prefix prefill

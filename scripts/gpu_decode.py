@@ -38,11 +38,10 @@ PLANS = {
     "final": [
         dict(name="final", shapes=SHAPES, groups="1,8,16", partitions="auto,dcu", tiles="",
              timeout=120),
-        dict(name="tiles16", shapes=["64,4096", "1,32768", "1,131072"], groups="",
-             partitions="auto", pages="16",
-             tiles="16,4,2;16,4,3;16,4,4;32,4,2;32,4,3;128,4,2", timeout=60),
-        dict(name="parts", shapes=["1,32768", "1,131072", "8,8192"], groups="",
-             partitions="1024,2048,4096", tiles="", timeout=60),
+        dict(name="tiles2", shapes=["1,32768", "1,131072", "8,8192", "64,4096"], groups="",
+             partitions="auto",
+             tiles="16,4,3,1;16,4,3,0;32,4,2,1;32,4,2,0;64,4,2,1;64,4,2,0;128,4,2,1",
+             timeout=100),
     ],
 }
 

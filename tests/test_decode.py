@@ -134,6 +134,15 @@ def test_decode_matrix(case, partition_size):
              partition_size=partition_size)
 
 
+@pytest.mark.parametrize("prefetch", ["0", "1"])
+@pytest.mark.parametrize("page_size,block_n", [(16, 16), (16, 32), (1, 16), (32, 16)])
+def test_page_prefetch_both_ways(monkeypatch, prefetch, page_size, block_n):
+    monkeypatch.setenv("HYGON_ATTN_DECODE_PREFETCH", prefetch)
+    monkeypatch.setenv("HYGON_ATTN_DECODE_BLOCK_N", str(block_n))
+    run_case(num_kv_heads=1, group=4, head_dim=64, page_size=page_size, seq_lens=[77, 5, 33],
+             layout="bshd", dtype=CPU_DTYPE, device=DEV, partition_size=32)
+
+
 @pytest.mark.parametrize("kv_head_grid", [True, False])
 def test_per_query_head_variant_matches(kv_head_grid):
     run_case(num_kv_heads=2, group=4, head_dim=64, page_size=16, seq_lens=[29, 50],
@@ -295,11 +304,12 @@ def test_partition_rule_dcu_baseline_and_env(monkeypatch):
 
 
 @pytest.mark.parametrize("num_seqs,ctx,num_kv_heads,expect_parts", [
-    (1, 32768, 8, 32),      # batch 1: split to ~2 programs per SM (partition 1024)
-    (1, 131072, 8, 32),     # partition 4096
-    (8, 8192, 8, 5),        # partition 1792
-    (64, 4096, 8, 1),       # >= 1 program per SM: no split
-    (64, 4096, 2, 3),       # G=16: 128 programs, split in 3
+    (1, 32768, 8, 64),      # batch 1: ~4 programs per SM (partition 512)
+    (1, 131072, 8, 64),     # partition 2048
+    (8, 8192, 8, 8),        # partition 1024
+    (64, 4096, 8, 1),       # 512 programs already: no split
+    (64, 4096, 4, 2),       # G=8: 256 programs, split in 2
+    (64, 4096, 2, 4),       # G=16: 128 programs, split in 4
     (64, 16384, 8, 1),
     (256, 2048, 8, 1),
 ])

@@ -63,7 +63,8 @@ def add_decode_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--partitions", default="auto,dcu",
                    help="comma list: auto, dcu, none or a partition size")
     p.add_argument("--tiles", default="",
-                   help="';'-separated BLOCK_N,warps,stages to sweep (default: heuristic)")
+                   help="';'-separated BLOCK_N,warps,stages[,prefetch 0/1] to sweep "
+                        "(default: heuristic)")
     p.add_argument("--group-shape", default="64,4096", help="B,ctx of the G sweep")
     p.add_argument("--groups", default="1,8,16",
                    help="GQA groups of the G sweep (Hq fixed, Hkv = Hq / G); '' skips it")
@@ -125,8 +126,10 @@ def _build(batch, ctx, page, hq, hkv, dim, dtype, layout, seed=0):
 
 
 def _set_tile_env(tile):
-    names = ("HYGON_ATTN_DECODE_BLOCK_N", "HYGON_ATTN_DECODE_WARPS", "HYGON_ATTN_DECODE_STAGES")
-    for name, val in zip(names, tile or (None, None, None)):
+    names = ("HYGON_ATTN_DECODE_BLOCK_N", "HYGON_ATTN_DECODE_WARPS", "HYGON_ATTN_DECODE_STAGES",
+             "HYGON_ATTN_DECODE_PREFETCH")
+    tile = tuple(tile or ()) + (None,) * (len(names) - len(tile or ()))
+    for name, val in zip(names, tile):
         if val is None:
             os.environ.pop(name, None)
         else:
@@ -158,7 +161,8 @@ def _point(q, k, v, table, lens, *, partition, tile, kv_head_grid, rep_ms, nbyte
                                partition_size=size, kv_head_grid=kv_head_grid)
     entry = {"page": page, "partition": partition, "partition_size": size,
              "num_partitions": cfg.num_partitions, "kv_head_grid": kv_head_grid,
-             "tile": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages]}
+             "tile": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages,
+                      int(cfg.page_prefetch)]}
     try:
         ws = allocate_decode_workspace(max_num_seqs=batch, num_q_heads=hq, num_kv_heads=hkv,
                                        head_dim=dim, max_context_len=max_ctx, device=q.device,
@@ -243,7 +247,7 @@ def format_table(result: dict, header: bool = True) -> str:
     lines = []
     if header:
         lines += [f"device copy: {result['copy_gbps']:.0f} GB/s (100%)", "",
-                  "| B | ctx | Hq/Hkv | page | variant | partition (n) | tile M,N,w,s | us | "
+                  "| B | ctx | Hq/Hkv | page | variant | partition (n) | tile M,N,w,s,pf | us | "
                   "GB/s | % copy |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         head = f"| {row['batch']} | {row['ctx']} | {row['num_q_heads']}/{row['num_kv_heads']}"

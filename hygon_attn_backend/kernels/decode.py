@@ -22,6 +22,7 @@ writes ``(m, l, acc / l)`` to the scratch slot ``seq * num_partitions + part`` f
 import triton
 import triton.language as tl
 
+from hygon_attn_backend.kernels.paged_kv import lookup_tile_pages
 from hygon_attn_backend.kernels.softmax import online_softmax_step, soft_cap_log2
 
 
@@ -54,6 +55,7 @@ def paged_decode_kernel(
     USE_SOFT_CAP: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_SINKS: tl.constexpr,
+    PAGE_PREFETCH: tl.constexpr,    # read the next tile's block ids one iteration ahead
 ):
     head_prog = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
@@ -121,27 +123,29 @@ def paged_decode_kernel(
     v_head_ptr = v_ptr + kv_head * stride_v_head
     bt_row_ptr = block_table_ptr + seq * stride_bt_seq
 
+    if PAGE_PREFETCH:
+        page_next = lookup_tile_pages(bt_row_ptr, stride_bt_block, loop_start, offs_n,
+                                      max_blocks_per_seq, num_blocks, PAGE_SIZE, BLOCK_N)
     for start in range(loop_start, part_end, BLOCK_N):
         offs_tok = start + offs_n  # [BLOCK_N]
-        tok_ok = offs_tok < part_end
+        if PAGE_PREFETCH:
+            # the next tile's block ids are read one iteration ahead: the table's latency
+            # overlaps this tile's K/V loads instead of preceding them
+            page = page_next
+            page_next = lookup_tile_pages(bt_row_ptr, stride_bt_block, start + BLOCK_N,
+                                          offs_n, max_blocks_per_seq, num_blocks,
+                                          PAGE_SIZE, BLOCK_N)
+        else:
+            page = lookup_tile_pages(bt_row_ptr, stride_bt_block, start, offs_n,
+                                     max_blocks_per_seq, num_blocks, PAGE_SIZE, BLOCK_N)
         if PAGE_SIZE % BLOCK_N == 0:
-            # the whole tile lies inside one page: one table lookup
-            blk = start // PAGE_SIZE
-            in_table = blk < max_blocks_per_seq
-            blk = tl.minimum(blk, max_blocks_per_seq - 1)
-            page = tl.load(bt_row_ptr + blk * stride_bt_block).to(tl.int64)
-            page_ok = in_table & (page >= 0) & (page < num_blocks)
-            tok_ok = offs_tok < tl.where(page_ok, part_end, start)  # bad page: no token
-            page = tl.where(page_ok, page, 0)
+            # one page for the whole tile (page is a scalar); a bad id masks every token
+            tok_ok = offs_tok < tl.where(page >= 0, part_end, start)
             slot = (start % PAGE_SIZE) + offs_n  # [BLOCK_N]
         else:
-            # the tile spans pages: one lookup per token
-            blk = offs_tok // PAGE_SIZE  # [BLOCK_N]
-            page = tl.load(bt_row_ptr + blk * stride_bt_block,
-                           mask=tok_ok & (blk < max_blocks_per_seq), other=-1).to(tl.int64)
-            tok_ok = tok_ok & (page >= 0) & (page < num_blocks)
-            page = tl.where(tok_ok, page, 0)
+            tok_ok = (offs_tok < part_end) & (page >= 0)
             slot = offs_tok % PAGE_SIZE  # [BLOCK_N]
+        page = tl.maximum(page, 0)  # never form an address from a bad id
         slot = slot.to(tl.int64)
         tok_off_k = page * stride_k_block + slot * stride_k_slot  # [BLOCK_N]
         tok_off_v = page * stride_v_block + slot * stride_v_slot  # [BLOCK_N]

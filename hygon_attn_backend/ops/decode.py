@@ -110,6 +110,7 @@ class DecodeConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    page_prefetch: bool
 
 
 def decode_launch_config(*, num_seqs: int, num_q_heads: int, num_kv_heads: int,
@@ -122,7 +123,7 @@ def decode_launch_config(*, num_seqs: int, num_q_heads: int, num_kv_heads: int,
     heads = group if kv_head_grid else 1
     block_m = max(16, _next_pow2(num_tokens * heads))
     head_dim_pad = _next_pow2(head_dim)
-    block_n, num_warps, num_stages = tuning.decode_tile_config(
+    block_n, num_warps, num_stages, prefetch = tuning.decode_tile_config(
         block_m=block_m, head_dim_pad=head_dim_pad, page_size=page_size,
         kv_elem_size=kv_elem_size)
     if partition_size is None:
@@ -132,7 +133,8 @@ def decode_launch_config(*, num_seqs: int, num_q_heads: int, num_kv_heads: int,
     num_partitions = _num_partitions_for(partition_size, max_context_len)
     if num_partitions > 1:
         block_n = min(block_n, _lowbit(partition_size))
-    return DecodeConfig(partition_size, num_partitions, block_m, block_n, num_warps, num_stages)
+    return DecodeConfig(partition_size, num_partitions, block_m, block_n, num_warps, num_stages,
+                        prefetch)
 
 
 def _check_options(q, num_q_heads, *, scale, partition_size, sliding_window, soft_cap, sinks,
@@ -317,6 +319,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         HEAD_DIM_PAD=_next_pow2(max(head_dim, 16)), PAGE_SIZE=page_size, K_SPLIT_X=split_x,
         SPLIT=split, SCALES_FROM_PTR=scales_from_ptr, USE_SOFT_CAP=soft_cap is not None,
         USE_WINDOW=sliding_window is not None, USE_SINKS=sinks is not None,
+        PAGE_PREFETCH=cfg.page_prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split:
