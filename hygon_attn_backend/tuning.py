@@ -151,12 +151,7 @@ def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
     Override: ``HYGON_ATTN_DECODE_BLOCK_N``, ``HYGON_ATTN_DECODE_WARPS``,
     ``HYGON_ATTN_DECODE_STAGES``, ``HYGON_ATTN_DECODE_PREFETCH`` (0/1).
     """
-    if head_dim_pad > 128:
-        block_n = 32
-    elif page_size < 64:
-        block_n = 32
-    else:
-        block_n = 64
+    block_n = 32 if head_dim_pad > 128 else 64
     num_warps = 8 if block_m * head_dim_pad >= 64 * 256 else 4
     num_stages = 2
     env_n = os.environ.get("HYGON_ATTN_DECODE_BLOCK_N")

@@ -35,6 +35,10 @@ PLANS = {
     ],
     # the shipped configuration (auto) against the DCU rule, for docs/bench-decode.md,
     # plus small checks of the tile and partition choices around it
+    "docs": [
+        dict(name="docs", shapes=SHAPES, groups="1,8,16", partitions="auto,dcu", tiles="",
+             timeout=120),
+    ],
     "final": [
         dict(name="final", shapes=SHAPES, groups="1,8,16", partitions="auto,dcu", tiles="",
              timeout=120),
