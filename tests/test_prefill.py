@@ -231,6 +231,12 @@ def test_prefill_plan_reuse_and_tile_map(device):
     pairs = sorted((r, m) for r, m in zip(req, mblk) if r >= 0)
     want = sorted((b, m) for b, e in enumerate(case.extend) for m in range(-(-e // tok_m)))
     assert pairs == want
+    host = plan_prefix_prefill(cu, lens_k, total_q=q.shape[0], num_q_heads=q.shape[1],
+                               num_kv_heads=k_cache.shape[1], head_dim=q.shape[2],
+                               host_cu_seqlens_q=cu.cpu())
+    assert torch.equal(host.tile_req, plan.tile_req)
+    assert torch.equal(host.tile_mblock, plan.tile_mblock)
+    assert host.tile_req.device == plan.tile_req.device
     ref = reference.prefix_prefill_attention(*args, compute_dtype=torch.float64, **kw)[0]
     for _ in range(2):
         out = prefix_prefill_attention(*args, plan=plan, impl="triton", **kw)[0]

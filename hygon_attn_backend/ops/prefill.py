@@ -64,16 +64,41 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
+def _tile_map(cu: torch.Tensor, num_seqs: int, tok_m: int, max_tiles: int):
+    """``(tile_req, tile_mblock)`` int32 ``[max_tiles]`` on ``cu``'s device (no sync).
+
+    Request ``b`` owns ``cdiv(Lq_b, tok_m)`` consecutive tiles, its heaviest m-block
+    first; slots past the last request's tiles get ``tile_req = -1``.
+    """
+    len_q = cu[1:] - cu[:-1]  # [B]
+    tiles = torch.div(len_q + (tok_m - 1), tok_m, rounding_mode="floor").clamp_(min=0)
+    ends = torch.cumsum(tiles, 0)  # [B]
+    t = torch.arange(max_tiles, device=cu.device, dtype=torch.int64)
+    req = torch.searchsorted(ends, t, right=True)  # first request whose tiles end past t
+    if num_seqs == 0:
+        return (torch.full_like(t, -1, dtype=torch.int32),
+                torch.zeros_like(t, dtype=torch.int32))
+    req_c = req.clamp(max=num_seqs - 1)
+    mblock = ends[req_c] - 1 - t  # heaviest m-block of each request first
+    used = req < num_seqs
+    tile_req = torch.where(used, req, -1).to(torch.int32)
+    tile_mblock = torch.where(used, mblock, 0).to(torch.int32)
+    return tile_req, tile_mblock
+
+
 def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                         total_q: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                        tile: Optional[tuple] = None) -> PrefillPlan:
+                        tile: Optional[tuple] = None,
+                        host_cu_seqlens_q: Optional[torch.Tensor] = None) -> PrefillPlan:
     """Build the ``(request, m_block)`` tile map of a ragged batch on ``cu_seqlens_q``'s
     device, without a host sync (safe to call before capturing a graph and reuse).
 
     cu_seqlens_q: ``[B + 1]`` int32/int64; seq_lens_k: ``[B]`` int32/int64 (only its length
     is used here). total_q, num_q_heads, num_kv_heads, head_dim: the shapes of ``q`` and the
     caches. tile: optional ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` forcing the config
-    (else :func:`tuning.prefill_tile_config`).
+    (else :func:`tuning.prefill_tile_config`). host_cu_seqlens_q: the same values already
+    on the host, if the caller has them: the map is then built on the CPU and copied over
+    once (fewer device launches than the on-device build).
     """
     _checks.check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=_checks.INDEX_DTYPES)
     num_seqs = cu_seqlens_q.shape[0] - 1
@@ -94,21 +119,14 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
         raise ValueError(f"tile BLOCK_M={block_m} is smaller than the GQA group {group}")
     tok_m = block_m // group
     max_tiles = -(-total_q // tok_m) + num_seqs
-    cu = cu_seqlens_q.to(torch.int64)
-    len_q = cu[1:] - cu[:-1]  # [B]
-    tiles = torch.div(len_q + (tok_m - 1), tok_m, rounding_mode="floor").clamp_(min=0)
-    ends = torch.cumsum(tiles, 0)  # [B]
-    t = torch.arange(max_tiles, device=device, dtype=torch.int64)
-    req = torch.searchsorted(ends, t, right=True)  # first request whose tiles end past t
-    used = req < num_seqs
-    req_c = req.clamp(max=max(num_seqs - 1, 0))
-    if num_seqs > 0:
-        local = t - (ends[req_c] - tiles[req_c])
-        mblock = tiles[req_c] - 1 - local  # heaviest m-block of each request first
+    if host_cu_seqlens_q is not None:
+        # the values are already on the host (value checks): build there, one copy over
+        both = torch.stack(_tile_map(host_cu_seqlens_q.to(torch.int64), num_seqs, tok_m,
+                                     max_tiles))
+        tile_req, tile_mblock = both.to(device, non_blocking=True).unbind(0)
     else:
-        mblock = torch.zeros_like(t)
-    tile_req = torch.where(used, req, torch.full_like(req, -1)).to(torch.int32)
-    tile_mblock = torch.where(used, mblock, torch.zeros_like(mblock)).to(torch.int32)
+        tile_req, tile_mblock = _tile_map(cu_seqlens_q.to(torch.int64), num_seqs, tok_m,
+                                          max_tiles)
     return PrefillPlan(tile_req=tile_req, tile_mblock=tile_mblock, block_m=block_m,
                        block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                        group=group, total_q=total_q, num_seqs=num_seqs)
@@ -138,6 +156,7 @@ def _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size):
         raise ValueError(f"block_table with shape {tuple(block_table.shape)} and page size "
                          f"{page_size} holds at most {block_table.shape[1] * page_size} "
                          f"tokens per request, but seq_lens_k has {int(lens_k.max())}")
+    return cu
 
 
 def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -231,10 +250,11 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     quant = k_cache.dtype in _checks.FP8_DTYPES
     k_scale_arg = _checks.check_scale("k_scale", k_scale, k_cache.dtype, device) if quant else 1.0
     v_scale_arg = _checks.check_scale("v_scale", v_scale, v_cache.dtype, device) if quant else 1.0
+    host_cu = None
     if validate is None:
         validate = device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
     if validate:
-        _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size)
+        host_cu = _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size)
         if _checks.debug_enabled():
             _checks.check_block_ids("block_table", block_table, num_blocks)
 
@@ -253,7 +273,7 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     if plan is None:
         plan = plan_prefix_prefill(cu_seqlens_q, seq_lens_k, total_q=total_q,
                                    num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                                   head_dim=head_dim)
+                                   head_dim=head_dim, host_cu_seqlens_q=host_cu)
     elif (plan.group != num_q_heads // num_kv_heads or plan.total_q != total_q
           or plan.num_seqs != num_seqs):
         raise ValueError(f"plan was built for group={plan.group}, total_q={plan.total_q}, "
