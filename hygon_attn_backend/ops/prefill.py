@@ -86,6 +86,19 @@ def _tile_map(cu: torch.Tensor, num_seqs: int, tok_m: int, max_tiles: int):
     return tile_req, tile_mblock
 
 
+def _tile_map_host(cu: list, tok_m: int, max_tiles: int) -> torch.Tensor:
+    """:func:`_tile_map` in plain Python from host values: ``[2, max_tiles]`` int32 CPU."""
+    req = [-1] * max_tiles
+    mblock = [0] * max_tiles
+    t = 0
+    for b in range(len(cu) - 1):
+        n = max(0, -(-(int(cu[b + 1]) - int(cu[b])) // tok_m))
+        req[t:t + n] = [b] * n
+        mblock[t:t + n] = range(n - 1, -1, -1)
+        t += n
+    return torch.tensor([req, mblock], dtype=torch.int32)
+
+
 def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                         total_q: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                         tile: Optional[tuple] = None,
@@ -121,8 +134,7 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     max_tiles = -(-total_q // tok_m) + num_seqs
     if host_cu_seqlens_q is not None:
         # the values are already on the host (value checks): build there, one copy over
-        both = torch.stack(_tile_map(host_cu_seqlens_q.to(torch.int64), num_seqs, tok_m,
-                                     max_tiles))
+        both = _tile_map_host(host_cu_seqlens_q.tolist(), tok_m, max_tiles)
         tile_req, tile_mblock = both.to(device, non_blocking=True).unbind(0)
     else:
         tile_req, tile_mblock = _tile_map(cu_seqlens_q.to(torch.int64), num_seqs, tok_m,
