@@ -7,6 +7,7 @@
                                checked against the reference
     hygon-attn bench decode    decode benchmark (GPU)
     hygon-attn bench prefill   prefix-prefill benchmark (GPU)
+    hygon-attn bench cache     write_kv / copy_blocks bandwidth (GPU)
 
 Heavy modules (torch kernels, engines) are imported inside the subcommands only.
 """
@@ -91,10 +92,6 @@ def cmd_demo(args) -> int:
     return demo_ops.run(seed=args.seed)
 
 
-def cmd_bench(args) -> int:
-    return int(args.bench_func(args) or 0)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hygon-attn", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -107,15 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("bench", help="benchmarks beside the peers (GPU)")
     bench_sub = p.add_subparsers(dest="bench", required=True)
-    for name in ("decode", "prefill"):
+    for name in ("decode", "prefill", "cache"):
         try:
             module = importlib.import_module(f"hygon_attn_backend.bench.{name}")
         except ImportError as exc:
             q = bench_sub.add_parser(name, help=f"unavailable: {exc}")
             q.set_defaults(func=lambda a, exc=exc: sys.exit(f"bench unavailable: {exc}"))
             continue
-        getattr(module, f"add_{name}_parser")(bench_sub)
-    p.set_defaults(func=cmd_bench)
+        getattr(module, f"add_{name}_parser")(bench_sub)  # sets its own func
     return parser
 
 

@@ -86,8 +86,8 @@ def check_kv_caches(k_cache: torch.Tensor, v_cache: torch.Tensor, *, device: tor
         raise ValueError(f"k_cache has {k_shape[1]} kv heads but {num_kv_heads} were expected "
                          f"({describe(k_cache)})")
     if head_dim is not None and k_shape[3] != head_dim:
-        raise ValueError(f"k_cache head_dim {k_shape[3]} does not match q's head_dim "
-                         f"{head_dim} ({describe(k_cache)})")
+        raise ValueError(f"k_cache head_dim {k_shape[3]} does not match the head_dim "
+                         f"{head_dim} of the query/new keys ({describe(k_cache)})")
     return k_shape
 
 
