@@ -102,12 +102,12 @@ def decode_partition_size(*, num_seqs: int, num_kv_heads: int, group: int,
     already gives ~target programs (or more) is not split, and a small batch splits its
     longest context into partitions of at least ``DECODE_MIN_PARTITION`` tokens (rounded
     up to a multiple of it).
-    Measurement (H200, 132 SMs, bf16, D=128, docs/notes-decode.md sweeps 1-2): ~512
-    programs (4 per SM) was the best grid in every split test: B=1 ctx 128k 4034 GB/s
-    with 64 partitions against 3612 with 32 and 3253 with 256 (the DCU rule); B=8 ctx 8k
-    3882 GB/s with 8 partitions against 3417 with 4 (P=64). Unsplit 512-program batches
-    (B=64, 8 KV heads) beat every split (4386 GB/s against 4120 at best, P=64). The DCU
-    rule splits large batches anyway and over-splits long contexts.
+    Measurement (H200, 132 SMs, bf16, D=128, Hq 32; docs/bench-decode.md and
+    docs/bench-decode-sweeps.md): ~512 programs (4 per SM) was the best grid in every
+    split test. B=1 ctx 128k: 64 partitions 4109 GB/s, against 3612 with 32 and 3261
+    with the DCU rule's 256 (P=64). B=8 ctx 8k: 8 partitions 3897 against 3417 with 4
+    and 3751 with 16. Batches that already give ~512 programs run best unsplit: B=64
+    ctx 4k with 8 KV heads 4480 GB/s against 4081 for the DCU rule's 8 partitions.
     Override: ``HYGON_ATTN_PARTITION_SIZE`` / ``PA_PARTITION_SIZE`` (checked first);
     ``rule="dcu"`` gives :func:`decode_partition_size_dcu`.
     """
@@ -140,14 +140,16 @@ def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
     Reasoning: the kernel is bandwidth-bound, so a KV tile pair (K and V, ``2 * BLOCK_N *
     D`` elements) of ~8-32 KB with two pipeline stages keeps enough bytes in flight per
     SM, while the fp32 accumulator ``[BLOCK_M, D]`` and the logits ``[BLOCK_M, BLOCK_N]``
-    stay in registers. A tile that spans pages (``P < BLOCK_N``) pays a table lookup and
-    64-bit address math per token, so small pages get a smaller BLOCK_N. Large
-    ``BLOCK_M * D`` (big groups, D=256) get 8 warps and a smaller BLOCK_N.
-    Measurement (H200, bf16, D=128, G=4, docs/notes-decode.md sweep 1, KV-read GB/s):
-    P=64: (64,4,2) 4386 at B=64 ctx 4k and 3090 at B=1 ctx 32k, against 3785 / 2717 for
-    (64,4,3); P=16: (32,4,2) 3361 / 2624 against 2822 / 2004 for (64,4,3).
-    ``page_prefetch`` reads the next tile's block ids one iteration ahead, so the block
-    table's latency overlaps the K/V loads.
+    stay in registers. A tile that spans pages (``P < BLOCK_N``) needs one table lookup
+    per token, whose latency would sit in front of the K/V loads: ``page_prefetch``
+    reads the next tile's block ids one iteration ahead so it overlaps them instead.
+    Large ``BLOCK_M * D`` (big groups, D=256) get 8 warps and a smaller BLOCK_N. fp8 KV
+    uses the same tiles (not measured separately).
+    Measurement (H200, bf16, D=128, G=4, KV-read GB/s, docs/bench-decode-sweeps.md
+    sweep 3): BLOCK_N=64, 4 warps, 2 stages, block ids read ahead was the best or within
+    1% of it at every point: B=64 ctx 4k 4376 (P=16) / 4498 (P=64), B=1 ctx 128k 4005 /
+    4086; BLOCK_N 16, 32 or 128 lost 2-25%. Without the read-ahead the P=16 tile (four
+    pages per tile, one table lookup per token) dropped to 2857 / 2647.
     Override: ``HYGON_ATTN_DECODE_BLOCK_N``, ``HYGON_ATTN_DECODE_WARPS``,
     ``HYGON_ATTN_DECODE_STAGES``, ``HYGON_ATTN_DECODE_PREFETCH`` (0/1).
     """
@@ -190,7 +192,8 @@ def prefill_tile_config(*, head_dim_pad: int, group: int, total_q: int, num_kv_h
     ``BLOCK_M % G`` rows idle). Under the CPU interpreter tiny tiles keep tests fast.
     Measurement (H200, bf16, Hq/Hkv=32/8, D=128, page 16 and 64, docs/bench-prefill.md):
     256x64/16w/3s was the fastest of eight tiles on all five issue-4 shapes: +5-22% over
-    128x128/8w/3s, +17-45% over 128x64/8w/3s, +9-23% over 64x64/4w/3s.
+    128x128/8w/3s and +11-19% over 64x64/4w/3s at (B=32, prefix 1024, extend 128) in the
+    same run; +16-45% over the first version's 128x64/8w/3s.
     Override: ``HYGON_ATTN_PREFILL_TILE="BLOCK_M,BLOCK_N,num_warps,num_stages"``.
     """
     group_pow2 = 1 << max(0, (group - 1).bit_length())
