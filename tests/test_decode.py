@@ -135,7 +135,7 @@ def test_decode_matrix(case, partition_size):
 
 
 @pytest.mark.parametrize("prefetch", ["0", "1"])
-@pytest.mark.parametrize("page_size,block_n", [(16, 16), (16, 32), (1, 16), (32, 16)])
+@pytest.mark.parametrize("page_size,block_n", [(16, 16), (16, 32), (16, 64), (1, 16), (32, 16)])
 def test_page_prefetch_both_ways(monkeypatch, prefetch, page_size, block_n):
     monkeypatch.setenv("HYGON_ATTN_DECODE_PREFETCH", prefetch)
     monkeypatch.setenv("HYGON_ATTN_DECODE_BLOCK_N", str(block_n))
@@ -191,7 +191,7 @@ def test_zero_length_sequences_give_zeros():
     assert torch.count_nonzero(out) == 0
 
 
-def _skipped_tail_case(table_edit):
+def _skipped_tail_case(table_edit, partition_size):
     """A sequence whose last block is unusable: the op must equal the reference over the
     tokens before it (those keys are skipped, never read out of bounds)."""
     d, p, n = 64, 16, 8
@@ -200,7 +200,7 @@ def _skipped_tail_case(table_edit):
     table = torch.tensor([[3, 5, 1]], dtype=torch.int32, device=DEV)
     table, lens = table_edit(table)
     out = paged_decode_attention(q, k, v, table, torch.tensor([lens], dtype=torch.int32,
-                                 device=DEV), partition_size=16, impl="triton")
+                                 device=DEV), partition_size=partition_size, impl="triton")
     good = torch.tensor([32], dtype=torch.int32, device=DEV)
     ref = reference.paged_decode_attention(q, k, v, table[:, :2].contiguous(), good,
                                            compute_dtype=torch.float64)
@@ -209,16 +209,19 @@ def _skipped_tail_case(table_edit):
     assert_within_budget(out, ref, ref_lp)
 
 
+# 16: one lookup per 16-token tile; None: one 64-token tile over 3 pages, lookup per token
+@pytest.mark.parametrize("partition_size", [16, None])
 @pytest.mark.parametrize("bad_id", [-1, 10_000])
-def test_bad_block_ids_are_skipped(bad_id):
+def test_bad_block_ids_are_skipped(bad_id, partition_size):
     def edit(table):
         table[0, 2] = bad_id
         return table, 40
-    _skipped_tail_case(edit)
+    _skipped_tail_case(edit, partition_size)
 
 
-def test_block_table_shorter_than_sequence_is_cut():
-    _skipped_tail_case(lambda table: (table[:, :2].contiguous(), 40))
+@pytest.mark.parametrize("partition_size", [16, None])
+def test_block_table_shorter_than_sequence_is_cut(partition_size):
+    _skipped_tail_case(lambda table: (table[:, :2].contiguous(), 40), partition_size)
 
 
 def test_workspace_reuse_and_size_check():

@@ -1,4 +1,4 @@
-"""Paged KV addressing helpers (@triton.jit) shared by the attention kernels."""
+"""Paged KV addressing (@triton.jit functions) shared by the attention kernels."""
 
 import triton
 import triton.language as tl

@@ -1,4 +1,4 @@
-"""Small @triton.jit helpers of the online softmax shared by the attention kernels.
+"""Online-softmax pieces (@triton.jit functions) shared by the attention kernels.
 
 All running state is fp32 and in log2 units: logits are pre-multiplied by
 ``log2(e)`` so the kernels use ``exp2``.

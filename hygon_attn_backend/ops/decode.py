@@ -195,7 +195,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
        with it the op allocates nothing and never syncs with the host, so it can be
        captured in a CUDA graph. Without it, split launches allocate scratch per call.
     max_seq_len: host-side upper bound of ``seq_lens`` used to size the grid (default
-       ``max_blocks * P``, the table's capacity). Keys past it are not read.
+       ``max_blocks * P``, the table's capacity). A split launch does not read keys past
+       ``num_partitions * partition_size``, so it must be >= every ``seq_len``.
     kv_head_grid: False runs the per-query-head variant (benchmark baseline).
     impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
 
