@@ -9,7 +9,7 @@ multiple of the reference's own error in the input dtype (tests/_budget.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import pytest
 import torch

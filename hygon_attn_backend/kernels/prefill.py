@@ -29,9 +29,6 @@ import triton.language as tl
 from hygon_attn_backend.kernels.prefill_mask import tanh_f32, tile_visibility
 from hygon_attn_backend.kernels.prefill_paging import paged_row_offsets, paged_tile_offsets
 
-LOG2E = 1.4426950408889634  # log2(e), for exp2
-LN2 = 0.6931471805599453
-
 
 @triton.jit
 def _prefill_stage(acc, l_i, m_i, q, diag,
