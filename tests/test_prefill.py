@@ -9,7 +9,7 @@ multiple of the reference's own error in the input dtype (tests/_budget.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -47,7 +47,6 @@ class Case:
     soft_cap: float | None = None
     sinks: bool = False
     lse: bool = True
-    extra: dict = field(default_factory=dict)
 
 
 # Tiny shapes for the interpreter: prefix 0, prefix ending mid-page, extend of 1, extend
