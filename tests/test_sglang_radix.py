@@ -37,8 +37,9 @@ def _check(server, req, out, positions, what):
     assert_within_budget(out, ref64, ref_lowp, what=what)
 
 
-def _server(page_size, dtype, seed=0, **kwargs):
-    model = TinyModel(dtype=dtype, seed=seed, **HEADS)
+def _server(page_size, dtype, device, seed=0, **kwargs):
+    # on a CUDA machine SGLang's pools route writes to CUDA ops: build everything there
+    model = TinyModel(dtype=dtype, seed=seed, device=device, **HEADS)
     return Server(model, page_size=page_size, seed=seed, **kwargs)
 
 
@@ -48,9 +49,9 @@ def _aligned(n, page_size):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_multi_turn_chat_turn_two_hits_turn_one(page_size, dtype):
+def test_multi_turn_chat_turn_two_hits_turn_one(page_size, dtype, device):
     rng = random.Random(1)
-    srv = _server(page_size, dtype, seed=1)
+    srv = _server(page_size, dtype, device, seed=1)
     system, user1, user2 = _tokens(rng, 37), _tokens(rng, 11), _tokens(rng, 9)
 
     turn1 = srv.start(system + user1)
@@ -78,9 +79,9 @@ def test_multi_turn_chat_turn_two_hits_turn_one(page_size, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_shared_few_shot_prefix_across_requests(page_size, dtype):
+def test_shared_few_shot_prefix_across_requests(page_size, dtype, device):
     rng = random.Random(2)
-    srv = _server(page_size, dtype, seed=2)
+    srv = _server(page_size, dtype, device, seed=2)
     few_shot = _tokens(rng, 40)
     first = srv.start(few_shot + _tokens(rng, 7))
     srv.extend([first])
@@ -110,9 +111,9 @@ def test_shared_few_shot_prefix_across_requests(page_size, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_branch_splits_a_node_mid_edge(page_size, dtype):
+def test_branch_splits_a_node_mid_edge(page_size, dtype, device):
     rng = random.Random(3)
-    srv = _server(page_size, dtype, seed=3)
+    srv = _server(page_size, dtype, device, seed=3)
     x = _tokens(rng, 64)
     req_x = srv.start(x)
     srv.extend([req_x])
@@ -139,9 +140,9 @@ def test_branch_splits_a_node_mid_edge(page_size, dtype):
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_locked_path_survives_eviction_pressure(page_size):
+def test_locked_path_survives_eviction_pressure(page_size, device):
     rng = random.Random(4)
-    srv = _server(page_size, torch.float32, seed=4, pool_tokens=256)
+    srv = _server(page_size, torch.float32, device, seed=4, pool_tokens=256)
     for _ in range(3):  # evictable history
         r = srv.start(_tokens(rng, 48))
         srv.extend([r])
@@ -176,9 +177,9 @@ def test_locked_path_survives_eviction_pressure(page_size):
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_eviction_frees_leaves_only(page_size, monkeypatch):
+def test_eviction_frees_leaves_only(page_size, monkeypatch, device):
     rng = random.Random(5)
-    srv = _server(page_size, torch.float32, seed=5)
+    srv = _server(page_size, torch.float32, device, seed=5)
     stem = _tokens(rng, 32)
     for _ in range(3):
         r = srv.start(stem + _tokens(rng, 32))
