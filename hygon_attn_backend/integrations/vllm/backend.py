@@ -132,8 +132,8 @@ class HygonAttentionMetadataBuilder(AttentionMetadataBuilder[HygonAttentionMetad
         self.impl = _ops.impl_from_env()
         self.use_triton = _ops.runs_triton(self.impl, torch.device(device))
         self.workspace = None
-        logger.info("hygon attention backend: %s kernels (%s=%s) for layers %s",
-                    "Triton" if self.use_triton else "reference (plain torch)",
+        logger.info("hygon attention backend: %s (%s=%s) for layers %s",
+                    "Triton kernels" if self.use_triton else "reference ops (plain torch)",
                     _ops.IMPL_ENV, self.impl, ", ".join(layer_names))
         if self.use_triton:
             # Split-KV scratch for every decode batch this engine can form, allocated once
