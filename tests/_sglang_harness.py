@@ -352,7 +352,8 @@ class Server:
         self.backend.init_forward_metadata(batch)
         kwargs = {} if self.model.sinks is None else {"sinks": self.model.sinks}
         out = self.backend.forward(q, k, v, self.layer, batch, **kwargs)
-        assert snapshots_equal(tree_before, tree_snapshot(self.tree)), "the backend changed the tree"
+        assert snapshots_equal(tree_before, tree_snapshot(self.tree)), \
+            "the backend changed the tree"
         assert torch.equal(rows_before, self.req_to_token_pool.req_to_token), \
             "the backend wrote req_to_token"
         self.backend_calls += 1

@@ -191,7 +191,8 @@ def test_kv_indices_round_trip_with_empty_requests(lens):
     for b, n in enumerate(lens):
         assert table[b, :n].tolist() == kv_indices[kv_indptr[b]:kv_indptr[b + 1]].tolist()
         assert (table[b, n:] == -1).all()
-    indptr2, indices2 = shims.block_table_to_kv_indices(table, torch.tensor(lens, dtype=torch.int64))
+    indptr2, indices2 = shims.block_table_to_kv_indices(table,
+                                                        torch.tensor(lens, dtype=torch.int64))
     assert torch.equal(indptr2, kv_indptr) and torch.equal(indices2, kv_indices.long())
 
 

@@ -58,9 +58,11 @@ class HygonForwardMetadata:
     block_table: ``[B, num_blocks]`` int32 (token locations for P=1, page ids for P>1).
     seq_lens: ``[B]`` int32 key lengths (cached prefix + new tokens).
     cu_seqlens_q: ``[B + 1]`` int32 packed-query offsets (extend / mixed), None for decode.
-    max_seq_len: host-side bound of ``seq_lens`` (sizes the decode grid), None: the table's
-    capacity. graph: the static CUDA-graph buffers back this metadata. plans: prefill tile maps, built by the first layer of the pass and reused
-    by the others (keyed by head counts and head dim).
+    max_seq_len: host-side bound of ``seq_lens`` (sizes the decode grid); None: the
+    table's capacity.
+    graph: True when the static CUDA-graph buffers back this metadata.
+    plans: prefill tile maps, built by the first layer of the pass and reused by the
+    others (keyed by head counts, head dim and token count).
     """
 
     block_table: torch.Tensor
@@ -159,6 +161,7 @@ class HygonAttnBackend(AttentionBackend):
         table and ``[max_bs]`` seq lens (filled with 1, the padding length)."""
         del max_num_tokens, kwargs
         self._graph_max_bs = max_bs
+        self._decode_workspaces = {}  # sized for max_bs: rebuilt on (re)capture
         self._graph_block_table = torch.zeros((max_bs, self.max_blocks), dtype=torch.int32,
                                               device=self.device)
         self._graph_seq_lens = torch.ones((max_bs,), dtype=torch.int32, device=self.device)
