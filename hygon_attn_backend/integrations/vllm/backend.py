@@ -105,6 +105,12 @@ class HygonAttentionBackend(AttentionBackend):
     def supports_non_causal(cls) -> bool:
         return False
 
+    @classmethod
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
+        # The decode/prefill split and the [S, T] decode view come from the host's query
+        # lengths: device-trimmed drafts (adaptive verification) would not match them.
+        return False
+
 
 class HygonAttentionMetadataBuilder(AttentionMetadataBuilder[HygonAttentionMetadata]):
     """Splits each batch into decode head / prefill tail and keeps the kernels' scratch.
