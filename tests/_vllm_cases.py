@@ -45,7 +45,10 @@ BATCH_SPECS = {
 LAYOUTS = {
     "LBHNC": (0, 1, 2, 3, 4),
     "LBNHC": (0, 1, 3, 2, 4),
+    "LHBNC": (0, 2, 1, 3, 4),
+    "BLHNC": (1, 0, 2, 3, 4),
     "BLNHC": (1, 0, 3, 2, 4),
+    "BHLNC": (1, 2, 0, 3, 4),
 }
 NUM_LAYERS = 2  # the storage holds two layers; the case uses the second (non-zero offset)
 

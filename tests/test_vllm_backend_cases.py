@@ -21,7 +21,7 @@ import torch
 pytest.importorskip("vllm")
 
 from _budget import assert_within_budget  # noqa: E402
-from _vllm_cases import BATCH_SPECS, make_case, oracle  # noqa: E402
+from _vllm_cases import BATCH_SPECS, LAYOUTS, make_case, oracle  # noqa: E402
 
 from vllm.config import (  # noqa: E402
     CacheConfig,
@@ -151,6 +151,17 @@ def test_batch_specs(name, layout, impl, model_dirs):
     # the routing: leading 1-token requests decode, the rest prefill
     assert md.num_decodes == next((i for i, q in enumerate(query_lens) if q != 1),
                                   len(query_lens))
+    check(case, out)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_kv_cache_layout(layout, impl, model_dirs):
+    """Every physical order the backend declares (supported_kv_cache_layouts)."""
+    assert layout in {x.name for x in HygonAttentionBackend.supported_kv_cache_layouts()}
+    seq_lens, query_lens = BATCH_SPECS["mixed_small"]
+    case = make_case(seq_lens, query_lens, layout=layout, seed=17)
+    cfg = vllm_config_for(model_dirs(8, 2, 64), block_size=16, dtype="float16")
+    out, _ = run_backend(case, cfg)
     check(case, out)
 
 
