@@ -115,11 +115,14 @@ class HygonAttentionBackend(AttentionBackend):
 class HygonAttentionMetadataBuilder(AttentionMetadataBuilder[HygonAttentionMetadata]):
     """Splits each batch into decode head / prefill tail and keeps the kernels' scratch.
 
-    CUDA graphs: uniform decode batches (every request with the same 1 + num_spec
-    tokens) run only the decode kernel, which allocates nothing and does not sync with
-    the host, so they can be captured (``UNIFORM_BATCH``). Batches holding a prefill
-    run the prefix-prefill kernel, whose tile schedule depends on the batch's lengths,
-    and stay eager (vLLM runs them piecewise).
+    CUDA graphs (``UNIFORM_BATCH``): a uniform decode batch (every request with the same
+    1 + num_speculative_tokens tokens) is one decode launch that reads only persistent
+    buffers (vLLM's seq_lens and block table, the workspace allocated here), allocates
+    nothing and never syncs with the host; inside a capture its grid is sized by the
+    block table's capacity, so a replay with longer sequences stays correct. A mixed
+    batch is two launches split at a host-known request count that changes from batch
+    to batch at equal token counts, so one graph per size cannot replay it: such
+    batches run eagerly (``ALWAYS`` would be a false claim).
     """
 
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
