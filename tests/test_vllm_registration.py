@@ -120,6 +120,8 @@ def test_unsupported_version_changes_nothing(monkeypatch):
     assert hv.register() is None
     assert dict(E.__members__) == before
     assert not hv.is_supported_version("0.34.0") and hv.is_supported_version("0.33.1")
+    # the CPU patch is gated to the version whose selector it was written for
+    assert cpu_platform.install("0.33.0", E.CUSTOM) is False
 
 
 def test_cli_flag_selects_hygon(model_dir):
