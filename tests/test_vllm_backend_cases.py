@@ -244,4 +244,9 @@ def test_capabilities():
         use_mla=True, has_sink=False, use_sparse=False, use_mm_prefix=False,
         use_per_head_quant_scales=False, device_capability=None, attn_type="encoder")
     assert "dtype not supported" in reasons and "MLA not supported" in reasons
+    reasons = b.validate_configuration(
+        head_size=64, dtype=torch.bfloat16, kv_cache_dtype="float16", block_size=16,
+        use_mla=False, has_sink=False, use_sparse=False, use_mm_prefix=False,
+        use_per_head_quant_scales=False, device_capability=None, attn_type="decoder")
+    assert any("differs from the model dtype" in r for r in reasons)
     assert math.isfinite(b.get_preferred_block_size(16))

@@ -106,6 +106,15 @@ class HygonAttentionBackend(AttentionBackend):
         return False
 
     @classmethod
+    def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla,
+                             has_sink, use_sparse, use_mm_prefix, device_capability):
+        # A 16-bit cache must hold the model's own dtype (the kernels do not convert).
+        named = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(kv_cache_dtype)
+        if named is not None and named != dtype:
+            return f"kv_cache_dtype {kv_cache_dtype} differs from the model dtype {dtype}"
+        return None
+
+    @classmethod
     def supports_device_cpu_query_lens_mismatch(cls) -> bool:
         # The decode/prefill split and the [S, T] decode view come from the host's query
         # lengths: device-trimmed drafts (adaptive verification) would not match them.
