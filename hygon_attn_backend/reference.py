@@ -58,7 +58,11 @@ def quantize_fp8(x: torch.Tensor, dtype: torch.dtype, scale: ScaleLike = None) -
     if dtype not in FP8_DTYPES:
         raise ValueError(f"dtype must be one of {FP8_DTYPES}, got {dtype}")
     limit = torch.finfo(dtype).max
-    y = x.to(torch.float32) / _scale_value(scale)
+    # Divide by a float32 tensor on x's device, not a Python scalar: CUDA torch turns
+    # division by a host scalar into multiplication by its reciprocal, which rounds
+    # differently from the IEEE division the kernels (and CPU torch) perform.
+    divisor = torch.tensor(_scale_value(scale), dtype=torch.float32, device=x.device)
+    y = x.to(torch.float32) / divisor
     return y.clamp(-limit, limit).to(dtype)
 
 
