@@ -32,6 +32,9 @@ def test_parser_knows_every_subcommand():
             assert parser.parse_args(argv).command == argv[0]
     with pytest.raises(SystemExit):
         parser.parse_args(["nope"])
+    for bench in ("decode", "prefill", "cache"):
+        args = parser.parse_args(["bench", bench])
+        assert callable(args.func) and args.func.__module__.endswith(f"bench.{bench}")
 
 
 def test_import_is_cheap():

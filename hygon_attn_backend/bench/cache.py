@@ -9,12 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-
-def _median_ms(fn, rep_ms):
-    import triton
-
-    return triton.testing.do_bench(fn, warmup=max(10, rep_ms / 4), rep=rep_ms,
-                                   return_mode="median")
+from hygon_attn_backend.bench._timing import median_ms
 
 
 def run_cache_bench(args) -> int:
@@ -52,8 +47,8 @@ def run_cache_bench(args) -> int:
             if nbytes not in copy_cache:
                 src = torch.empty(nbytes // 2, dtype=torch.uint8, device=dev)
                 dst = torch.empty_like(src)
-                copy_cache[nbytes] = nbytes / _median_ms(lambda: dst.copy_(src), args.rep_ms) / 1e6
-            ms = _median_ms(fn, args.rep_ms)
+                copy_cache[nbytes] = nbytes / median_ms(lambda: dst.copy_(src), args.rep_ms) / 1e6
+            ms = median_ms(fn, args.rep_ms)
             gbps = nbytes / ms / 1e6
             rows.append((layout, op, nbytes, ms, gbps, copy_cache[nbytes]))
     lines = [f"GPU {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "

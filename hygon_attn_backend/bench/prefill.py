@@ -16,6 +16,8 @@ import json
 import sys
 import time
 
+from hygon_attn_backend.bench._timing import median_ms
+
 DEFAULT_SHAPES = "1,0,8192;1,4096,4096;8,2048,512;32,1024,128;4,16384,1024"
 
 
@@ -69,18 +71,12 @@ def add_prefill_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _bench(fn, rep_ms):
-    import triton
-    return triton.testing.do_bench(fn, warmup=max(10, rep_ms / 4), rep=rep_ms,
-                                   return_mode="median")
-
-
 def _matmul_tflops(rep_ms):
     import torch
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    ms = _bench(lambda: a @ b, rep_ms)
+    ms = median_ms(lambda: a @ b, rep_ms)
     return 2.0 * n ** 3 / ms / 1e9, ms
 
 
@@ -127,7 +123,7 @@ def _sdpa_ms(backend_name, batch, prefix, extend, hq, dim, dtype, rep_ms):
             with sdpa_kernel([backend]):
                 F.scaled_dot_product_attention(q, k, v, **kw)
                 torch.cuda.synchronize()
-                return _bench(lambda: F.scaled_dot_product_attention(q, k, v, **kw),
+                return median_ms(lambda: F.scaled_dot_product_attention(q, k, v, **kw),
                               rep_ms), label
         except Exception as exc:  # a backend that refuses this mask: try the next
             errors.append(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:60]}")
@@ -207,7 +203,7 @@ def run_prefill_bench(args) -> dict:
                     fn = (lambda kw=kw, plan=plan: prefix_prefill_attention(
                         q, kc, vc, bt, cu, lk, out=out, plan=plan, validate=False, **kw))
                     try:
-                        ms = _bench(fn, args.rep_ms)
+                        ms = median_ms(fn, args.rep_ms)
                     except Exception as exc:  # e.g. out of shared memory for a swept tile
                         row["ours"].append({"page": page, "source": src, "tile": tile,
                                             "error": f"{type(exc).__name__}: {exc}"[:200]})
@@ -222,7 +218,7 @@ def run_prefill_bench(args) -> dict:
                           f"{100 * tf / mm_tflops:.1f}%", flush=True)
             # the plain call (plan + host checks inside) once per page size, default tile
             plain = lambda: prefix_prefill_attention(q, kc, vc, bt, cu, lk, out=out)
-            row.setdefault("plain_call_ms", {})[page] = _bench(plain, args.rep_ms)
+            row.setdefault("plain_call_ms", {})[page] = median_ms(plain, args.rep_ms)
             del q, kc, vc, bt, kn, vn, out
         if not args.no_peers:
             for name in ("cudnn", "flash"):
