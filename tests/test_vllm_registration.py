@@ -101,14 +101,14 @@ def fresh_vllm(model_dir):
 
 @pytest.mark.slow
 def test_register_is_cheap_and_lazy(fresh_vllm):
-    """register() takes little time and imports no kernel, op or backend module."""
+    """register() imports no kernel, op or backend module (what would make it costly in
+    every vLLM process); its time is reported, not asserted (no timed unit tests)."""
     res = fresh_vllm
     assert res["before"] == [], "vLLM loaded our plugin although VLLM_PLUGINS was empty"
     assert res["member"] == "CUSTOM"
-    assert res["seconds"] < 0.5, res
     heavy = [m for m in res["modules"] if m.split(".")[1:2] in (["ops"], ["kernels"])
              or m.endswith((".backend", "._core", "._ops", ".reference"))]
-    assert heavy == [], f"register() imported {heavy}"
+    assert heavy == [], f"register() imported {heavy} ({res['seconds']:.3f} s)"
 
 
 def test_unsupported_version_changes_nothing(monkeypatch):
