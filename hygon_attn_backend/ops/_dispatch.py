@@ -38,3 +38,15 @@ def select_impl(impl: str, device: torch.device) -> str:
         raise ValueError(f"impl='triton' cannot run on device {device}: Triton needs a GPU, "
                          "or TRITON_INTERPRET=1 set before import for CPU tensors")
     return impl
+
+
+IMPL_ENV = "HYGON_ATTN_IMPL"
+
+
+def impl_from_env() -> str:
+    """The implementation the engine integrations ask the ops for: ``HYGON_ATTN_IMPL`` =
+    ``auto`` (default) | ``triton`` | ``reference``."""
+    impl = os.environ.get(IMPL_ENV, "auto").strip().lower() or "auto"
+    if impl not in IMPLS:
+        raise ValueError(f"{IMPL_ENV} must be one of {IMPLS}, got {impl!r}")
+    return impl

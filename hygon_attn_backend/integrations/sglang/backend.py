@@ -25,7 +25,7 @@ Not supported (a clear error, never a wrong answer): speculative verify / draft-
 and dLLM modes, cross-attention, different QK and V head dims, SWA hybrid pools,
 quantized (fp4 / custom-method) pools, score mods.
 
-Environment: ``HYGON_SGLANG_IMPL`` = ``auto`` (default) | ``triton`` | ``reference``;
+Environment: ``HYGON_ATTN_IMPL`` = ``auto`` (default) | ``triton`` | ``reference``;
 ``HYGON_SGLANG_CHECK_PAGES=1`` checks page contiguity of every batch (debugging).
 """
 
@@ -44,11 +44,11 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
 from hygon_attn_backend.integrations.sglang import _kernels
+from hygon_attn_backend.ops._dispatch import impl_from_env
 from hygon_attn_backend.shims import sglang as shims
 
 logger = logging.getLogger(__name__)
 
-IMPLS = ("auto", "triton", "reference")
 
 
 @dataclasses.dataclass
@@ -105,9 +105,7 @@ class HygonAttnBackend(AttentionBackend):
                                       "supported (fp8 KV via --kv-cache-dtype is)")
         self.page_size = int(getattr(pool, "page_size", 1) or 1)
         self.max_blocks = -(-self.req_to_token.shape[1] // self.page_size)
-        self.impl = os.environ.get("HYGON_SGLANG_IMPL", "auto")
-        if self.impl not in IMPLS:
-            raise ValueError(f"HYGON_SGLANG_IMPL must be one of {IMPLS}, got {self.impl!r}")
+        self.impl = impl_from_env()
         self.check_pages = os.environ.get("HYGON_SGLANG_CHECK_PAGES", "0") == "1"
         self.forward_metadata: Optional[HygonForwardMetadata] = None
         self._graph_block_table: Optional[torch.Tensor] = None

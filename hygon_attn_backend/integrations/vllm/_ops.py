@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 from typing import Callable, NamedTuple, Optional
 
-IMPL_ENV = "HYGON_ATTN_IMPL"
-IMPLS = ("auto", "triton", "reference")
+from hygon_attn_backend.ops._dispatch import IMPL_ENV, IMPLS, impl_from_env  # noqa: F401
 
 # name -> (public module, function name)
 _PUBLIC = {
@@ -33,11 +31,6 @@ class Op(NamedTuple):
     public: bool  # True: takes impl=...; False: the reference, which does not
 
 
-def impl_from_env() -> str:
-    impl = os.environ.get(IMPL_ENV, "auto").strip().lower() or "auto"
-    if impl not in IMPLS:
-        raise ValueError(f"{IMPL_ENV} must be one of {IMPLS}, got {impl!r}")
-    return impl
 
 
 @functools.lru_cache(maxsize=None)
