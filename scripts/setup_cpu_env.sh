@@ -19,7 +19,7 @@ PY=${PYTHON:-python3}
 # beside CPU torch; vLLM treats them as optional.
 "$V/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 "$V/bin/pip" install -q --no-deps -r "$ROOT/requirements/sglang-0.5.23-cpu-nodeps.txt"
-"$V/bin/pip" install -q "pytest>=7"
+"$V/bin/pip" install -q "pytest>=7" soundfile  # soundfile: sglang.launch_server imports it
 SP=$("$V/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # SGLang imports torchvision unconditionally; the wheel above needs two op schemas that only
 # its CUDA build registers. Defining them first lets it import on CPU torch (a .pth reaches
