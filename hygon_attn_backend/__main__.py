@@ -86,7 +86,7 @@ def cmd_doctor(args) -> int:
 def cmd_demo(args) -> int:
     if not args.ops and importlib.util.find_spec("vllm") is not None:
         demo = importlib.import_module("hygon_attn_backend.demo")
-        return int(demo.run_demo() or 0)
+        return int(demo.run_demo(impl=args.impl) or 0)
     from hygon_attn_backend import demo_ops
 
     return demo_ops.run(seed=args.seed)
@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ops", action="store_true",
                    help="check the ops against the reference instead of the engine run")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--impl", choices=["auto", "triton", "reference"], default=None,
+                   help="engine run: our Triton kernels (default; the interpreter on a CPU), "
+                        "or the torch reference")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("bench", help="benchmarks beside the peers (GPU)")
     bench_sub = p.add_subparsers(dest="bench", required=True)

@@ -134,12 +134,19 @@ def _top2_gap(step_logprobs) -> float:
     return float(vals[0] - vals[1]) if len(vals) > 1 else float("inf")
 
 
-def _run_child(model_dir: str, backend: Optional[str], timeout: float) -> dict:
-    """Run :func:`_generate` in a fresh Python process; returns its result."""
+def _run_child(model_dir: str, backend: Optional[str], timeout: float,
+               impl: Optional[str] = None) -> dict:
+    """Run :func:`_generate` in a fresh Python process; returns its result. ``impl`` sets
+    ``HYGON_ATTN_IMPL`` there; ``"triton"`` without a GPU runs the kernels in Triton's
+    interpreter."""
     with tempfile.NamedTemporaryFile("r", suffix=".json") as result:
         cmd = [sys.executable, "-m", "hygon_attn_backend.demo", "--child", model_dir,
                "--backend", backend or "default", "--result", result.name]
         env = dict(os.environ, VLLM_LOGGING_LEVEL="INFO")  # the log is read below
+        if impl is not None:
+            env["HYGON_ATTN_IMPL"] = impl
+            if impl == "triton" and not _has_cuda():
+                env["TRITON_INTERPRET"] = "1"
         proc = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"generation with backend {backend or 'default'} failed "
@@ -159,16 +166,30 @@ def _run_child(model_dir: str, backend: Optional[str], timeout: float) -> dict:
     return res
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _plugin_installed() -> bool:
     from importlib.metadata import entry_points
 
     return any(ep.name == "hygon" for ep in entry_points(group="vllm.general_plugins"))
 
 
-def run_demo(*, model_dir: Optional[str] = None, timeout: float = 600.0, out=None) -> int:
+def run_demo(*, model_dir: Optional[str] = None, timeout: float = 900.0, out=None,
+             impl: Optional[str] = None) -> int:
     """Build the tiny model, generate with hygon and with vLLM's default backend, print
     both and whether they match. Returns 0 on a token-for-token match, 1 otherwise
-    (2 when vLLM or the plugin's entry point is missing)."""
+    (2 when vLLM or the plugin's entry point is missing).
+
+    impl: what the hygon run executes (``HYGON_ATTN_IMPL``). Default: the environment's
+    ``HYGON_ATTN_IMPL`` if set, else ``"triton"``: our Triton kernels, natively on a GPU
+    and in Triton's interpreter on a CPU (slower, but the kernels themselves).
+    ``"reference"`` runs the plain-torch fallback."""
+    if impl is None:
+        impl = os.environ.get("HYGON_ATTN_IMPL") or "triton"
     out = out or sys.stdout
     try:
         import vllm  # noqa: F401
@@ -183,7 +204,7 @@ def run_demo(*, model_dir: Optional[str] = None, timeout: float = 600.0, out=Non
         model_dir = model_dir or build_tiny_llama(os.path.join(tmp, "model"))
         print(f"tiny Llama: {model_dir} (hidden {HIDDEN}, {LAYERS} layers, {HEADS}/{KV_HEADS} "
               f"heads, head_dim {HEAD_DIM}, vocab {VOCAB_SIZE})", file=out)
-        ours = _run_child(model_dir, "hygon", timeout)
+        ours = _run_child(model_dir, "hygon", timeout, impl=impl)
         theirs = _run_child(model_dir, None, timeout)
     print(f"hygon run: {ours['kernels']}", file=out)
     same = ours["tokens"] == theirs["tokens"]
@@ -208,6 +229,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--backend", default="default", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help="use this model instead of building one")
+    parser.add_argument("--impl", choices=["auto", "triton", "reference"], default=None,
+                        help="what the hygon run executes (default: triton)")
     args = parser.parse_args(argv)
     if args.child:
         backend = None if args.backend == "default" else args.backend
@@ -215,7 +238,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(args.result, "w") as f:
             json.dump(tokens, f)
         return 0
-    return run_demo(model_dir=args.model_dir)
+    return run_demo(model_dir=args.model_dir, impl=args.impl)
 
 
 if __name__ == "__main__":
