@@ -18,7 +18,6 @@ import argparse
 import importlib
 import importlib.metadata as md
 import importlib.util
-import os
 import platform
 import sys
 

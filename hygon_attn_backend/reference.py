@@ -17,7 +17,7 @@ recognised by ``ndim == 5``. Token ``t`` of sequence ``s`` lives at
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Union
+from typing import Optional, Union
 
 import torch
 

@@ -31,17 +31,21 @@ def dense_attention(q, k, v, *, causal, scale=None):
     return out
 
 
-def make_paged(kv_dense, page_size, num_blocks, gen):
-    """Scatter per-request dense [L, H, D] K into a bhsd cache through a random table."""
-    max_blocks = max(math.ceil(x.shape[0] / page_size) for x in kv_dense)
+def make_paged(ks, vs, page_size, num_blocks, gen):
+    """Scatter per-request dense [L, H, D] K and V into bhsd caches (random elsewhere)
+    through one random block table. Returns (k_cache, v_cache, table)."""
+    max_blocks = max(math.ceil(x.shape[0] / page_size) for x in ks)
     perm = torch.randperm(num_blocks, generator=gen)
-    table = perm[: len(kv_dense) * max_blocks].view(len(kv_dense), max_blocks).to(torch.int32)
-    h, d = kv_dense[0].shape[1:]
-    cache = torch.randn(num_blocks, h, page_size, d, dtype=torch.float64, generator=gen)
-    for b, x in enumerate(kv_dense):
-        for t in range(x.shape[0]):
-            cache[table[b, t // page_size], :, t % page_size] = x[t]
-    return cache, table
+    table = perm[: len(ks) * max_blocks].view(len(ks), max_blocks).to(torch.int32)
+    h, d = ks[0].shape[1:]
+    caches = []
+    for dense in (ks, vs):
+        cache = torch.randn(num_blocks, h, page_size, d, dtype=torch.float64, generator=gen)
+        for b, x in enumerate(dense):
+            for t in range(x.shape[0]):
+                cache[table[b, t // page_size], :, t % page_size] = x[t]
+        caches.append(cache)
+    return caches[0], caches[1], table
 
 
 def test_mask_worked_example():
@@ -67,11 +71,7 @@ def test_prefill_matches_dense(page_size, group, with_new):
     lens_q, lens_k = [2, 5, 1, 4], [6, 5, 9, 4]
     ks = [torch.randn(n, hkv, d, dtype=torch.float64, generator=gen) for n in lens_k]
     vs = [torch.randn(n, hkv, d, dtype=torch.float64, generator=gen) for n in lens_k]
-    k_cache, table = make_paged(ks, page_size, 64, gen)
-    v_cache = torch.randn_like(k_cache)
-    for b, x in enumerate(vs):
-        for t in range(x.shape[0]):
-            v_cache[table[b, t // page_size], :, t % page_size] = x[t]
+    k_cache, v_cache, table = make_paged(ks, vs, page_size, 64, gen)
     q = torch.randn(sum(lens_q), hq, d, dtype=torch.float64, generator=gen)
     cu = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32)
     seq_k = torch.tensor(lens_k, dtype=torch.int32)
@@ -97,10 +97,7 @@ def test_prefill_non_causal_and_lse():
     gen = torch.Generator().manual_seed(7)
     k = torch.randn(5, 1, 4, dtype=torch.float64, generator=gen)
     v = torch.randn(5, 1, 4, dtype=torch.float64, generator=gen)
-    cache_k, table = make_paged([k], 2, 8, gen)
-    cache_v = torch.randn_like(cache_k)
-    for t in range(5):
-        cache_v[table[0, t // 2], :, t % 2] = v[t]
+    cache_k, cache_v, table = make_paged([k], [v], 2, 8, gen)
     q = torch.randn(3, 2, 4, dtype=torch.float64, generator=gen)
     cu = torch.tensor([0, 3], dtype=torch.int32)
     out, lse = reference.prefix_prefill_attention(q, cache_k, cache_v, table, cu,
@@ -119,11 +116,7 @@ def test_decode_matches_dense(tokens):
     lens = [1, 7, 12, 4]
     ks = [torch.randn(n, hkv, d, dtype=torch.float64, generator=gen) for n in lens]
     vs = [torch.randn(n, hkv, d, dtype=torch.float64, generator=gen) for n in lens]
-    k_cache, table = make_paged(ks, page, 32, gen)
-    v_cache = torch.randn_like(k_cache)
-    for b, x in enumerate(vs):
-        for t in range(x.shape[0]):
-            v_cache[table[b, t // page], :, t % page] = x[t]
+    k_cache, v_cache, table = make_paged(ks, vs, page, 32, gen)
     lens_t = torch.tensor(lens, dtype=torch.int32)
     if tokens == 1:
         q = torch.randn(len(lens), hkv * group, d, dtype=torch.float64, generator=gen)
