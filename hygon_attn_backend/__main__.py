@@ -8,6 +8,7 @@
     hygon-attn bench decode    decode benchmark (GPU)
     hygon-attn bench prefill   prefix-prefill benchmark (GPU)
     hygon-attn bench cache     write_kv / copy_blocks bandwidth (GPU)
+    hygon-attn bench overhead  host microseconds per attention call (GPU)
 
 Heavy modules (torch kernels, engines) are imported inside the subcommands only.
 """
@@ -106,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("bench", help="benchmarks beside the peers (GPU)")
     bench_sub = p.add_subparsers(dest="bench", required=True)
-    for name in ("decode", "prefill", "cache"):
+    for name in ("decode", "prefill", "cache", "overhead"):
         try:
             module = importlib.import_module(f"hygon_attn_backend.bench.{name}")
         except ImportError as exc:

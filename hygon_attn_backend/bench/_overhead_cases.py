@@ -1,0 +1,184 @@
+"""The per-layer calls ``bench overhead`` times, each a zero-argument callable over a tiny
+problem whose batch-level state (plans, workspaces, engine metadata) is built once here.
+
+Pages are a random permutation of the cache's blocks, as in every benchmark.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Callable, Iterator, Optional, Tuple
+
+import torch
+
+from hygon_attn_backend.bench.overhead import DECODE, EXTEND, MIXED
+
+Row = Tuple[str, Optional[Callable[[], object]]]
+
+
+def _paged_batch(seq_lens, *, page_size, num_kv_heads, head_dim, dtype, device, spare=4):
+    """A vLLM combined K|V cache (``LBHNC``) holding ``seq_lens`` tokens per request on
+    randomly permuted pages, and its block table / seq lens tensors."""
+    from hygon_attn_backend import layouts
+
+    blocks_per = [-(-n // page_size) for n in seq_lens]
+    num_blocks = sum(blocks_per) + spare
+    kv = layouts.allocate_vllm("LBHNC", num_layers=1, num_blocks=num_blocks,
+                               block_size=page_size, num_kv_heads=num_kv_heads,
+                               head_dim=head_dim, dtype=dtype, device=device)[0]
+    perm = torch.randperm(num_blocks, device=device).to(torch.int32)
+    table = torch.zeros((len(seq_lens), max(blocks_per)), dtype=torch.int32, device=device)
+    start = 0
+    for i, n in enumerate(blocks_per):
+        table[i, :n] = perm[start:start + n]
+        start += n
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    return kv, table, lens
+
+
+def op_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
+            dtype=torch.bfloat16) -> Iterator[Row]:
+    """The public ops, plain and with their plans."""
+    from hygon_attn_backend import layouts
+    from hygon_attn_backend.ops import decode as dec
+    from hygon_attn_backend.ops import prefill as pre
+
+    b = DECODE["num_seqs"]
+    kv, table, lens = _paged_batch([DECODE["ctx"]] * b, page_size=page_size,
+                                   num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+                                   device=device)
+    k_cache, v_cache = layouts.vllm_kv_views(kv)
+    q = torch.randn(b, num_q_heads, head_dim, device=device, dtype=dtype)
+    out = torch.empty_like(q)
+    yield "decode op, plain", lambda: dec.paged_decode_attention(
+        q, k_cache, v_cache, table, lens, out=out)
+    ws = dec.allocate_decode_workspace(
+        max_num_seqs=b, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+        head_dim=head_dim, max_context_len=table.shape[1] * page_size, device=device)
+    yield "decode op, workspace", lambda: dec.paged_decode_attention(
+        q, k_cache, v_cache, table, lens, out=out, workspace=ws,
+        max_seq_len=DECODE["ctx"])
+    if hasattr(dec, "plan_paged_decode"):
+        plan = dec.plan_paged_decode(
+            num_seqs=b, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+            head_dim=head_dim, page_size=page_size, q_dtype=dtype, kv_dtype=dtype,
+            max_seq_len=DECODE["ctx"], device=device, workspace=ws)
+        yield "decode op, plan", lambda: dec.paged_decode_attention(
+            q, k_cache, v_cache, table, lens, out=out, plan=plan)
+
+    n, prefix, new = EXTEND["num_seqs"], EXTEND["prefix"], EXTEND["new"]
+    kv, table, lens = _paged_batch([prefix + new] * n, page_size=page_size,
+                                   num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+                                   device=device)
+    k_cache, v_cache = layouts.vllm_kv_views(kv)
+    qp = torch.randn(n * new, num_q_heads, head_dim, device=device, dtype=dtype)
+    outp = torch.empty_like(qp)
+    cu = torch.arange(0, n * new + 1, new, dtype=torch.int32, device=device)
+    yield "prefill op, plain", lambda: pre.prefix_prefill_attention(
+        qp, k_cache, v_cache, table, cu, lens, out=outp)
+    pplan = pre.plan_prefix_prefill(cu, lens, total_q=n * new, num_q_heads=num_q_heads,
+                                    num_kv_heads=num_kv_heads, head_dim=head_dim)
+    yield "prefill op, plan", lambda: pre.prefix_prefill_attention(
+        qp, k_cache, v_cache, table, cu, lens, out=outp, plan=pplan, validate=False)
+
+
+def vllm_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
+              dtype=torch.bfloat16) -> Iterator[Row]:
+    """The vLLM backend's per-layer path (engine-free core: what ``do_kv_cache_update``
+    and ``forward`` call), metadata built as ``HygonAttentionMetadataBuilder.build`` does."""
+    from hygon_attn_backend.integrations.vllm import _core
+
+    for name, dec_n, ext_n in (("vLLM layer, decode batch", DECODE["num_seqs"], 0),
+                               ("vLLM layer, mixed batch", MIXED["num_decodes"],
+                                MIXED["num_extends"])):
+        ctx = DECODE["ctx"] if not ext_n else MIXED["ctx"]
+        seq = [ctx] * dec_n + [MIXED["prefix"] + MIXED["new"]] * ext_n
+        qlen = [1] * dec_n + [MIXED["new"]] * ext_n
+        kv, table, lens = _paged_batch(seq, page_size=page_size, num_kv_heads=num_kv_heads,
+                                       head_dim=head_dim, dtype=dtype, device=device)
+        tokens = sum(qlen)
+        qsl = torch.tensor([0] + list(_cumsum(qlen)), dtype=torch.int32, device=device)
+        slots = _last_slots(table, seq, qlen, page_size)
+        query = torch.randn(tokens, num_q_heads, head_dim, device=device, dtype=dtype)
+        key = torch.randn(tokens, num_kv_heads, head_dim, device=device, dtype=dtype)
+        value = torch.randn_like(key)
+        out = torch.empty_like(query)
+        builder = _core.StepPlanner(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                                    head_size=head_dim, page_size=page_size,
+                                    max_num_seqs=64, max_model_len=table.shape[1] * page_size,
+                                    device=device, dtype=dtype) \
+            if hasattr(_core, "StepPlanner") else None
+        md = _legacy_metadata(_core, builder, qsl=qsl, lens=lens, table=table, slots=slots,
+                              seq=seq, qlen=qlen, dec_n=dec_n, num_q_heads=num_q_heads,
+                              num_kv_heads=num_kv_heads, head_dim=head_dim,
+                              page_size=page_size, device=device)
+        layer = _core.LayerOptions(scale=head_dim ** -0.5) \
+            if hasattr(_core, "LayerOptions") else None
+
+        def step(md=md, kv=kv, query=query, key=key, value=value, out=out, slots=slots,
+                 layer=layer):
+            if layer is not None:
+                _core.write_new_kv(key, value, kv, md, layer)
+                _core.attention(query, kv, md, out, layer)
+            else:
+                _core.write_new_kv(key, value, kv, slots, head_size=head_dim, impl="auto")
+                _core.attention(query, kv, md, out, head_size=head_dim,
+                                scale=head_dim ** -0.5, impl="auto")
+
+        yield name, step
+
+
+def _legacy_metadata(_core, builder, *, qsl, lens, table, slots, seq, qlen, dec_n,
+                     num_q_heads, num_kv_heads, head_dim, page_size, device):
+    common = dict(query_start_loc=qsl, seq_lens=lens, block_table=table, slot_mapping=slots,
+                  num_reqs=len(seq), num_actual_tokens=sum(qlen), max_query_len=max(qlen),
+                  max_seq_len=max(seq), num_decodes=dec_n, num_decode_tokens=dec_n)
+    if builder is not None:
+        return builder.build(**common, query_start_loc_cpu=qsl.cpu(), seq_lens_cpu=lens.cpu())
+    from hygon_attn_backend.ops.decode import allocate_decode_workspace
+
+    md = _core.make_metadata(**common)
+    md.decode_workspace = allocate_decode_workspace(
+        max_num_seqs=64, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+        head_dim=head_dim, max_context_len=table.shape[1] * page_size, device=device)
+    _core.plan_prefill(md, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                       head_size=head_dim)
+    return md
+
+
+def _cumsum(xs):
+    total = 0
+    for x in xs:
+        total += x
+        yield total
+
+
+def _last_slots(table, seq, qlen, page_size):
+    """Cache slots of each request's last ``qlen`` tokens (where the new K/V go)."""
+    slots = []
+    tab = table.cpu()
+    for i, (n, q) in enumerate(zip(seq, qlen)):
+        for t in range(n - q, n):
+            slots.append(int(tab[i, t // page_size]) * page_size + t % page_size)
+    return torch.tensor(slots, dtype=torch.int64, device=table.device)
+
+
+def sglang_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
+                dtype=torch.bfloat16) -> Iterator[Row]:
+    """SGLang's ``forward_decode`` / ``forward_extend`` of our backend on SGLang's own pools,
+    after ``init_forward_metadata`` (once per step, outside the loop)."""
+    if importlib.util.find_spec("sglang") is None:
+        yield "SGLang forward_decode", None
+        yield "SGLang forward_extend", None
+        return
+    from hygon_attn_backend.bench import _overhead_sglang
+
+    yield from _overhead_sglang.rows(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                                     head_dim=head_dim, page_size=page_size, device=device,
+                                     dtype=dtype)
+
+
+def all_rows(**shape) -> Iterator[Row]:
+    yield from op_rows(**shape)
+    yield from vllm_rows(**shape)
+    yield from sglang_rows(**shape)
