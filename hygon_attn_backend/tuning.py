@@ -7,7 +7,7 @@ No model names here: only shapes and device facts.
 
 from __future__ import annotations
 
-import os
+from hygon_attn_backend import envs
 
 
 # ----------------------------------------------------------------------------- cache ops
@@ -26,12 +26,8 @@ def cache_write_config(num_kv_heads: int, head_dim: int) -> tuple[int, int]:
     Override: ``HYGON_ATTN_WRITE_KV_BLOCK_H`` (a power of two).
     """
     block_d = 1 << max(0, (head_dim - 1).bit_length())
-    env = os.environ.get("HYGON_ATTN_WRITE_KV_BLOCK_H")
-    if env:
-        block_h = int(env)
-        if block_h < 1 or block_h & (block_h - 1):
-            raise ValueError(f"HYGON_ATTN_WRITE_KV_BLOCK_H must be a power of two, got {env!r}")
-    else:
+    block_h = envs.write_kv_block_h()
+    if block_h is None:
         block_h = max(1, 1024 // block_d)
         heads_pow2 = 1 << max(0, (num_kv_heads - 1).bit_length())
         block_h = min(block_h, heads_pow2)
@@ -49,12 +45,8 @@ def copy_blocks_config(numel_per_block: int) -> tuple[int, int]:
     use one chunk of the next power of two. Measurement: not yet tuned on the GPU (a
     bandwidth-bound default). Override: ``HYGON_ATTN_COPY_BLOCKS_BLOCK`` (a power of two).
     """
-    env = os.environ.get("HYGON_ATTN_COPY_BLOCKS_BLOCK")
-    if env:
-        block = int(env)
-        if block < 1 or block & (block - 1):
-            raise ValueError(f"HYGON_ATTN_COPY_BLOCKS_BLOCK must be a power of two, got {env!r}")
-    else:
+    block = envs.copy_blocks_block()
+    if block is None:
         block = min(4096, 1 << max(0, (numel_per_block - 1).bit_length()))
     num_warps = min(8, max(1, block // 512))
     return block, num_warps
@@ -68,17 +60,7 @@ DECODE_MIN_PARTITION = 256  # smallest partition the decode heuristics choose
 def decode_partition_size_env() -> "int | None":
     """Partition size forced by the environment: ``HYGON_ATTN_PARTITION_SIZE``, else
     ``PA_PARTITION_SIZE`` (the name DCU users know). A positive multiple of 16, or unset."""
-    for name in ("HYGON_ATTN_PARTITION_SIZE", "PA_PARTITION_SIZE"):
-        env = os.environ.get(name)
-        if env:
-            try:
-                value = int(env)
-            except ValueError:
-                raise ValueError(f"{name} must be an integer, got {env!r}") from None
-            if value <= 0 or value % 16:
-                raise ValueError(f"{name} must be a positive multiple of 16, got {env!r}")
-            return value
-    return None
+    return envs.decode_partition_size()
 
 
 def decode_partition_size_dcu(group: int) -> int:
@@ -134,7 +116,7 @@ DECODE_TARGET_WAVES = 4     # programs per SM the split aims at
 
 
 def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
-                       kv_elem_size: int) -> "tuple[int, int, int, bool]":
+                       kv_elem_size: int, tile=None) -> "tuple[int, int, int, bool]":
     """``(BLOCK_N, num_warps, num_stages, page_prefetch)`` of the paged decode kernel.
 
     Reasoning: the kernel is bandwidth-bound, so a KV tile pair (K and V, ``2 * BLOCK_N *
@@ -150,25 +132,22 @@ def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
     1% of it at every point: B=64 ctx 4k 4376 (P=16) / 4498 (P=64), B=1 ctx 128k 4005 /
     4086; BLOCK_N 16, 32 or 128 lost 2-25%. Without the read-ahead the P=16 tile (four
     pages per tile, one table lookup per token) dropped to 2857 / 2647.
-    Override: ``HYGON_ATTN_DECODE_BLOCK_N``, ``HYGON_ATTN_DECODE_WARPS``,
-    ``HYGON_ATTN_DECODE_STAGES``, ``HYGON_ATTN_DECODE_PREFETCH`` (0/1).
+    Override: ``tile=(BLOCK_N, num_warps, num_stages, page_prefetch)`` (benchmarks pass
+    it; any entry may be None), else ``HYGON_ATTN_DECODE_BLOCK_N``,
+    ``HYGON_ATTN_DECODE_WARPS``, ``HYGON_ATTN_DECODE_STAGES``,
+    ``HYGON_ATTN_DECODE_PREFETCH`` (0/1).
     """
-    block_n = 32 if head_dim_pad > 128 else 64
-    num_warps = 8 if block_m * head_dim_pad >= 64 * 256 else 4
-    num_stages = 2
-    env_n = os.environ.get("HYGON_ATTN_DECODE_BLOCK_N")
-    if env_n:
-        block_n = int(env_n)
-        if block_n < 16 or block_n & (block_n - 1):
-            raise ValueError(f"HYGON_ATTN_DECODE_BLOCK_N must be a power of two >= 16, got {env_n!r}")
-    if os.environ.get("HYGON_ATTN_DECODE_WARPS"):
-        num_warps = int(os.environ["HYGON_ATTN_DECODE_WARPS"])
-    if os.environ.get("HYGON_ATTN_DECODE_STAGES"):
-        num_stages = int(os.environ["HYGON_ATTN_DECODE_STAGES"])
-    prefetch = True
-    if os.environ.get("HYGON_ATTN_DECODE_PREFETCH"):
-        prefetch = os.environ["HYGON_ATTN_DECODE_PREFETCH"] not in ("0", "false", "False")
-    return block_n, num_warps, num_stages, prefetch
+    chosen = [32 if head_dim_pad > 128 else 64,
+              8 if block_m * head_dim_pad >= 64 * 256 else 4,
+              2, True]
+    for forced in (envs.decode_tile(), tile):
+        for i, value in enumerate(forced or ()):
+            if value is not None:
+                chosen[i] = value
+    block_n, num_warps, num_stages, prefetch = chosen
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"decode tile BLOCK_N must be a power of two >= 16, got {block_n}")
+    return int(block_n), int(num_warps), int(num_stages), bool(prefetch)
 
 
 # ----------------------------------------------------------------------------- prefix prefill
@@ -197,17 +176,9 @@ def prefill_tile_config(*, head_dim_pad: int, group: int, total_q: int, num_kv_h
     Override: ``HYGON_ATTN_PREFILL_TILE="BLOCK_M,BLOCK_N,num_warps,num_stages"``.
     """
     group_pow2 = 1 << max(0, (group - 1).bit_length())
-    env = os.environ.get("HYGON_ATTN_PREFILL_TILE")
-    if env:
-        try:
-            block_m, block_n, num_warps, num_stages = (int(x) for x in env.split(","))
-        except ValueError:
-            raise ValueError("HYGON_ATTN_PREFILL_TILE must be 'BLOCK_M,BLOCK_N,num_warps,"
-                             f"num_stages', got {env!r}") from None
-        for name, val in (("BLOCK_M", block_m), ("BLOCK_N", block_n)):
-            if val < 16 or val & (val - 1):
-                raise ValueError(f"HYGON_ATTN_PREFILL_TILE: {name} must be a power of two "
-                                 f">= 16, got {env!r}")
+    env = envs.prefill_tile()
+    if env is not None:
+        block_m, block_n, num_warps, num_stages = env
         if block_m < group:
             raise ValueError(f"HYGON_ATTN_PREFILL_TILE: BLOCK_M={block_m} is smaller than "
                              f"the GQA group {group}")

@@ -8,10 +8,11 @@ tensors' values (slot ranges, block ids) force a host sync and run only in debug
 
 from __future__ import annotations
 
-import os
 from typing import Iterable, Optional, Sequence
 
 import torch
+
+from hygon_attn_backend import envs
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -21,7 +22,7 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 def debug_enabled() -> bool:
     """``HYGON_ATTN_DEBUG=1`` turns on value checks that sync with the host."""
-    return os.environ.get("HYGON_ATTN_DEBUG", "0") not in ("", "0", "false", "False")
+    return envs.debug()
 
 
 def describe(t: torch.Tensor) -> str:

@@ -13,7 +13,9 @@ import os
 
 import torch
 
-IMPLS = ("auto", "triton", "reference")
+from hygon_attn_backend import envs
+
+IMPLS = envs.IMPLS
 
 
 def triton_interpreter_on() -> bool:
@@ -46,7 +48,4 @@ IMPL_ENV = "HYGON_ATTN_IMPL"
 def impl_from_env() -> str:
     """The implementation the engine integrations ask the ops for: ``HYGON_ATTN_IMPL`` =
     ``auto`` (default) | ``triton`` | ``reference``."""
-    impl = os.environ.get(IMPL_ENV, "auto").strip().lower() or "auto"
-    if impl not in IMPLS:
-        raise ValueError(f"{IMPL_ENV} must be one of {IMPLS}, got {impl!r}")
-    return impl
+    return envs.impl()

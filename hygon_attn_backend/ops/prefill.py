@@ -1,173 +1,32 @@
 """Public op ``prefix_prefill_attention``: new tokens attend to a paged prefix and themselves.
 
-Validate -> choose a tile config (``tuning.prefill_tile_config``) -> build the tile map
-(``plan_prefix_prefill``) -> launch ``kernels.prefill.prefix_prefill_kernel``.
-
-The tile map is built on the device with a few tensor ops and no host sync, over a grid
-bounded from shapes alone (``cdiv(total_q, TOK_M) + B`` tiles), so an engine can build a
-:class:`PrefillPlan` once per batch outside a captured CUDA graph and replay the launch.
+Validate -> plan (``ops/prefill_plan.py``: tile config from ``tuning``, the tile map, launch
+arguments) -> launch ``kernels.prefill.prefix_prefill_kernel``. Engines build the
+:class:`PrefillPlan` once per step and pass ``plan=`` from every layer.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 
-from hygon_attn_backend import reference, tuning
 from hygon_attn_backend.ops import _checks
-from hygon_attn_backend.ops._dispatch import select_impl, triton_interpreter_on
+from hygon_attn_backend.ops.prefill_plan import (  # noqa: F401  (re-exported)
+    PREFILL_Q_DTYPES, PrefillPlan, ScaleLike, check_host_lengths, check_prefill_options,
+    plan_prefix_prefill)
 
 __all__ = ["prefix_prefill_attention", "plan_prefix_prefill", "PrefillPlan"]
 
-ScaleLike = Union[None, float, torch.Tensor]
-
-
-def _kernels():
-    # Imported on first use: TRITON_INTERPRET must be set before @triton.jit runs.
-    from hygon_attn_backend.kernels import prefill as prefill_kernels
-    return prefill_kernels
-
-
-@dataclass(frozen=True)
-class PrefillPlan:
-    """Tile schedule and launch config of one batch (reusable across layers).
-
-    tile_req: ``[max_tiles]`` int32 request of each tile, ``-1`` for an unused slot.
-    tile_mblock: ``[max_tiles]`` int32 m-block of each tile inside its request (the
-       heaviest m-blocks of a request come first).
-    ``max_tiles = cdiv(total_q, block_m // group) + num_seqs`` (a bound from shapes only).
-    """
-
-    tile_req: torch.Tensor
-    tile_mblock: torch.Tensor
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    group: int
-    total_q: int
-    num_seqs: int
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
-
-
-def _tile_map(cu: torch.Tensor, num_seqs: int, tok_m: int, max_tiles: int):
-    """``(tile_req, tile_mblock)`` int32 ``[max_tiles]`` on ``cu``'s device (no sync).
-
-    Request ``b`` owns ``cdiv(Lq_b, tok_m)`` consecutive tiles, its heaviest m-block
-    first; slots past the last request's tiles get ``tile_req = -1``.
-    """
-    len_q = cu[1:] - cu[:-1]  # [B]
-    tiles = torch.div(len_q + (tok_m - 1), tok_m, rounding_mode="floor").clamp_(min=0)
-    ends = torch.cumsum(tiles, 0)  # [B]
-    t = torch.arange(max_tiles, device=cu.device, dtype=torch.int64)
-    req = torch.searchsorted(ends, t, right=True)  # first request whose tiles end past t
-    if num_seqs == 0:
-        return (torch.full_like(t, -1, dtype=torch.int32),
-                torch.zeros_like(t, dtype=torch.int32))
-    req_c = req.clamp(max=num_seqs - 1)
-    mblock = ends[req_c] - 1 - t  # heaviest m-block of each request first
-    used = req < num_seqs
-    tile_req = torch.where(used, req, -1).to(torch.int32)
-    tile_mblock = torch.where(used, mblock, 0).to(torch.int32)
-    return tile_req, tile_mblock
-
-
-def _tile_map_host(cu: list, tok_m: int, max_tiles: int) -> torch.Tensor:
-    """:func:`_tile_map` in plain Python from host values: ``[2, max_tiles]`` int32 CPU."""
-    req = [-1] * max_tiles
-    mblock = [0] * max_tiles
-    t = 0
-    for b in range(len(cu) - 1):
-        n = max(0, -(-(int(cu[b + 1]) - int(cu[b])) // tok_m))
-        req[t:t + n] = [b] * n
-        mblock[t:t + n] = range(n - 1, -1, -1)
-        t += n
-    return torch.tensor([req, mblock], dtype=torch.int32)
-
-
-def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
-                        total_q: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                        tile: Optional[tuple] = None,
-                        host_cu_seqlens_q: Optional[torch.Tensor] = None) -> PrefillPlan:
-    """Build the ``(request, m_block)`` tile map of a ragged batch on ``cu_seqlens_q``'s
-    device, without a host sync (safe to call before capturing a graph and reuse).
-
-    cu_seqlens_q: ``[B + 1]`` int32/int64; seq_lens_k: ``[B]`` int32/int64 (only its length
-    is used here). total_q, num_q_heads, num_kv_heads, head_dim: the shapes of ``q`` and the
-    caches. tile: optional ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` forcing the config
-    (else :func:`tuning.prefill_tile_config`). host_cu_seqlens_q: the same values already
-    on the host, if the caller has them: the map is then built on the CPU and copied over
-    once (fewer device launches than the on-device build).
-    """
-    _checks.check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=_checks.INDEX_DTYPES)
-    num_seqs = cu_seqlens_q.shape[0] - 1
-    _checks.check_tensor("seq_lens_k", seq_lens_k, ndim=1, dtypes=_checks.INDEX_DTYPES,
-                         shape=(num_seqs,))
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads "
-                         f"({num_kv_heads})")
-    group = num_q_heads // num_kv_heads
-    device = cu_seqlens_q.device
-    if tile is None:
-        tile = tuning.prefill_tile_config(
-            head_dim_pad=max(16, _next_pow2(head_dim)), group=group, total_q=total_q,
-            num_kv_heads=num_kv_heads, num_seqs=num_seqs, num_sms=_num_sms(device),
-            interpreter=device.type == "cpu" and triton_interpreter_on())
-    block_m, block_n, num_warps, num_stages = (int(x) for x in tile)
-    if block_m < group:
-        raise ValueError(f"tile BLOCK_M={block_m} is smaller than the GQA group {group}")
-    tok_m = block_m // group
-    max_tiles = -(-total_q // tok_m) + num_seqs
-    if host_cu_seqlens_q is not None:
-        # the values are already on the host (value checks): build there, one copy over
-        both = _tile_map_host(host_cu_seqlens_q.tolist(), tok_m, max_tiles)
-        tile_req, tile_mblock = both.to(device, non_blocking=True).unbind(0)
-    else:
-        tile_req, tile_mblock = _tile_map(cu_seqlens_q.to(torch.int64), num_seqs, tok_m,
-                                          max_tiles)
-    return PrefillPlan(tile_req=tile_req, tile_mblock=tile_mblock, block_m=block_m,
-                       block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-                       group=group, total_q=total_q, num_seqs=num_seqs)
-
 
 def _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size):
-    """Host-side checks of the index tensors' values (one sync)."""
+    """Host-side checks of the index tensors' values (one sync); returns the host copy of
+    ``cu_seqlens_q``."""
     both = torch.cat([cu_seqlens_q.detach().to(torch.int64),
                       seq_lens_k.detach().to(torch.int64)]).cpu()  # one device->host copy
-    cu, lens_k = both[:cu_seqlens_q.shape[0]], both[cu_seqlens_q.shape[0]:]
-    if cu.numel() and int(cu[0]) != 0:
-        raise ValueError(f"cu_seqlens_q must start at 0, got {cu[:4].tolist()}...")
-    len_q = cu[1:] - cu[:-1]
-    if (len_q < 0).any():
-        b = int(torch.nonzero(len_q < 0)[0])
-        raise ValueError(f"cu_seqlens_q must be non-decreasing, got cu_seqlens_q[{b}]="
-                         f"{int(cu[b])} > cu_seqlens_q[{b + 1}]={int(cu[b + 1])}")
-    if cu.numel() and int(cu[-1]) != total_q:
-        raise ValueError(f"cu_seqlens_q[-1] ({int(cu[-1])}) must equal q.shape[0] "
-                         f"({total_q})")
-    if (lens_k < len_q).any():
-        b = int(torch.nonzero(lens_k < len_q)[0])
-        raise ValueError(f"seq_lens_k[{b}]={int(lens_k[b])} is shorter than request {b}'s "
-                         f"query length {int(len_q[b])} (a query cannot exceed its KV "
-                         "length)")
-    if lens_k.numel() and int(lens_k.max()) > block_table.shape[1] * page_size:
-        raise ValueError(f"block_table with shape {tuple(block_table.shape)} and page size "
-                         f"{page_size} holds at most {block_table.shape[1] * page_size} "
-                         f"tokens per request, but seq_lens_k has {int(lens_k.max())}")
+    cu = both[:cu_seqlens_q.shape[0]].tolist()
+    check_host_lengths(cu, both[cu_seqlens_q.shape[0]:].tolist(), total_q=total_q,
+                       capacity=block_table.shape[1] * page_size)
     return cu
 
 
@@ -210,13 +69,30 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     out: optional ``[total_q, num_q_heads, D]`` q's dtype output (any strides).
     return_lse: also return ``lse [total_q, num_q_heads]`` float32, natural log of each
        row's softmax normaliser (``-inf`` for a row that sees no key).
-    plan: a :func:`plan_prefix_prefill` result for this batch (else built here).
+    plan: a :func:`plan_prefix_prefill` result for this batch (built once per step, reused
+       by every layer): the call then checks only what a layer can change and launches;
+       ``cu_seqlens_q``/``seq_lens_k`` must be the planned tensors, the tile config and
+       ``impl`` come from the plan.
     validate: check index values on the host (one sync); default: on unless a CUDA graph
-       is being captured. impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
+       is being captured, off with a plan (the planner checks host copies) unless
+       ``HYGON_ATTN_DEBUG=1``. impl: ``"auto"`` | ``"triton"`` | ``"reference"`` (float32
+       queries run the reference).
 
     Returns ``out`` or ``(out, lse)``. Rows that see no key give 0 (never NaN).
     """
-    _checks.check_tensor("q", q, ndim=3, dtypes=(torch.float16, torch.bfloat16))
+    if plan is not None:
+        if not isinstance(plan, PrefillPlan):
+            raise ValueError(f"plan must be a PrefillPlan (plan_prefix_prefill), got "
+                             f"{type(plan).__name__}")
+        plan.check_call(q, k_cache, cu_seqlens_q, seq_lens_k)
+        if validate or (validate is None and _checks.debug_enabled()):
+            _check_values(cu_seqlens_q, seq_lens_k, block_table, q.shape[0], k_cache.shape[2])
+            _checks.check_block_ids("block_table", block_table, k_cache.shape[0])
+        return plan.run(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k,
+                        scale=scale, causal=causal, k_new=k_new, v_new=v_new, out=out,
+                        return_lse=return_lse, k_scale=k_scale, v_scale=v_scale,
+                        sliding_window=sliding_window, soft_cap=soft_cap or None, sinks=sinks)
+    _checks.check_tensor("q", q, ndim=3, dtypes=_checks.Q_DTYPES)
     total_q, num_q_heads, head_dim = q.shape
     device = q.device
     num_blocks, num_kv_heads, page_size, _ = _checks.check_kv_caches(
@@ -251,17 +127,13 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                              shape=tuple(q.shape))
     if sinks is not None:
         _checks.check_tensor("sinks", sinks, ndim=1, device=device, shape=(num_q_heads,))
-    if scale is not None and not float(scale) > 0:
-        raise ValueError(f"scale must be > 0 (the kernel's running max relies on it), got "
-                         f"{scale}")
-    if sliding_window is not None and int(sliding_window) <= 0:
-        raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window}")
-    if soft_cap is not None and float(soft_cap) < 0:
-        raise ValueError(f"soft_cap must be >= 0 or None, got {soft_cap}")
-    soft_cap = float(soft_cap) if soft_cap else None
+    check_prefill_options(scale=scale, sliding_window=sliding_window, soft_cap=soft_cap)
     quant = k_cache.dtype in _checks.FP8_DTYPES
-    k_scale_arg = _checks.check_scale("k_scale", k_scale, k_cache.dtype, device) if quant else 1.0
-    v_scale_arg = _checks.check_scale("v_scale", v_scale, v_cache.dtype, device) if quant else 1.0
+    if quant:
+        k_scale = _checks.check_scale("k_scale", k_scale, k_cache.dtype, device)
+        v_scale = _checks.check_scale("v_scale", v_scale, v_cache.dtype, device)
+    else:
+        k_scale = v_scale = None
     host_cu = None
     if validate is None:
         validate = device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
@@ -269,83 +141,15 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         host_cu = _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size)
         if _checks.debug_enabled():
             _checks.check_block_ids("block_table", block_table, num_blocks)
-
-    if select_impl(impl, device) == "reference":
-        res = reference.prefix_prefill_attention(
-            q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, scale=scale,
-            causal=causal, k_new=k_new, v_new=v_new, out=out, return_lse=return_lse,
-            k_scale=k_scale if quant else None, v_scale=v_scale if quant else None,
-            sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks)
-        return res
-
     if k_cache.dim() != 4:
-        raise ValueError(f"k_cache must be a 4-D [num_blocks, kv_heads, P, D] view for the "
-                         f"Triton prefill (the split-x K cache is decode-only), got "
+        raise ValueError(f"k_cache must be a 4-D [num_blocks, kv_heads, P, D] view for "
+                         f"prefill (the split-x K cache is decode-only), got "
                          f"{_checks.describe(k_cache)}")
-    if plan is None:
-        plan = plan_prefix_prefill(cu_seqlens_q, seq_lens_k, total_q=total_q,
-                                   num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                                   head_dim=head_dim, host_cu_seqlens_q=host_cu)
-    elif (plan.group != num_q_heads // num_kv_heads or plan.total_q != total_q
-          or plan.num_seqs != num_seqs):
-        raise ValueError(f"plan was built for group={plan.group}, total_q={plan.total_q}, "
-                         f"num_seqs={plan.num_seqs}; this call has group="
-                         f"{num_q_heads // num_kv_heads}, total_q={total_q}, "
-                         f"num_seqs={num_seqs}")
-    if out is None:
-        out = torch.empty_like(q)
-    lse = (torch.empty((total_q, num_q_heads), dtype=torch.float32, device=device)
-           if return_lse else None)
-    max_tiles = plan.tile_req.shape[0]
-    if max_tiles == 0 or total_q == 0:
-        return (out, lse) if return_lse else out
-
-    scale_from_ptr = isinstance(k_scale_arg, torch.Tensor) or isinstance(v_scale_arg, torch.Tensor)
-    if scale_from_ptr:
-        k_scale_t = (k_scale_arg if isinstance(k_scale_arg, torch.Tensor)
-                     else torch.full((1,), k_scale_arg, dtype=torch.float32, device=device))
-        v_scale_t = (v_scale_arg if isinstance(v_scale_arg, torch.Tensor)
-                     else torch.full((1,), v_scale_arg, dtype=torch.float32, device=device))
-        k_scale_val = v_scale_val = 1.0
-    else:
-        k_scale_t = v_scale_t = plan.tile_req  # unused placeholders
-        k_scale_val, v_scale_val = float(k_scale_arg), float(v_scale_arg)
-    sm_scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
-    head_dim_pad = max(16, _next_pow2(head_dim))
-    has_new = k_new is not None
-    kn = k_new if has_new else q
-    vn = v_new if has_new else q
-    kn_strides = k_new.stride() if has_new else (0, 0, 0)
-    vn_strides = v_new.stride() if has_new else (0, 0, 0)
-    lse_t = lse if return_lse else out
-    lse_strides = lse.stride() if return_lse else (0, 0)
-    sinks_t = sinks.to(torch.float32) if sinks is not None else q
-    kernels = _kernels()
-    grid = (max_tiles, num_kv_heads)
-    kernels.prefix_prefill_kernel[grid](
-        q_ptr=q, k_cache_ptr=k_cache, v_cache_ptr=v_cache, k_new_ptr=kn, v_new_ptr=vn,
-        out_ptr=out, lse_ptr=lse_t, sinks_ptr=sinks_t,
-        block_table_ptr=block_table, cu_seqlens_q_ptr=cu_seqlens_q, seq_lens_k_ptr=seq_lens_k,
-        tile_req_ptr=plan.tile_req, tile_mblock_ptr=plan.tile_mblock,
-        k_scale_ptr=k_scale_t, v_scale_ptr=v_scale_t,
-        sm_scale=sm_scale, k_scale_val=k_scale_val, v_scale_val=v_scale_val,
-        soft_cap=soft_cap if soft_cap else 1.0,
-        window=int(sliding_window) if sliding_window else 0, head_dim=head_dim,
-        stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2),
-        stride_kb=k_cache.stride(0), stride_kh=k_cache.stride(1),
-        stride_ks=k_cache.stride(2), stride_kd=k_cache.stride(3),
-        stride_vb=v_cache.stride(0), stride_vh=v_cache.stride(1),
-        stride_vs=v_cache.stride(2), stride_vd=v_cache.stride(3),
-        stride_knt=kn_strides[0], stride_knh=kn_strides[1], stride_knd=kn_strides[2],
-        stride_vnt=vn_strides[0], stride_vnh=vn_strides[1], stride_vnd=vn_strides[2],
-        stride_ot=out.stride(0), stride_oh=out.stride(1), stride_od=out.stride(2),
-        stride_lset=lse_strides[0], stride_lseh=lse_strides[1],
-        stride_bt=block_table.stride(0),
-        GROUP=plan.group, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, HEAD_DIM=head_dim_pad,
-        PAGE_SIZE=page_size, CAUSAL=bool(causal), HAS_K_NEW=has_new,
-        RETURN_LSE=bool(return_lse), SCALE_FROM_PTR=scale_from_ptr,
-        WINDOW=bool(sliding_window) and bool(causal), SOFT_CAP=soft_cap is not None,
-        HAS_SINKS=sinks is not None, KV_SCALED=quant, PAD_D=head_dim_pad != head_dim,
-        PREFIX_TILE_IN_PAGE=page_size % plan.block_n == 0,
-        num_warps=plan.num_warps, num_stages=plan.num_stages)
-    return (out, lse) if return_lse else out
+    plan = plan_prefix_prefill(cu_seqlens_q, seq_lens_k, total_q=total_q,
+                               num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                               head_dim=head_dim, host_cu_seqlens_q=host_cu,
+                               impl=impl, q_dtype=q.dtype)
+    return plan.run(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, scale=scale,
+                    causal=causal, k_new=k_new, v_new=v_new, out=out, return_lse=return_lse,
+                    k_scale=k_scale, v_scale=v_scale, sliding_window=sliding_window,
+                    soft_cap=soft_cap or None, sinks=sinks)

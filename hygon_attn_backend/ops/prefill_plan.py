@@ -1,0 +1,310 @@
+"""Plan once per step, launch per layer: the prefix-prefill plan.
+
+:func:`plan_prefix_prefill` builds the ``(request, m_block)`` tile map of a ragged batch and
+chooses the tile config, once per step; :meth:`PrefillPlan.run`, once per layer, checks
+only what a layer can change and launches ``kernels.prefill.prefix_prefill_kernel``.
+
+The tile map can be built on the device with a few tensor ops and no host sync, over a
+grid bounded from shapes alone (``cdiv(total_q, TOK_M) + B`` tiles), so an engine can plan
+outside a captured CUDA graph; given the host copies of the lengths (engines have them) it
+is built on the host, its values checked there, and copied over once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence, Union
+
+import torch
+
+from hygon_attn_backend import reference, tuning
+from hygon_attn_backend.ops import _checks
+from hygon_attn_backend.ops._dispatch import select_impl, triton_interpreter_on
+from hygon_attn_backend.ops.decode_plan import next_pow2, num_sms_of
+
+__all__ = ["PrefillPlan", "plan_prefix_prefill", "check_host_lengths"]
+
+ScaleLike = Union[None, float, torch.Tensor]
+PREFILL_Q_DTYPES = (torch.float16, torch.bfloat16)
+
+# Arguments of prefix_prefill_kernel that change per layer, in the order run() passes them.
+_PER_CALL = (
+    "q_ptr", "k_cache_ptr", "v_cache_ptr", "k_new_ptr", "v_new_ptr", "out_ptr", "lse_ptr",
+    "sinks_ptr", "block_table_ptr", "k_scale_ptr", "v_scale_ptr", "k_scale_val", "v_scale_val",
+    "stride_qt", "stride_qh", "stride_qd",
+    "stride_kb", "stride_kh", "stride_ks", "stride_kd",
+    "stride_vb", "stride_vh", "stride_vs", "stride_vd",
+    "stride_knt", "stride_knh", "stride_knd",
+    "stride_vnt", "stride_vnh", "stride_vnd",
+    "stride_ot", "stride_oh", "stride_od",
+    "stride_lset", "stride_lseh", "stride_bt")
+
+
+def _tile_map(cu: torch.Tensor, num_seqs: int, tok_m: int, max_tiles: int):
+    """``(tile_req, tile_mblock)`` int32 ``[max_tiles]`` on ``cu``'s device (no sync).
+
+    Request ``b`` owns ``cdiv(Lq_b, tok_m)`` consecutive tiles, its heaviest m-block
+    first; slots past the last request's tiles get ``tile_req = -1``.
+    """
+    len_q = cu[1:] - cu[:-1]  # [B]
+    tiles = torch.div(len_q + (tok_m - 1), tok_m, rounding_mode="floor").clamp_(min=0)
+    ends = torch.cumsum(tiles, 0)  # [B]
+    t = torch.arange(max_tiles, device=cu.device, dtype=torch.int64)
+    req = torch.searchsorted(ends, t, right=True)  # first request whose tiles end past t
+    if num_seqs == 0:
+        return (torch.full_like(t, -1, dtype=torch.int32),
+                torch.zeros_like(t, dtype=torch.int32))
+    req_c = req.clamp(max=num_seqs - 1)
+    mblock = ends[req_c] - 1 - t  # heaviest m-block of each request first
+    used = req < num_seqs
+    tile_req = torch.where(used, req, -1).to(torch.int32)
+    tile_mblock = torch.where(used, mblock, 0).to(torch.int32)
+    return tile_req, tile_mblock
+
+
+def _tile_map_host(cu: Sequence[int], tok_m: int, max_tiles: int) -> torch.Tensor:
+    """:func:`_tile_map` in plain Python from host values: ``[2, max_tiles]`` int32 CPU."""
+    req = [-1] * max_tiles
+    mblock = [0] * max_tiles
+    t = 0
+    for b in range(len(cu) - 1):
+        n = max(0, -(-(int(cu[b + 1]) - int(cu[b])) // tok_m))
+        req[t:t + n] = [b] * n
+        mblock[t:t + n] = range(n - 1, -1, -1)
+        t += n
+    return torch.tensor([req, mblock], dtype=torch.int32)
+
+
+def check_host_lengths(cu: Sequence[int], lens_k: Sequence[int], *, total_q: int,
+                       capacity: Optional[int] = None) -> None:
+    """Check the index values of a batch from host lists (no device access).
+
+    cu: ``cu_seqlens_q`` values (``B + 1``); lens_k: ``seq_lens_k`` values (``B``);
+    capacity: tokens a block-table row holds (``max_blocks * page_size``), if known.
+    """
+    if len(cu) and int(cu[0]) != 0:
+        raise ValueError(f"cu_seqlens_q must start at 0, got {list(cu[:4])}...")
+    for b in range(len(cu) - 1):
+        if cu[b + 1] < cu[b]:
+            raise ValueError(f"cu_seqlens_q must be non-decreasing, got cu_seqlens_q[{b}]="
+                             f"{int(cu[b])} > cu_seqlens_q[{b + 1}]={int(cu[b + 1])}")
+    if len(cu) and int(cu[-1]) != total_q:
+        raise ValueError(f"cu_seqlens_q[-1] ({int(cu[-1])}) must equal q.shape[0] ({total_q})")
+    for b, lk in enumerate(lens_k):
+        if lk < cu[b + 1] - cu[b]:
+            raise ValueError(f"seq_lens_k[{b}]={int(lk)} is shorter than request {b}'s query "
+                             f"length {int(cu[b + 1] - cu[b])} (a query cannot exceed its KV "
+                             "length)")
+    if capacity is not None and len(lens_k) and max(lens_k) > capacity:
+        raise ValueError(f"the block table holds at most {capacity} tokens per request, but "
+                         f"seq_lens_k has {int(max(lens_k))}")
+
+
+def check_prefill_options(*, scale, sliding_window, soft_cap) -> None:
+    """The per-layer scalar options of prefill."""
+    if scale is not None and not float(scale) > 0:
+        raise ValueError(f"scale must be > 0 (the kernel's running max relies on it), got "
+                         f"{scale}")
+    if sliding_window is not None and int(sliding_window) <= 0:
+        raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window}")
+    if soft_cap is not None and float(soft_cap) < 0:
+        raise ValueError(f"soft_cap must be >= 0 or None, got {soft_cap}")
+
+
+@dataclass(eq=False)
+class PrefillPlan:
+    """Tile schedule and launch config of one batch (reused by every layer).
+
+    tile_req: ``[max_tiles]`` int32 request of each tile, ``-1`` for an unused slot.
+    tile_mblock: ``[max_tiles]`` int32 m-block of each tile inside its request (the
+       heaviest m-blocks of a request come first).
+    ``max_tiles = cdiv(total_q, block_m // group) + num_seqs`` (a bound from shapes only).
+    cu_seqlens_q, seq_lens_k: the batch's tensors (a layer's call passes these same ones).
+    """
+
+    tile_req: torch.Tensor
+    tile_mblock: torch.Tensor
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    group: int
+    total_q: int
+    num_seqs: int
+    cu_seqlens_q: Optional[torch.Tensor] = None
+    seq_lens_k: Optional[torch.Tensor] = None
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    impl: str = "triton"
+    _variants: Dict[tuple, object] = field(default_factory=dict, repr=False)
+
+    @property
+    def num_launches(self) -> int:
+        return 1 if self.impl == "triton" and self.total_q and self.tile_req.shape[0] else 0
+
+    def check_call(self, q, k_cache, cu_seqlens_q, seq_lens_k) -> None:
+        """What a layer may get wrong against the plan (cheap: no tensor checks)."""
+        num_q_heads = self.group * self.num_kv_heads
+        if q.shape[0] != self.total_q or (self.num_kv_heads and (
+                q.shape[1] != num_q_heads or q.shape[2] != self.head_dim
+                or k_cache.shape[1] != self.num_kv_heads)):
+            raise ValueError(f"plan was built for total_q={self.total_q}, {num_q_heads} query "
+                             f"/ {self.num_kv_heads} kv heads, head_dim {self.head_dim}; got q "
+                             f"{_checks.describe(q)}, k_cache {_checks.describe(k_cache)}")
+        if q.shape[1] // k_cache.shape[1] != self.group or cu_seqlens_q.shape[0] - 1 != \
+                self.num_seqs:
+            raise ValueError(f"plan was built for group={self.group}, total_q={self.total_q}, "
+                             f"num_seqs={self.num_seqs}; this call has group="
+                             f"{q.shape[1] // k_cache.shape[1]}, total_q={q.shape[0]}, "
+                             f"num_seqs={cu_seqlens_q.shape[0] - 1}")
+        if self.cu_seqlens_q is not None and (cu_seqlens_q is not self.cu_seqlens_q
+                                              or seq_lens_k is not self.seq_lens_k):
+            raise ValueError("plan: cu_seqlens_q and seq_lens_k must be the tensors the plan "
+                             "was built with")
+
+    def run(self, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, *, scale=None,
+            causal=True, k_new=None, v_new=None, out=None, return_lse=False, k_scale=None,
+            v_scale=None, sliding_window=None, soft_cap=None, sinks=None):
+        """Launch for one layer (arguments as :func:`ops.prefill.prefix_prefill_attention`,
+        already checked; call it through that op with ``plan=``)."""
+        if out is None:
+            out = torch.empty_like(q)
+        if self.impl == "reference":
+            return reference.prefix_prefill_attention(
+                q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, scale=scale,
+                causal=causal, k_new=k_new, v_new=v_new, out=out, return_lse=return_lse,
+                k_scale=k_scale, v_scale=v_scale, sliding_window=sliding_window,
+                soft_cap=soft_cap, sinks=sinks)
+        lse = (torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
+               if return_lse else None)
+        if self.tile_req.shape[0] == 0 or self.total_q == 0:
+            return (out, lse) if return_lse else out
+        quant = k_cache.dtype in _checks.FP8_DTYPES
+        from_ptr = quant and (isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor))
+        has_new = k_new is not None
+        key = (q.dtype, k_cache.dtype, k_cache.shape[2], q.shape[2], bool(causal), has_new,
+               bool(return_lse), quant, from_ptr, sliding_window if causal else None, soft_cap,
+               sinks is not None, scale)
+        launch = self._variants.get(key)
+        if launch is None:
+            launch = self._variants[key] = self._make_launch(*key, cu_seqlens_q, seq_lens_k,
+                                                             k_cache)
+        if from_ptr:
+            ks = k_scale if isinstance(k_scale, torch.Tensor) else torch.full(
+                (1,), float(k_scale if k_scale is not None else 1.0), dtype=torch.float32,
+                device=q.device)
+            vs = v_scale if isinstance(v_scale, torch.Tensor) else torch.full(
+                (1,), float(v_scale if v_scale is not None else 1.0), dtype=torch.float32,
+                device=q.device)
+            ksv = vsv = 1.0
+        else:
+            ks = vs = self.tile_req  # unused placeholders
+            ksv = float(k_scale) if quant and k_scale is not None else 1.0
+            vsv = float(v_scale) if quant and v_scale is not None else 1.0
+        kn, vn = (k_new, v_new) if has_new else (q, q)
+        kn_s = k_new.stride() if has_new else (0, 0, 0)
+        vn_s = v_new.stride() if has_new else (0, 0, 0)
+        lse_t, lse_s = (lse, lse.stride()) if return_lse else (out, (0, 0))
+        launch(q, k_cache, v_cache, kn, vn, out, lse_t, q if sinks is None else sinks,
+               block_table, ks, vs, ksv, vsv, *q.stride(), *k_cache.stride(),
+               *v_cache.stride(), *kn_s, *vn_s, *out.stride(), *lse_s, block_table.stride(0))
+        return (out, lse) if return_lse else out
+
+    def _make_launch(self, q_dtype, kv_dtype, page_size, head_dim, causal, has_new, return_lse,
+                     quant, from_ptr, window, soft_cap, has_sinks, scale, cu_seqlens_q,
+                     seq_lens_k, k_cache):
+        from hygon_attn_backend.kernels.prefill import prefix_prefill_kernel
+        from hygon_attn_backend.ops._launch import Launch
+
+        check_prefill_options(scale=scale, sliding_window=window, soft_cap=soft_cap)
+        if q_dtype not in PREFILL_Q_DTYPES:
+            raise ValueError(f"the Triton prefill takes float16/bfloat16 queries, got {q_dtype}")
+        if k_cache.dim() != 4:
+            raise ValueError(f"k_cache must be a 4-D [num_blocks, kv_heads, P, D] view for "
+                             f"prefill (the split-x K cache is decode-only), got "
+                             f"{_checks.describe(k_cache)}")
+        head_dim_pad = max(16, next_pow2(head_dim))
+        fixed = dict(
+            cu_seqlens_q_ptr=cu_seqlens_q, seq_lens_k_ptr=seq_lens_k,
+            tile_req_ptr=self.tile_req, tile_mblock_ptr=self.tile_mblock,
+            sm_scale=float(scale) if scale is not None else 1.0 / math.sqrt(head_dim),
+            soft_cap=soft_cap if soft_cap else 1.0, window=int(window) if window else 0,
+            head_dim=head_dim,
+            GROUP=self.group, BLOCK_M=self.block_m, BLOCK_N=self.block_n,
+            HEAD_DIM=head_dim_pad, PAGE_SIZE=page_size, CAUSAL=causal, HAS_K_NEW=has_new,
+            RETURN_LSE=return_lse, SCALE_FROM_PTR=from_ptr, WINDOW=bool(window) and causal,
+            SOFT_CAP=soft_cap is not None, HAS_SINKS=has_sinks, KV_SCALED=quant,
+            PAD_D=head_dim_pad != head_dim,
+            PREFIX_TILE_IN_PAGE=page_size % self.block_n == 0)
+        num_kv_heads = self.num_kv_heads
+        grid = (self.tile_req.shape[0], num_kv_heads, 1)
+        return Launch(prefix_prefill_kernel, grid, fixed, _PER_CALL,
+                      num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
+                        total_q: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                        tile: Optional[tuple] = None,
+                        host_cu_seqlens_q: Optional[torch.Tensor] = None,
+                        host_seq_lens_k: Optional[torch.Tensor] = None,
+                        capacity: Optional[int] = None,
+                        q_dtype: Optional[torch.dtype] = None,
+                        impl: str = "auto") -> PrefillPlan:
+    """Plan prefix prefill for one ragged batch (once per step; every layer reuses it).
+
+    cu_seqlens_q: ``[B + 1]`` int32/int64; seq_lens_k: ``[B]`` int32/int64 (the layers'
+    calls pass these same tensors). total_q, num_q_heads, num_kv_heads, head_dim: the
+    shapes of ``q`` and the caches. tile: optional ``(BLOCK_M, BLOCK_N, num_warps,
+    num_stages)`` forcing the config (else :func:`tuning.prefill_tile_config`).
+    host_cu_seqlens_q / host_seq_lens_k: the same values on the host (list or CPU tensor),
+    if the caller has them (engines do): the values are then checked here (``capacity``:
+    tokens per block-table row, ``max_blocks * page_size``) and the tile map is built on the
+    host and copied over once; without them it is built on the device with no host sync
+    (safe before capturing a graph), and nothing is checked.
+    q_dtype: the queries' dtype, if known (float32 runs the reference with ``"auto"``).
+    impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
+    """
+    _checks.check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=_checks.INDEX_DTYPES)
+    num_seqs = cu_seqlens_q.shape[0] - 1
+    _checks.check_tensor("seq_lens_k", seq_lens_k, ndim=1, dtypes=_checks.INDEX_DTYPES,
+                         shape=(num_seqs,))
+    if num_kv_heads <= 0 or num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads "
+                         f"({num_kv_heads})")
+    group = num_q_heads // num_kv_heads
+    device = cu_seqlens_q.device
+    chosen = select_impl(impl, device)
+    if q_dtype is not None and q_dtype not in PREFILL_Q_DTYPES:
+        if chosen == "triton" and impl == "triton":
+            raise ValueError(f"impl='triton' takes float16/bfloat16 queries, got {q_dtype}")
+        chosen = "reference"
+    if tile is None:
+        tile = tuning.prefill_tile_config(
+            head_dim_pad=max(16, next_pow2(head_dim)), group=group, total_q=total_q,
+            num_kv_heads=num_kv_heads, num_seqs=num_seqs, num_sms=num_sms_of(device),
+            interpreter=device.type == "cpu" and triton_interpreter_on())
+    block_m, block_n, num_warps, num_stages = (int(x) for x in tile)
+    if block_m < group:
+        raise ValueError(f"tile BLOCK_M={block_m} is smaller than the GQA group {group}")
+    tok_m = block_m // group
+    max_tiles = -(-total_q // tok_m) + num_seqs
+    if host_cu_seqlens_q is not None:
+        cu = _host_list(host_cu_seqlens_q)
+        if host_seq_lens_k is not None:
+            check_host_lengths(cu, _host_list(host_seq_lens_k), total_q=total_q,
+                               capacity=capacity)
+        both = _tile_map_host(cu, tok_m, max_tiles)
+        tile_req, tile_mblock = both.to(device, non_blocking=True).unbind(0)
+    else:
+        tile_req, tile_mblock = _tile_map(cu_seqlens_q.to(torch.int64), num_seqs, tok_m,
+                                          max_tiles)
+    return PrefillPlan(tile_req=tile_req, tile_mblock=tile_mblock, block_m=block_m,
+                       block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+                       group=group, total_q=total_q, num_seqs=num_seqs,
+                       cu_seqlens_q=cu_seqlens_q, seq_lens_k=seq_lens_k,
+                       num_kv_heads=num_kv_heads, head_dim=head_dim, impl=chosen)
+
+
+def _host_list(values) -> list:
+    return values.tolist() if isinstance(values, torch.Tensor) else list(values)
