@@ -9,22 +9,21 @@ to ``copy_blocks``.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
 from hygon_attn_backend import reference, tuning
 from hygon_attn_backend.ops import _checks
 from hygon_attn_backend.ops._dispatch import select_impl
+from hygon_attn_backend.ops.cache_plan import WritePlan, plan_write_kv
 
-__all__ = ["write_kv", "copy_blocks"]
+__all__ = ["write_kv", "copy_blocks", "plan_write_kv", "WritePlan"]
 
 ScaleLike = Union[None, float, torch.Tensor]
 
 # copy_blocks moves raw bits: a same-width integer view of every cache dtype.
 _BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-# fp8 formats: (mantissa bits, exponent bias).
-_FP8_FORMAT = {torch.float8_e4m3fn: (3, 7), torch.float8_e5m2: (2, 15)}
 
 
 def _kernels():
@@ -45,7 +44,8 @@ def _check_no_zero_strides(name: str, t: torch.Tensor) -> None:
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, *, k_scale: ScaleLike = None,
-             v_scale: ScaleLike = None, impl: str = "auto") -> None:
+             v_scale: ScaleLike = None, plan: Optional[WritePlan] = None,
+             impl: str = "auto") -> None:
     """Write the new tokens' K and V into the paged cache, in place.
 
     k, v: ``[num_tokens, num_kv_heads, D]`` float16 / bfloat16 / float32, any strides.
@@ -62,10 +62,19 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     k_scale, v_scale: per-tensor scales of fp8 caches (float or 1-element float32 tensor
        on the cache's device; default 1): the cache stores ``k / k_scale`` saturated to the
        format's finite range. Ignored for other cache dtypes (plain cast).
+    plan: a :func:`plan_write_kv` result for this batch's ``slot_mapping`` (built once per
+       step, reused by every layer): only the shapes a layer can change are checked.
     impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
 
     Distinct tokens must map to distinct slots (which one wins otherwise is undefined).
     """
+    if plan is not None:
+        if not isinstance(plan, WritePlan):
+            raise ValueError(f"plan must be a WritePlan (plan_write_kv), got "
+                             f"{type(plan).__name__}")
+        plan.check_call(k, v, k_cache, v_cache, slot_mapping)
+        plan.run(k, v, k_cache, v_cache, k_scale=k_scale, v_scale=v_scale)
+        return
     _checks.check_tensor("k", k, ndim=3, dtypes=_checks.Q_DTYPES)
     num_tokens, num_kv_heads, head_dim = k.shape
     device = k.device
@@ -77,73 +86,17 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         k_cache, v_cache, device=device, num_kv_heads=num_kv_heads, head_dim=head_dim)
     _check_no_zero_strides("k_cache", k_cache)
     _check_no_zero_strides("v_cache", v_cache)
-    quant = k_cache.dtype in _checks.FP8_DTYPES
-    k_scale_arg = _checks.check_scale("k_scale", k_scale, k_cache.dtype, device)
-    v_scale_arg = _checks.check_scale("v_scale", v_scale, v_cache.dtype, device)
+    _checks.check_scale("k_scale", k_scale, k_cache.dtype, device)
+    _checks.check_scale("v_scale", v_scale, v_cache.dtype, device)
     if _checks.debug_enabled() and num_tokens:
         lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
         if lo < -1 or hi >= num_blocks * page_size:
             raise ValueError(f"slot_mapping holds slots in [{lo}, {hi}] but the cache has "
                              f"{num_blocks} blocks x {page_size} = {num_blocks * page_size} "
                              f"slots (-1 marks padding)")
-
-    if select_impl(impl, device) == "reference":
-        reference.write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale,
-                           v_scale=v_scale)
-        return
-    if num_tokens == 0 or num_kv_heads == 0 or head_dim == 0:
-        return
-
-    block_h, num_warps = tuning.cache_write_config(num_kv_heads, head_dim)
-    block_d = 1 << max(0, (head_dim - 1).bit_length())
-    if k_cache.dim() == 5:
-        kc_b, kc_h, kc_d, kc_s, kc_x = k_cache.stride()
-        split_x = k_cache.shape[4]
-    else:
-        kc_b, kc_h, kc_s, kc_d = k_cache.stride()
-        kc_x, split_x = 0, 0
-    vc_b, vc_h, vc_s, vc_d = v_cache.stride()
-    scale_from_ptr = quant and (isinstance(k_scale_arg, torch.Tensor)
-                                or isinstance(v_scale_arg, torch.Tensor))
-    if scale_from_ptr:
-        # One form for both scales keeps a single compiled variant per layout.
-        k_scale_arg = _as_scale_tensor(k_scale_arg, device)
-        v_scale_arg = _as_scale_tensor(v_scale_arg, device)
-        k_scale_ptr, v_scale_ptr, k_scale_value, v_scale_value = k_scale_arg, v_scale_arg, 1.0, 1.0
-    else:
-        k_scale_ptr, v_scale_ptr = slot_mapping, slot_mapping  # unused placeholders
-        k_scale_value = float(k_scale_arg) if quant else 1.0
-        v_scale_value = float(v_scale_arg) if quant else 1.0
-    fp8_max = float(torch.finfo(k_cache.dtype).max) if quant else 0.0
-    fp8_mant, fp8_bias = _FP8_FORMAT.get(k_cache.dtype, (0, 0))
-    if quant:
-        # The kernel computes the fp8 codes itself (exact rounding on every backend).
-        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-
-    grid = (num_tokens, _cdiv(num_kv_heads, block_h))
-    _kernels().write_kv_kernel[grid](
-        k_ptr=k, v_ptr=v, k_cache_ptr=k_cache, v_cache_ptr=v_cache,
-        slot_mapping_ptr=slot_mapping,
-        k_scale_ptr=k_scale_ptr, v_scale_ptr=v_scale_ptr,
-        k_scale_value=k_scale_value, v_scale_value=v_scale_value,
-        num_slots=num_blocks * page_size, num_kv_heads=num_kv_heads,
-        stride_slot=slot_mapping.stride(0),
-        stride_k_t=k.stride(0), stride_k_h=k.stride(1), stride_k_d=k.stride(2),
-        stride_v_t=v.stride(0), stride_v_h=v.stride(1), stride_v_d=v.stride(2),
-        stride_kc_b=kc_b, stride_kc_h=kc_h, stride_kc_s=kc_s, stride_kc_d=kc_d,
-        stride_kc_x=kc_x,
-        stride_vc_b=vc_b, stride_vc_h=vc_h, stride_vc_s=vc_s, stride_vc_d=vc_d,
-        PAGE_SIZE=page_size, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=block_h,
-        SPLIT_X=split_x, QUANT=quant, FP8_MAX=fp8_max, FP8_MANT=fp8_mant, FP8_BIAS=fp8_bias,
-        SCALE_FROM_PTR=scale_from_ptr,
-        num_warps=num_warps,
-    )
-
-
-def _as_scale_tensor(scale, device: torch.device) -> torch.Tensor:
-    if isinstance(scale, torch.Tensor):
-        return scale
-    return torch.full((1,), float(scale), dtype=torch.float32, device=device)
+    plan = plan_write_kv(slot_mapping, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                         page_size=page_size, num_blocks=num_blocks, impl=impl)
+    plan.run(k, v, k_cache, v_cache, k_scale=k_scale, v_scale=v_scale)
 
 
 def _cdiv(a: int, b: int) -> int:
