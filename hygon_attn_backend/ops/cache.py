@@ -95,7 +95,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                              f"{num_blocks} blocks x {page_size} = {num_blocks * page_size} "
                              f"slots (-1 marks padding)")
     plan = plan_write_kv(slot_mapping, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                         page_size=page_size, num_blocks=num_blocks, impl=impl)
+                         page_size=page_size, impl=impl)
     plan.run(k, v, k_cache, v_cache, k_scale=k_scale, v_scale=v_scale)
 
 

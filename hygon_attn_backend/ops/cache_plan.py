@@ -26,7 +26,7 @@ FP8_FORMAT = {torch.float8_e4m3fn: (3, 7), torch.float8_e5m2: (2, 15)}
 # Arguments of write_kv_kernel that change per layer, in the order WritePlan passes them.
 _PER_CALL = (
     "k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr", "k_scale_ptr", "v_scale_ptr",
-    "k_scale_value", "v_scale_value",
+    "k_scale_value", "v_scale_value", "num_slots",
     "stride_k_t", "stride_k_h", "stride_k_d", "stride_v_t", "stride_v_h", "stride_v_d",
     "stride_kc_b", "stride_kc_h", "stride_kc_s", "stride_kc_d", "stride_kc_x",
     "stride_vc_b", "stride_vc_h", "stride_vc_s", "stride_vc_d")
@@ -48,7 +48,6 @@ class WritePlan:
     num_kv_heads: int
     head_dim: int
     page_size: int
-    num_blocks: int
     device: torch.device
     _variants: Dict[tuple, object] = field(default_factory=dict, repr=False)
 
@@ -64,9 +63,9 @@ class WritePlan:
         if k.shape != want or v.shape != want:
             raise ValueError(f"plan was built for k/v of shape {want}, got k "
                              f"{_checks.describe(k)}, v {_checks.describe(v)}")
-        if v_cache.shape != (self.num_blocks, self.num_kv_heads, self.page_size,
-                             self.head_dim) or k_cache.dtype != v_cache.dtype:
-            raise ValueError(f"plan was built for caches [{self.num_blocks}, "
+        if v_cache.shape[1:] != (self.num_kv_heads, self.page_size, self.head_dim) \
+                or k_cache.dtype != v_cache.dtype:
+            raise ValueError(f"plan was built for caches [num_blocks, "
                              f"{self.num_kv_heads}, {self.page_size}, {self.head_dim}]; got k "
                              f"{_checks.describe(k_cache)}, v {_checks.describe(v_cache)}")
 
@@ -99,8 +98,8 @@ class WritePlan:
         if quant:
             # The kernel computes the fp8 codes itself (exact rounding on every backend).
             k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-        launch(k, v, k_cache, v_cache, ksp, vsp, ksv, vsv, *k.stride(), *v.stride(), *kcs,
-               *v_cache.stride())
+        launch(k, v, k_cache, v_cache, ksp, vsp, ksv, vsv, v_cache.shape[0] * self.page_size,
+               *k.stride(), *v.stride(), *kcs, *v_cache.stride())
 
     def _make_launch(self, k_ndim, kv_dtype, k_dtype, from_ptr):
         from hygon_attn_backend.kernels.cache import write_kv_kernel
@@ -110,8 +109,7 @@ class WritePlan:
         block_h, num_warps = tuning.cache_write_config(self.num_kv_heads, self.head_dim)
         fp8_mant, fp8_bias = FP8_FORMAT.get(kv_dtype, (0, 0))
         fixed = dict(
-            slot_mapping_ptr=self.slot_mapping, num_slots=self.num_blocks * self.page_size,
-            num_kv_heads=self.num_kv_heads, stride_slot=self.slot_mapping.stride(0),
+            slot_mapping_ptr=self.slot_mapping, num_kv_heads=self.num_kv_heads, stride_slot=self.slot_mapping.stride(0),
             PAGE_SIZE=self.page_size, HEAD_DIM=self.head_dim,
             BLOCK_D=1 << max(0, (self.head_dim - 1).bit_length()), BLOCK_H=block_h,
             SPLIT_X=16 // torch.empty((), dtype=kv_dtype).element_size() if k_ndim == 5 else 0,
@@ -123,22 +121,22 @@ class WritePlan:
 
 
 def plan_write_kv(slot_mapping: torch.Tensor, *, num_kv_heads: int, head_dim: int,
-                  page_size: int, num_blocks: int, impl: str = "auto") -> WritePlan:
+                  page_size: int, impl: str = "auto") -> WritePlan:
     """Plan ``write_kv`` for one batch (once per step; every layer reuses it).
 
     slot_mapping: ``[num_tokens]`` int32/int64 cache slot of each new token (``-1``:
     padding, skipped); the layers' calls pass this same tensor. num_kv_heads, head_dim,
-    page_size, num_blocks: the caches' ``[num_blocks, num_kv_heads, page_size, head_dim]``
-    views every layer will pass. impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
+    page_size: the caches' ``[num_blocks, num_kv_heads, page_size, head_dim]`` views every
+    layer will pass (rows of ``k``/``v`` past ``num_tokens`` are never read). impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
     """
     _checks.check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=_checks.INDEX_DTYPES)
     for name, value in (("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
-                        ("page_size", page_size), ("num_blocks", num_blocks)):
+                        ("page_size", page_size)):
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     chosen = select_impl(impl, slot_mapping.device)
     num_tokens = slot_mapping.shape[0] if num_kv_heads and head_dim else 0
     return WritePlan(impl=chosen, slot_mapping=slot_mapping, num_tokens=num_tokens,
                      num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
-                     num_blocks=num_blocks, device=slot_mapping.device)
+                     device=slot_mapping.device)
 

@@ -80,10 +80,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if not isinstance(plan, DecodePlan):
             raise ValueError(f"plan must be a DecodePlan (plan_paged_decode), got "
                              f"{type(plan).__name__}")
-        if scale is not None and float(scale) != plan.scale:
-            raise ValueError(f"scale {scale} differs from the plan's {plan.scale}")
         plan.check_call(q, k_cache, v_cache, block_table, seq_lens, out)
-        return plan.run(q, k_cache, v_cache, out=out, k_scale=k_scale, v_scale=v_scale,
+        return plan.run(q, k_cache, v_cache, out=out, scale=scale, k_scale=k_scale,
+                        v_scale=v_scale,
                         sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks)
     _checks.check_tensor("q", q, ndim=(3, 4), dtypes=_checks.Q_DTYPES)
     device = q.device
@@ -115,7 +114,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         _debug_checks(block_table, seq_lens, num_blocks, page_size, num_tokens)
     plan = plan_paged_decode(
         block_table, seq_lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-        head_dim=head_dim, page_size=page_size, num_blocks=num_blocks, q_dtype=q.dtype,
+        head_dim=head_dim, page_size=page_size, q_dtype=q.dtype,
         kv_dtype=k_cache.dtype, num_tokens=num_tokens, scale=scale, max_seq_len=max_seq_len,
         partition_size=partition_size, workspace=workspace, kv_head_grid=kv_head_grid,
         impl=impl)

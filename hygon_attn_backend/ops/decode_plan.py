@@ -169,7 +169,7 @@ def check_layer_options(*, num_q_heads: int, device, sliding_window, soft_cap, s
 # Arguments of paged_decode_kernel that change per layer, in the order DecodePlan passes them.
 _DECODE_PER_CALL = (
     "out_ptr", "q_ptr", "k_ptr", "v_ptr", "sinks_ptr", "k_scale_ptr", "v_scale_ptr",
-    "k_scale_value", "v_scale_value",
+    "k_scale_value", "v_scale_value", "num_blocks",
     "stride_q_seq", "stride_q_tok", "stride_q_head", "stride_q_dim",
     "stride_o_seq", "stride_o_tok", "stride_o_head", "stride_o_dim",
     "stride_k_block", "stride_k_head", "stride_k_slot", "stride_k_dim", "stride_k_chunk",
@@ -184,8 +184,9 @@ class DecodePlan:
     Built by :func:`plan_paged_decode`. Holds the batch's ``block_table`` and
     ``seq_lens`` (the per-layer call must pass these same tensors), the resolved
     ``impl``, the launch ``config`` and the split-KV ``workspace``. Layers may differ in
-    their cache tensors (same shape and dtype), scales, window, soft cap and sinks: each
-    combination gets its launch arguments fixed on first use.
+    their cache tensors (same head counts, page size and dtype), softmax scale, fp8
+    scales, window, soft cap and sinks: each combination gets its launch arguments fixed
+    on first use.
     """
 
     impl: str
@@ -197,7 +198,6 @@ class DecodePlan:
     num_kv_heads: int
     head_dim: int
     page_size: int
-    num_blocks: int
     q_dtype: torch.dtype
     kv_dtype: torch.dtype
     device: torch.device
@@ -231,9 +231,8 @@ class DecodePlan:
             raise ValueError(f"plan was built for q of shape {want}, dtype {self.q_dtype} on "
                              f"{self.device}; got {_checks.describe(q)}")
         if k_cache.dtype != self.kv_dtype or v_cache.dtype != self.kv_dtype or \
-                v_cache.shape[1:] != (self.num_kv_heads, self.page_size, self.head_dim) or \
-                v_cache.shape[0] != self.num_blocks:
-            raise ValueError(f"plan was built for caches [{self.num_blocks}, "
+                v_cache.shape[1:] != (self.num_kv_heads, self.page_size, self.head_dim):
+            raise ValueError(f"plan was built for caches [num_blocks, "
                              f"{self.num_kv_heads}, {self.page_size}, {self.head_dim}] of "
                              f"{self.kv_dtype}; got k {_checks.describe(k_cache)}, "
                              f"v {_checks.describe(v_cache)}")
@@ -242,7 +241,8 @@ class DecodePlan:
                              f"{_checks.describe(out)}")
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
-            out: Optional[torch.Tensor] = None, k_scale: ScaleLike = None,
+            out: Optional[torch.Tensor] = None, scale: Optional[float] = None,
+            k_scale: ScaleLike = None,
             v_scale: ScaleLike = None, sliding_window: Optional[int] = None,
             soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None
             ) -> torch.Tensor:
@@ -250,9 +250,11 @@ class DecodePlan:
         call it through that op with ``plan=``, which checks them against the plan)."""
         if out is None:
             out = torch.empty_like(q)
+        if scale is None:
+            scale = self.scale
         if self.impl == "reference":
             return reference.paged_decode_attention(
-                q, k_cache, v_cache, self.block_table, self.seq_lens, scale=self.scale,
+                q, k_cache, v_cache, self.block_table, self.seq_lens, scale=scale,
                 out=out, k_scale=k_scale, v_scale=v_scale, sliding_window=sliding_window,
                 soft_cap=soft_cap, sinks=sinks)
         if self.num_seqs == 0:
@@ -261,7 +263,8 @@ class DecodePlan:
             return out.zero_()
         k_ptr = isinstance(k_scale, torch.Tensor)
         v_ptr = isinstance(v_scale, torch.Tensor)
-        key = (k_cache.dim(), k_ptr or v_ptr, sinks is not None, sliding_window, soft_cap)
+        key = (k_cache.dim(), k_ptr or v_ptr, sinks is not None, sliding_window, soft_cap,
+               scale)
         launches = self._variants.get(key)
         if launches is None:
             launches = self._variants[key] = self._make_launches(*key)
@@ -287,12 +290,13 @@ class DecodePlan:
         else:
             ks_ = (ks_[0], ks_[1], ks_[3], ks_[4], ks_[2])
         decode(out, q, k_cache, v_cache, q if sinks is None else sinks, ks, vs, ksv, vsv,
-               *qs, *os_, *ks_, *v_cache.stride())
+               v_cache.shape[0], *qs, *os_, *ks_, *v_cache.stride())
         if combine is not None:
             combine(out, *os_)
         return out
 
-    def _make_launches(self, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft_cap):
+    def _make_launches(self, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft_cap,
+                       scale):
         from hygon_attn_backend.kernels.combine import combine_partitions_kernel
         from hygon_attn_backend.kernels.decode import paged_decode_kernel
         from hygon_attn_backend.ops._launch import Launch
@@ -321,10 +325,10 @@ class DecodePlan:
             if k_ndim == 5 else 0
         fixed = dict(
             block_table_ptr=self.block_table, seq_lens_ptr=self.seq_lens,
-            scale=self.scale,
+            scale=float(scale),
             soft_cap=float(soft_cap) if soft_cap is not None else 1.0,
             sliding_window=int(sliding_window) if sliding_window is not None else 0,
-            num_blocks=self.num_blocks, max_blocks_per_seq=self.block_table.shape[1],
+            max_blocks_per_seq=self.block_table.shape[1],
             partition_size=cfg.partition_size if split else _WHOLE_SEQUENCE,
             num_partitions=cfg.num_partitions, num_q_heads=self.num_q_heads,
             stride_bt_seq=self.block_table.stride(0),
@@ -358,7 +362,7 @@ class DecodePlan:
 
 def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                       num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-                      num_blocks: int, q_dtype: torch.dtype, kv_dtype: torch.dtype,
+                      q_dtype: torch.dtype, kv_dtype: torch.dtype,
                       num_tokens: int = 1, scale: Optional[float] = None,
                       max_seq_len: Optional[int] = None,
                       partition_size: Optional[int] = None,
@@ -369,12 +373,12 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
     block_table: ``[num_seqs, max_blocks]`` int32/int64; seq_lens: ``[num_seqs]``
        int32/int64 (their values are read on the device only: no host sync). The layers'
        calls pass these same tensors.
-    num_q_heads, num_kv_heads, head_dim, page_size, num_blocks, kv_dtype: the query and
-       the caches' ``[num_blocks, num_kv_heads, page_size, head_dim]`` views every layer
-       will pass (fp8 caches: ``torch.float8_e4m3fn`` / ``float8_e5m2``).
+    num_q_heads, num_kv_heads, head_dim, page_size, kv_dtype: the query and the caches'
+       ``[num_blocks, num_kv_heads, page_size, head_dim]`` views every layer will pass
+       (fp8 caches: ``torch.float8_e4m3fn`` / ``float8_e5m2``).
     q_dtype: float16 / bfloat16 (float32 runs the reference with ``impl="auto"``).
     num_tokens: query tokens per sequence (T > 1: speculative decode, q ``[S, T, Hq, D]``).
-    scale: softmax scale, default ``1 / sqrt(head_dim)``.
+    scale: default softmax scale of the layers' calls, else ``1 / sqrt(head_dim)``.
     max_seq_len: host-side bound of ``seq_lens`` sizing the grid (default: the table's
        capacity ``max_blocks * page_size``, what a CUDA graph replayed with longer
        sequences needs). Every ``seq_len`` must be <= it.
@@ -438,7 +442,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
     return DecodePlan(
         impl=chosen, block_table=block_table, seq_lens=seq_lens, num_seqs=num_seqs,
         num_tokens=num_tokens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-        head_dim=head_dim, page_size=page_size, num_blocks=int(num_blocks), q_dtype=q_dtype,
+        head_dim=head_dim, page_size=page_size, q_dtype=q_dtype,
         kv_dtype=kv_dtype, device=device,
         max_seq_len=max_seq_len if max_seq_len is not None else max_blocks * page_size,
         scale=sm_scale, config=config, workspace=workspace, kv_head_grid=kv_head_grid)
