@@ -33,7 +33,6 @@ from vllm.config import (  # noqa: E402
 from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 
-from hygon_attn_backend.integrations.vllm import _ops  # noqa: E402
 from hygon_attn_backend.integrations.vllm.backend import (  # noqa: E402
     HygonAttentionBackend,
     HygonAttentionImpl,
@@ -43,7 +42,6 @@ from hygon_attn_backend.integrations.vllm.backend import (  # noqa: E402
 MAX_MODEL_LEN = 8192
 INTERPRETER_CASES = ["small_decode", "small_prefill", "mixed_small", "prefill_no_context",
                      "mixed_mid_page"]
-HAS_TRITON_OPS = _ops.resolve("decode").public and _ops.resolve("prefill").public
 
 
 @pytest.fixture(scope="module")
@@ -126,15 +124,15 @@ def check(case, out, **options):
     assert_within_budget(out, ref64, ref_lowp)
 
 
-IMPL_PARAMS = [pytest.param("reference", id="reference")] + (
-    [pytest.param("triton", id="interpreter")] if HAS_TRITON_OPS else [])
+IMPL_PARAMS = [pytest.param("reference", id="reference"),
+               pytest.param("triton", id="interpreter")]
 
 
 @pytest.fixture(params=IMPL_PARAMS)
 def impl(request, monkeypatch):
     if request.param == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the Triton interpreter needs TRITON_INTERPRET=1 set before import")
-    monkeypatch.setenv(_ops.IMPL_ENV, request.param)
+    monkeypatch.setenv("HYGON_ATTN_IMPL", request.param)
     return request.param
 
 
@@ -181,7 +179,7 @@ def test_head_shapes_and_pages(heads, block_size, impl, model_dirs):
 @pytest.mark.parametrize("name", ["mixed_small", "mixed_medium"])
 def test_bfloat16(name, model_dirs, monkeypatch):
     # The reference only: bf16 tl.dot is broken in the Triton interpreter (notes/install.md)
-    monkeypatch.setenv(_ops.IMPL_ENV, "reference")
+    monkeypatch.setenv("HYGON_ATTN_IMPL", "reference")
     seq_lens, query_lens = BATCH_SPECS[name]
     case = make_case(seq_lens, query_lens, dtype=torch.bfloat16, layout="LBHNC", seed=3)
     cfg = vllm_config_for(model_dirs(8, 2, 64), block_size=16, dtype="bfloat16")

@@ -17,15 +17,13 @@ import torch
 
 from _budget import assert_within_budget
 from _vllm_cases import BATCH_SPECS, make_case, oracle, split_point
-from hygon_attn_backend.integrations.vllm import _core, _ops
+from hygon_attn_backend.integrations.vllm import _core
 
-HAS_TRITON_OPS = _ops.resolve("decode").public and _ops.resolve("prefill").public
-pytestmark = pytest.mark.skipif(not HAS_TRITON_OPS, reason="the Triton ops are not built yet")
 CPU_CASES = ["small_decode", "small_prefill", "mixed_small", "prefill_no_context",
              "mixed_mid_page"]
 
 
-def core_metadata(case, *, decode_threshold=1, max_num_seqs=64):
+def core_metadata(case, *, decode_threshold=1, max_num_seqs=64, for_graph=False):
     """What HygonAttentionMetadataBuilder.build produces for this batch."""
     from hygon_attn_backend.ops.decode import allocate_decode_workspace
 
@@ -36,24 +34,33 @@ def core_metadata(case, *, decode_threshold=1, max_num_seqs=64):
         num_reqs=len(case.seq_lens), num_actual_tokens=case.num_tokens,
         max_query_len=max(case.query_lens), max_seq_len=max(case.seq_lens),
         num_decodes=num_decodes, num_decode_tokens=num_decode_tokens)
-    md.decode_workspace = allocate_decode_workspace(
+    workspace = allocate_decode_workspace(
         max_num_seqs=max_num_seqs, num_q_heads=case.num_q_heads,
         num_kv_heads=case.num_kv_heads, head_dim=case.head_size,
         max_context_len=case.block_table.shape[1] * case.block_size,
         device=case.query.device, num_tokens=decode_threshold)
-    _core.plan_prefill(md, num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads,
-                       head_size=case.head_size)
+    _core.plan_metadata(md, num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads,
+                        head_size=case.head_size, block_size=case.block_size,
+                        q_dtype=case.dtype,
+                        kv_dtype=_core.kv_dtype_for(case.kv_cache_dtype, case.dtype),
+                        impl="triton", workspace=workspace, for_graph=for_graph,
+                        query_start_loc_cpu=case.query_start_loc.cpu())
     return md
 
 
+def layer_spec(case, **options):
+    return _core.LayerSpec(num_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads,
+                           head_size=case.head_size, scale=case.head_size ** -0.5,
+                           kv_cache_dtype=case.kv_cache_dtype, **options)
+
+
 def run_core(case, md, **options):
-    _core.write_new_kv(case.key, case.value, case.kv_cache, case.slot_mapping,
-                       head_size=case.head_size, kv_cache_dtype=case.kv_cache_dtype,
+    layer = layer_spec(case, **options)
+    _core.write_new_kv(case.key, case.value, case.kv_cache, case.slot_mapping, layer,
                        k_scale=case.k_scale, v_scale=case.v_scale, impl="triton")
     out = torch.full_like(case.query, float("nan"))
-    _core.attention(case.query, case.kv_cache, md, out, head_size=case.head_size,
-                    scale=case.head_size ** -0.5, kv_cache_dtype=case.kv_cache_dtype,
-                    k_scale=case.k_scale, v_scale=case.v_scale, impl="triton", **options)
+    _core.attention(case.query, case.kv_cache, md, out, layer, k_scale=case.k_scale,
+                    v_scale=case.v_scale)
     return out
 
 
@@ -113,6 +120,38 @@ def test_window_softcap_sinks(option, device):
     check(case, run_core(case, core_metadata(case), **options), **options)
 
 
+def test_routing_launch_counts(device):
+    """A uniform decode batch is one decode launch (two with a split) and no prefill; a
+    mixed batch adds one prefill launch; the K/V write is one launch per layer."""
+    from hygon_attn_backend.ops import _launch
+
+    launched = []
+    real_call = _launch.Launch.__call__
+
+    def counting(self, *values):
+        launched.append(self.kernel.__name__ if hasattr(self.kernel, "__name__")
+                        else str(self.kernel))
+        return real_call(self, *values)
+
+    for name, want in (("small_decode", {"paged_decode_kernel"}),
+                       ("mixed_small", {"paged_decode_kernel", "prefix_prefill_kernel"})):
+        seq_lens, query_lens = BATCH_SPECS[name]
+        case = make_case(seq_lens, query_lens, device=device, seed=3)
+        md = core_metadata(case)
+        _launch.Launch.__call__ = counting
+        try:
+            launched.clear()
+            out = run_core(case, md)
+        finally:
+            _launch.Launch.__call__ = real_call
+        check(case, out)
+        kernels = [k.split(".")[-1] for k in launched]
+        assert kernels[0].startswith("write_kv"), kernels
+        assert {k for k in kernels[1:] if "combine" not in k} == want, kernels
+        assert len(kernels) == 1 + md.num_launches <= 4, kernels
+        assert (md.prefill_plan is None) == (name == "small_decode")
+
+
 def test_speculative_decode_tokens(device):
     case = make_case([40, 33, 64, 50], [3, 3, 3, 9], device=device, seed=13)
     md = core_metadata(case, decode_threshold=3)
@@ -134,18 +173,18 @@ def test_decode_cuda_graph_replay_with_new_inputs(tokens_per_seq):
     # One cache holding case B's tokens; case A sees a prefix of each sequence.
     case_b = make_case(lens_b, q_lens, num_q_heads=32, num_kv_heads=8, head_size=128,
                        block_size=block_size, dtype=torch.bfloat16, device=device, seed=21)
-    _core.write_new_kv(case_b.key, case_b.value, case_b.kv_cache, case_b.slot_mapping,
-                       head_size=128, impl="triton")
-    md = core_metadata(case_b, decode_threshold=tokens_per_seq)
+    layer = layer_spec(case_b)
+    _core.write_new_kv(case_b.key, case_b.value, case_b.kv_cache, case_b.slot_mapping, layer,
+                       impl="triton")
+    md = core_metadata(case_b, decode_threshold=tokens_per_seq, for_graph=True)
+    md_eager = core_metadata(case_b, decode_threshold=tokens_per_seq)
     assert md.num_decodes == num_seqs and md.num_prefills == 0
-    seq_lens = case_b.seq_lens_t.clone()
-    md.seq_lens = md.decode_seq_lens = seq_lens
+    seq_lens = md.decode_seq_lens  # the planned tensors: new values go into them
     query = torch.randn_like(case_b.query)
     out = torch.full_like(query, float("nan"))
 
-    def forward():
-        _core.attention(query, case_b.kv_cache, md, out, head_size=128,
-                        scale=128 ** -0.5, impl="triton")
+    def forward(md=md):
+        _core.attention(query, case_b.kv_cache, md, out, layer)
 
     seq_lens.copy_(torch.tensor(lens_a, dtype=torch.int32))
     stream = torch.cuda.Stream()
@@ -169,8 +208,9 @@ def test_decode_cuda_graph_replay_with_new_inputs(tokens_per_seq):
     replayed = out.clone()
 
     out.fill_(float("nan"))
-    md.max_seq_len = max(lens_b)
-    forward()  # eager, grid sized by the batch
+    md_eager.decode_seq_lens.copy_(seq_lens)
+    md_eager.decode_block_table.copy_(block_table)
+    forward(md_eager)  # eager, grid sized by the batch
     torch.cuda.synchronize()
     assert torch.isfinite(replayed).all()
     torch.testing.assert_close(replayed, out, atol=2e-2, rtol=2e-2)

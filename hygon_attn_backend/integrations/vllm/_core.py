@@ -1,4 +1,4 @@
-"""Engine-free core of the vLLM backend: per-batch metadata and the forward routing.
+"""Engine-free core of the vLLM backend: the per-step plan and the per-layer launches.
 
 Nothing here imports vLLM, so the same code runs in vLLM's worker (through
 :mod:`.backend`) and in tests on machines without vLLM (the H200 test machine).
@@ -14,16 +14,25 @@ everything after them (first prefills, later chunks of a chunked prefill, prefix
 hits, ragged verification) goes to the prefix-prefill kernel in one launch, which reads
 every key, prefix and new, from the paged cache: vLLM has already written the new
 tokens' K/V there (``do_kv_cache_update`` runs before ``forward``).
+
+Per step (the metadata builder): :func:`make_metadata` splits the batch from host values,
+:func:`plan_metadata` builds the ops' plans (:class:`~hygon_attn_backend.ops.decode.
+DecodePlan`, :class:`~hygon_attn_backend.ops.prefill.PrefillPlan`) once for every layer.
+Per layer: :func:`write_new_kv` and :func:`attention` only launch (no allocation, no host
+sync, no environment read).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
-from . import _ops
+from hygon_attn_backend import layouts
+from hygon_attn_backend.ops.cache import WritePlan, plan_write_kv
+from hygon_attn_backend.ops.decode import DecodePlan, DecodeWorkspace, plan_paged_decode
+from hygon_attn_backend.ops.prefill import PrefillPlan, plan_prefix_prefill
 
 #: vLLM's ``kv_cache_dtype`` strings for fp8 caches, and the torch dtype each stores.
 FP8_CACHE_DTYPES = {
@@ -33,12 +42,62 @@ FP8_CACHE_DTYPES = {
 }
 
 
+def kv_dtype_for(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype our kernels read from vLLM's cache: fp8 caches (stored as bytes) as
+    their float8 format, every other cache in the model's dtype."""
+    return FP8_CACHE_DTYPES.get(kv_cache_dtype, model_dtype)
+
+
+class LayerSpec:
+    """What one attention layer fixes for its whole life (built with the layer's impl).
+
+    scale: softmax scale; kv_cache_dtype: vLLM's string (``"auto"``, ``"fp8"``, ...);
+    sliding_window / soft_cap / sinks (``[num_heads]`` logits): the layer's options.
+    The K/V views of the layer's cache are built on first use and kept (vLLM hands a
+    layer the same cache tensor every step).
+    """
+
+    __slots__ = ("num_heads", "num_kv_heads", "head_size", "scale", "kv_cache_dtype",
+                 "sliding_window", "soft_cap", "sinks", "_kv_src", "_kv")
+
+    def __init__(self, *, num_heads: int, num_kv_heads: int, head_size: int, scale: float,
+                 kv_cache_dtype: str = "auto", sliding_window: Optional[int] = None,
+                 soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None):
+        self.num_heads, self.num_kv_heads, self.head_size = num_heads, num_kv_heads, head_size
+        self.scale = float(scale)
+        self.kv_cache_dtype = kv_cache_dtype
+        self.sliding_window = sliding_window
+        self.soft_cap = soft_cap or None
+        self.sinks = sinks
+        self._kv_src = None
+        self._kv = None
+
+    @property
+    def fp8(self) -> bool:
+        return self.kv_cache_dtype in FP8_CACHE_DTYPES
+
+    def kv_views(self, kv_cache: torch.Tensor):
+        """K and V ``[num_blocks, num_kv_heads, block_size, head_size]`` views of vLLM's
+        combined cache (logical ``[..., 2 * head_size]``, any physical order), read as
+        float8 for an fp8 cache stored as bytes. No copy; cached per cache tensor."""
+        if kv_cache is not self._kv_src:
+            if kv_cache.dim() != 4 or kv_cache.shape[-1] != 2 * self.head_size:
+                raise ValueError(f"kv_cache must be [num_blocks, num_kv_heads, block_size, "
+                                 f"2*{self.head_size}], got shape {tuple(kv_cache.shape)}")
+            fp8 = FP8_CACHE_DTYPES.get(self.kv_cache_dtype)
+            src = kv_cache.view(fp8) if fp8 is not None and kv_cache.dtype != fp8 else kv_cache
+            self._kv = layouts.vllm_kv_views(src)
+            self._kv_src = kv_cache
+        return self._kv
+
+
 @dataclass
 class HygonAttentionMetadata:
     """Per-batch metadata shared by all layers of one KV-cache group.
 
     Tensors live on the model's device; ``*_cpu`` values are host ints known at build
-    time. The decode and prefill fields are views/slices of the batch's tensors.
+    time. The decode and prefill fields are views/slices of the batch's tensors; the plans
+    are built once per step by :func:`plan_metadata`.
     """
 
     num_actual_tokens: int
@@ -62,9 +121,14 @@ class HygonAttentionMetadata:
     prefill_block_table: Optional[torch.Tensor]  # [num_prefills, max_blocks] int32
 
     causal: bool = True
-    # Scratch and schedules of the public Triton ops (None on the reference path):
-    decode_workspace: Optional[Any] = None  # ops.decode.DecodeWorkspace, from the builder
-    prefill_plan: Optional[Any] = None  # ops.prefill.PrefillPlan of this batch's prefills
+    decode_plan: Optional[DecodePlan] = None
+    prefill_plan: Optional[PrefillPlan] = None
+    write_plan: Optional[WritePlan] = None
+
+    @property
+    def num_launches(self) -> int:
+        """Kernel launches of one layer's attention (the K/V write not included)."""
+        return sum(p.num_launches for p in (self.decode_plan, self.prefill_plan) if p)
 
 
 def make_metadata(*, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
@@ -72,12 +136,14 @@ def make_metadata(*, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                   num_actual_tokens: int, max_query_len: int, max_seq_len: int,
                   num_decodes: int, num_decode_tokens: int,
                   causal: bool = True) -> HygonAttentionMetadata:
-    """Split a reordered batch into its decode head and prefill tail.
+    """Split a reordered batch into its decode head and prefill tail (host values only).
 
     ``num_decodes`` / ``num_decode_tokens`` come from the engine's own split (decodes
     first). Decode requests must share one query length ``T``; a batch where they do
     not (zero-length padding rows) is sent whole to the prefill kernel, which handles
-    any ragged mix. A non-causal batch also goes whole to the prefill kernel.
+    any ragged mix (vLLM's split with ``require_uniform=True`` makes this rare: speculative
+    verification with drafts of different lengths). A non-causal batch also goes whole to
+    the prefill kernel.
     """
     if num_decodes and (num_decode_tokens % num_decodes or not causal):
         num_decodes, num_decode_tokens = 0, 0
@@ -104,94 +170,110 @@ def make_metadata(*, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
     return md
 
 
-def plan_prefill(md: HygonAttentionMetadata, *, num_q_heads: int, num_kv_heads: int,
-                 head_size: int) -> None:
-    """Build the prefill kernel's tile schedule once per batch (all layers share it);
-    on the device, without a host sync."""
-    if not md.num_prefills:
-        return
-    from hygon_attn_backend.ops.prefill import plan_prefix_prefill
+def plan_metadata(md: HygonAttentionMetadata, *, num_q_heads: int, num_kv_heads: int,
+                  head_size: int, block_size: int, q_dtype: torch.dtype,
+                  kv_dtype: torch.dtype, impl: str = "auto",
+                  workspace: Optional[DecodeWorkspace] = None, for_graph: bool = False,
+                  query_start_loc_cpu: Optional[torch.Tensor] = None) -> None:
+    """Build the step's plans into ``md`` (once per step; every layer reuses them).
 
-    md.prefill_plan = plan_prefix_prefill(
-        md.prefill_cu_seqlens_q, md.prefill_seq_lens, total_q=md.num_prefill_tokens,
-        num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_size)
-
-
-def kv_cache_views(kv_cache: torch.Tensor, head_size: int, kv_cache_dtype: str = "auto"):
-    """K and V views of vLLM's combined cache, no copy.
-
-    kv_cache: logical ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` in any
-    physical order (vLLM's ``KVCacheLayout``); K is ``[..., :head_size]``, V the rest.
-    Returns two ``[num_blocks, num_kv_heads, block_size, head_size]`` strided views,
-    reinterpreted as float8 when ``kv_cache_dtype`` is an fp8 cache stored as bytes.
+    The decode grid is sized by the batch's longest sequence, or by the block table's
+    capacity when ``for_graph`` (a captured graph is replayed with longer sequences); the
+    workspace covers both. The prefill tile map is built on the host from
+    ``query_start_loc_cpu`` when given (no device work), else on the device (no sync).
     """
-    if kv_cache.dim() != 4 or kv_cache.shape[-1] != 2 * head_size:
-        raise ValueError(f"kv_cache must be [num_blocks, num_kv_heads, block_size, "
-                         f"2*{head_size}], got shape {tuple(kv_cache.shape)}")
-    fp8 = FP8_CACHE_DTYPES.get(kv_cache_dtype)
-    if fp8 is not None and kv_cache.dtype != fp8:
-        kv_cache = kv_cache.view(fp8)
-    return kv_cache[..., :head_size], kv_cache[..., head_size:]
+    md.write_plan = plan_write_kv(md.slot_mapping, num_kv_heads=num_kv_heads,
+                                  head_dim=head_size, page_size=block_size, impl=impl)
+    remember_write_plan(md.write_plan)
+    if md.num_decodes:
+        md.decode_plan = plan_paged_decode(
+            md.decode_block_table, md.decode_seq_lens, num_q_heads=num_q_heads,
+            num_kv_heads=num_kv_heads, head_dim=head_size, page_size=block_size,
+            q_dtype=q_dtype, kv_dtype=kv_dtype, num_tokens=md.decode_query_len,
+            max_seq_len=None if for_graph else md.max_seq_len, workspace=workspace,
+            impl=impl)
+    if md.num_prefills and md.num_prefill_tokens:
+        host_cu = None
+        if query_start_loc_cpu is not None:
+            nr = md.num_decodes + md.num_prefills
+            host_cu = query_start_loc_cpu[md.num_decodes:nr + 1] - md.num_decode_tokens
+        md.prefill_plan = plan_prefix_prefill(
+            md.prefill_cu_seqlens_q, md.prefill_seq_lens, total_q=md.num_prefill_tokens,
+            num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_size,
+            host_cu_seqlens_q=host_cu, q_dtype=q_dtype, impl=impl)
+
+
+# slot_mapping -> its write plan. vLLM hands ``do_kv_cache_update`` the step's slot mapping
+# but not the metadata (vllm/model_executor/layers/attention/attention.py,
+# unified_kv_cache_update): the first layer of a step plans, the others find the plan by
+# the tensor's identity; the builder registers its own plan here too.
+_WRITE_PLANS: dict = {}
+_MAX_WRITE_PLANS = 8
+
+
+def remember_write_plan(plan: WritePlan) -> None:
+    if len(_WRITE_PLANS) >= _MAX_WRITE_PLANS:
+        _WRITE_PLANS.clear()
+    _WRITE_PLANS[(id(plan.slot_mapping), plan.num_kv_heads, plan.head_dim,
+                  plan.page_size)] = plan
+
+
+def write_plan_for(slot_mapping: torch.Tensor, layer: LayerSpec, block_size: int, *,
+                   impl: str = "auto") -> WritePlan:
+    """The write plan of this step's ``slot_mapping`` (built on first use)."""
+    plan = _WRITE_PLANS.get((id(slot_mapping), layer.num_kv_heads, layer.head_size,
+                             block_size))
+    if plan is None or plan.slot_mapping is not slot_mapping:
+        plan = plan_write_kv(slot_mapping, num_kv_heads=layer.num_kv_heads,
+                             head_dim=layer.head_size, page_size=block_size, impl=impl)
+        remember_write_plan(plan)
+    return plan
 
 
 def write_new_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor, *, head_size: int, kv_cache_dtype: str = "auto",
-                 k_scale=None, v_scale=None, impl: str = "auto") -> None:
-    """Write the new tokens' K/V into the cache through our write op.
+                 slot_mapping: torch.Tensor, layer: LayerSpec, *, k_scale=None,
+                 v_scale=None, impl: str = "auto") -> None:
+    """Write the new tokens' K/V into the cache (one launch).
 
-    key, value: ``[num_tokens(+padding), num_kv_heads, head_size]``; slot_mapping:
-    ``[num_tokens]`` (``-1`` = padding, skipped). Rows past ``len(slot_mapping)`` are
-    padding and are not read.
+    key, value: ``[num_tokens(+padding), num_kv_heads, head_size]``; slot_mapping
+    ``[num_tokens]`` (``-1`` slots are padding, skipped); rows past ``len(slot_mapping)``
+    are padding and are not read.
     """
-    k_cache, v_cache = kv_cache_views(kv_cache, head_size, kv_cache_dtype)
-    n = slot_mapping.shape[0]
-    fp8 = k_cache.dtype in FP8_CACHE_DTYPES.values()
-    _ops.call("write_kv", key[:n], value[:n], k_cache, v_cache, slot_mapping,
-              k_scale=k_scale if fp8 else None, v_scale=v_scale if fp8 else None, impl=impl)
+    k_cache, v_cache = layer.kv_views(kv_cache)
+    plan = write_plan_for(slot_mapping, layer, k_cache.shape[2], impl=impl)
+    fp8 = layer.fp8
+    plan.run(key, value, k_cache, v_cache, k_scale=k_scale if fp8 else None,
+             v_scale=v_scale if fp8 else None)
 
 
 def attention(query: torch.Tensor, kv_cache: torch.Tensor, md: HygonAttentionMetadata,
-              out: torch.Tensor, *, head_size: int, scale: float,
-              kv_cache_dtype: str = "auto", k_scale=None, v_scale=None,
-              sliding_window: Optional[int] = None, soft_cap: Optional[float] = None,
-              sinks: Optional[torch.Tensor] = None, impl: str = "auto") -> torch.Tensor:
-    """Attention for one layer over a reordered batch: at most two launches.
+              out: torch.Tensor, layer: LayerSpec, *, k_scale=None,
+              v_scale=None) -> torch.Tensor:
+    """Attention for one layer over a reordered batch: at most two launches of the plans
+    in ``md`` (decode: one, or two with a split-KV combine; prefill: one).
 
     query: ``[num_tokens(+padding), num_q_heads, head_size]``; out: same shape (rows
     past ``md.num_actual_tokens`` are left as they are). kv_cache: vLLM's combined
-    cache (see :func:`kv_cache_views`), already holding the new tokens' K/V.
+    cache (see :meth:`LayerSpec.kv_views`), already holding the new tokens' K/V.
     """
-    k_cache, v_cache = kv_cache_views(kv_cache, head_size, kv_cache_dtype)
-    fp8 = k_cache.dtype in FP8_CACHE_DTYPES.values()
-    common = dict(scale=scale, k_scale=k_scale if fp8 else None,
-                  v_scale=v_scale if fp8 else None, sliding_window=sliding_window,
-                  soft_cap=soft_cap, sinks=sinks, impl=impl)
+    k_cache, v_cache = layer.kv_views(kv_cache)
+    if not layer.fp8:
+        k_scale = v_scale = None
     nd = md.num_decode_tokens
-    if md.num_decodes:
+    if md.decode_plan is not None:
         q_dec, o_dec = query[:nd], out[:nd]
         if md.decode_query_len > 1:  # [S*T, Hq, D] -> [S, T, Hq, D], a view
             shape = (md.num_decodes, md.decode_query_len) + tuple(query.shape[1:])
             q_dec, o_dec = q_dec.view(shape), o_dec.view(shape)
-        # Grid bound: the batch's longest sequence in eager mode; inside a CUDA graph
-        # the block table's capacity (the op's default), so replays with longer
-        # sequences stay correct. The workspace covers both (sized in the builder).
-        capturing = query.is_cuda and torch.cuda.is_current_stream_capturing()
-        _ops.call("decode", q_dec, k_cache, v_cache, md.decode_block_table,
-                  md.decode_seq_lens, out=o_dec, **common,
-                  op_options=dict(workspace=md.decode_workspace,
-                                  max_seq_len=None if capturing else md.max_seq_len))
-    if md.num_prefills and md.num_prefill_tokens:
+        md.decode_plan.run(q_dec, k_cache, v_cache, out=o_dec, scale=layer.scale,
+                           k_scale=k_scale, v_scale=v_scale,
+                           sliding_window=layer.sliding_window, soft_cap=layer.soft_cap,
+                           sinks=layer.sinks)
+    if md.prefill_plan is not None:
         end = md.num_actual_tokens
-        # vLLM's metadata is consistent by construction: no host-side value checks
-        # (a sync per layer) unless HYGON_ATTN_DEBUG=1 asks for them.
-        _ops.call("prefill", query[nd:end], k_cache, v_cache, md.prefill_block_table,
-                  md.prefill_cu_seqlens_q, md.prefill_seq_lens, causal=md.causal,
-                  out=out[nd:end], **common,
-                  op_options=dict(plan=md.prefill_plan, validate=_debug()))
+        md.prefill_plan.run(query[nd:end], k_cache, v_cache, md.prefill_block_table,
+                            md.prefill_cu_seqlens_q, md.prefill_seq_lens, scale=layer.scale,
+                            causal=md.causal, out=out[nd:end], k_scale=k_scale,
+                            v_scale=v_scale, sliding_window=layer.sliding_window,
+                            soft_cap=layer.soft_cap, sinks=layer.sinks)
     return out
-
-
-def _debug() -> bool:
-    from hygon_attn_backend.ops._checks import debug_enabled
-
-    return debug_enabled()

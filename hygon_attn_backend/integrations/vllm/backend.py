@@ -35,7 +35,10 @@ from vllm.v1.attention.backends.utils import (
 )
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 
-from . import BACKEND_NAME, _core, _ops, logger
+from hygon_attn_backend import envs
+from hygon_attn_backend.ops._dispatch import select_impl
+
+from . import BACKEND_NAME, _core, logger
 from ._core import HygonAttentionMetadata
 
 __all__ = [
@@ -147,12 +150,15 @@ class HygonAttentionMetadataBuilder(AttentionMetadataBuilder[HygonAttentionMetad
         self.head_size = kv_cache_spec.head_size
         self.num_heads = (get_num_attention_heads_from_layers(vllm_config, layer_names)
                           or model_config.get_num_attention_heads(vllm_config.parallel_config))
-        self.impl = _ops.impl_from_env()
-        self.use_triton = _ops.runs_triton(self.impl, torch.device(device))
+        self.q_dtype = model_config.dtype
+        self.kv_dtype = _core.kv_dtype_for(vllm_config.cache_config.cache_dtype,
+                                           model_config.dtype)
+        self.impl = envs.impl()
+        self.use_triton = select_impl(self.impl, torch.device(device)) == "triton"
         self.workspace = None
-        logger.info("hygon attention backend: %s (%s=%s) for layers %s",
+        logger.info("hygon attention backend: %s (HYGON_ATTN_IMPL=%s) for layers %s",
                     "Triton kernels" if self.use_triton else "reference ops (plain torch)",
-                    _ops.IMPL_ENV, self.impl, ", ".join(layer_names))
+                    self.impl, ", ".join(layer_names))
         if self.use_triton:
             # Split-KV scratch for every decode batch this engine can form, allocated once
             # (no allocation inside a captured graph): up to max_num_seqs sequences of
@@ -168,7 +174,10 @@ class HygonAttentionMetadataBuilder(AttentionMetadataBuilder[HygonAttentionMetad
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> HygonAttentionMetadata:
-        cm = common_attn_metadata
+        return self._build(common_attn_metadata, for_graph=False)
+
+    def _build(self, cm: CommonAttentionMetadata, *, for_graph: bool) -> HygonAttentionMetadata:
+        """Split the batch and plan every launch of the step (once for all layers)."""
         if not isinstance(cm.causal, bool):
             raise NotImplementedError("the hygon backend does not take per-request causal flags")
         causal = cm.causal
@@ -180,15 +189,17 @@ class HygonAttentionMetadataBuilder(AttentionMetadataBuilder[HygonAttentionMetad
             num_reqs=cm.num_reqs, num_actual_tokens=cm.num_actual_tokens,
             max_query_len=cm.max_query_len, max_seq_len=cm.max_seq_len,
             num_decodes=num_decodes, num_decode_tokens=num_decode_tokens, causal=causal)
-        if self.use_triton:
-            md.decode_workspace = self.workspace
-            _core.plan_prefill(md, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                               head_size=self.head_size)
+        _core.plan_metadata(
+            md, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size, block_size=self.block_size, q_dtype=self.q_dtype,
+            kv_dtype=self.kv_dtype, impl=self.impl, workspace=self.workspace,
+            for_graph=for_graph, query_start_loc_cpu=cm.query_start_loc_cpu)
         return md
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata
                                     ) -> HygonAttentionMetadata:
-        md = self.build(0, common_attn_metadata)
+        # The decode grid covers the block table's capacity: replays run longer sequences.
+        md = self._build(common_attn_metadata, for_graph=True)
         # Capture with short sequences (the kernels' launch does not depend on them).
         md.seq_lens.fill_(1)
         return md
@@ -229,7 +240,11 @@ class HygonAttentionImpl(AttentionImpl[HygonAttentionMetadata]):
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.attn_type = attn_type
         self.sinks = sinks
-        self.impl = _ops.impl_from_env()
+        self.impl = envs.impl()
+        self.layer_spec = _core.LayerSpec(
+            num_heads=num_heads, num_kv_heads=self.num_kv_heads, head_size=head_size,
+            scale=self.scale, kv_cache_dtype=kv_cache_dtype, sliding_window=sliding_window,
+            soft_cap=self.logits_soft_cap, sinks=sinks)
 
     def do_kv_cache_update(self, layer: AttentionLayer, key: torch.Tensor,
                            value: torch.Tensor, kv_cache: torch.Tensor,
@@ -238,9 +253,8 @@ class HygonAttentionImpl(AttentionImpl[HygonAttentionMetadata]):
         ``[num_tokens]`` (``-1`` = padding)."""
         if kv_cache.numel() == 0:
             return
-        _core.write_new_kv(key, value, kv_cache, slot_mapping, head_size=self.head_size,
-                           kv_cache_dtype=self.kv_cache_dtype, k_scale=layer._k_scale,
-                           v_scale=layer._v_scale, impl=self.impl)
+        _core.write_new_kv(key, value, kv_cache, slot_mapping, self.layer_spec,
+                           k_scale=layer._k_scale, v_scale=layer._v_scale, impl=self.impl)
 
     def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, kv_cache: torch.Tensor,
@@ -253,9 +267,5 @@ class HygonAttentionImpl(AttentionImpl[HygonAttentionMetadata]):
             raise NotImplementedError("the hygon backend does not fuse output quantization")
         if attn_metadata is None:  # vLLM's memory-profiling run
             return output.fill_(0)
-        return _core.attention(query, kv_cache, attn_metadata, output,
-                               head_size=self.head_size, scale=self.scale,
-                               kv_cache_dtype=self.kv_cache_dtype, k_scale=layer._k_scale,
-                               v_scale=layer._v_scale, sliding_window=self.sliding_window,
-                               soft_cap=self.logits_soft_cap, sinks=self.sinks,
-                               impl=self.impl)
+        return _core.attention(query, kv_cache, attn_metadata, output, self.layer_spec,
+                               k_scale=layer._k_scale, v_scale=layer._v_scale)
