@@ -18,7 +18,9 @@ from sglang.test.kits.attention_unittest.attention_methods import (  # noqa: E40
     dense_attention as kit,
 )
 
-from hygon_attn_backend.integrations.sglang import _kernels, register  # noqa: E402
+from hygon_attn_backend.integrations.sglang import register  # noqa: E402
+from hygon_attn_backend.ops.decode import DecodePlan  # noqa: E402
+from hygon_attn_backend.ops.prefill import PrefillPlan  # noqa: E402
 from hygon_attn_backend.integrations.sglang.backend import HygonAttnBackend  # noqa: E402
 
 CASES = kit.make_dense_cases("hygon")
@@ -45,18 +47,16 @@ def no_grad():
 
 @pytest.fixture
 def op_calls(monkeypatch):
-    """Counts calls that reach the public ops (the Triton path)."""
-    counts = {"decode": 0, "prefill": 0}
-    for name in counts:
-        op = _kernels._public_op(name)
-        if op is None:
-            continue
+    """Counts the layer calls that ran each plan, by the implementation it resolved to."""
+    counts = {}
+    for name, cls in (("decode", DecodePlan), ("prefill", PrefillPlan)):
+        real = cls.run
 
-        def counted(*args, _op=op, _name=name, **kwargs):
-            counts[_name] += 1
-            return _op(*args, **kwargs)
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            counts[(_name, self.impl)] = counts.get((_name, self.impl), 0) + 1
+            return _real(self, *args, **kwargs)
 
-        monkeypatch.setitem(_kernels._resolved, name, counted)
+        monkeypatch.setattr(cls, "run", counted)
     return counts
 
 
@@ -80,9 +80,9 @@ def test_kit_dense_case(case, dtype, layout, device, no_grad, op_calls, monkeypa
     fixture = _run_case(case, dtype, device)
     assert fixture.runner.token_to_kv_pool.kv_cache_layout == layout
     op = "decode" if case.forward_mode.is_decode() else "prefill"
-    probe = torch.empty(0, dtype=dtype, device=device)
-    if _kernels.uses_public_op(op, fixture.backend.impl, probe):
-        assert op_calls[op] > 0, f"the {op} op was expected to run"
+    want = "triton" if fixture.backend._triton_here and dtype != torch.float32 else "reference"
+    assert op_calls.get((op, want), 0) > 0, f"the {op} plan was expected to run {want}: " \
+        f"{op_calls}"
 
 
 @pytest.mark.parametrize("loc_layout", ["interleaved_pages", "non_monotonic_extend"])

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from typing import Optional
 
 import torch
@@ -43,8 +42,10 @@ from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
-from hygon_attn_backend.integrations.sglang import _kernels
-from hygon_attn_backend.ops._dispatch import impl_from_env
+from hygon_attn_backend import envs
+from hygon_attn_backend.ops._dispatch import select_impl
+from hygon_attn_backend.ops.decode import allocate_decode_workspace, plan_paged_decode
+from hygon_attn_backend.ops.prefill import plan_prefix_prefill
 from hygon_attn_backend.shims import sglang as shims
 
 logger = logging.getLogger(__name__)
@@ -61,8 +62,11 @@ class HygonForwardMetadata:
     max_seq_len: host-side bound of ``seq_lens`` (sizes the decode grid); None: the
     table's capacity.
     graph: True when the static CUDA-graph buffers back this metadata.
-    plans: prefill tile maps, built by the first layer of the pass and reused by the
-    others (keyed by head counts, head dim and token count).
+    plans: the ops' plans of this pass (``DecodePlan`` / ``PrefillPlan``) by
+    ``(Hq, Hkv, D, q dtype, kv dtype)``: built in ``init_forward_metadata`` for the model's
+    head layout, and on first use for a layer whose layout differs.
+    host_cu_seqlens_q, host_seq_lens: the host copies the prefill plan is built and
+    checked from (no device sync).
     """
 
     block_table: torch.Tensor
@@ -71,6 +75,8 @@ class HygonForwardMetadata:
     max_seq_len: Optional[int] = None
     graph: bool = False
     plans: dict = dataclasses.field(default_factory=dict)
+    host_cu_seqlens_q: Optional[list] = None
+    host_seq_lens: Optional[list] = None
 
 
 def _unsupported_mode(mode) -> Optional[str]:
@@ -81,6 +87,68 @@ def _unsupported_mode(mode) -> Optional[str]:
     if mode.is_split_prefill():
         return "split prefill (PD multiplexing)"
     return None
+
+
+def _model_heads(model_runner):
+    """``(Hq, Hkv, D, dtype)`` of the model's attention layers on this attention-TP rank, read
+    as SGLang's own Triton backend reads them, or None when the runner does not say (the
+    plans are then built by the first layer of each pass)."""
+    mc = getattr(model_runner, "model_config", None)
+    dtype = getattr(model_runner, "dtype", None)
+    if mc is None or dtype is None:
+        return None
+    try:
+        from sglang.srt.layers.dp_attention import get_attention_tp_size
+
+        tp = get_attention_tp_size()
+        return (mc.num_attention_heads // tp, mc.get_num_kv_heads(tp), mc.head_dim, dtype)
+    except (AssertionError, AttributeError, ImportError, TypeError):
+        return None
+
+
+@dataclasses.dataclass
+class _LayerState:
+    """One ``RadixAttention`` layer as the kernels see it, checked once."""
+
+    layer: object
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    causal: bool
+    sliding_window: Optional[int]
+    soft_cap: Optional[float]
+    k_scale: Optional[float]
+    v_scale: Optional[float]
+    k_view: torch.Tensor
+    v_view: torch.Tensor
+
+    @classmethod
+    def build(cls, layer, pool) -> "_LayerState":
+        if layer.is_cross_attention:
+            raise NotImplementedError("hygon attention backend: cross-attention is not supported")
+        if layer.qk_head_dim != layer.v_head_dim:
+            raise NotImplementedError(f"hygon attention backend: qk_head_dim {layer.qk_head_dim} "
+                                      f"!= v_head_dim {layer.v_head_dim} is not supported")
+        soft_cap = None
+        if layer.logit_cap is not None and layer.logit_cap > 0:
+            if layer.logit_capping_method != "tanh":
+                raise NotImplementedError(f"hygon attention backend: logit capping method "
+                                          f"{layer.logit_capping_method!r} (only 'tanh')")
+            soft_cap = float(layer.logit_cap)
+        window = None
+        if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
+            # SGLang's window W lets query position i see keys i - W .. i: W + 1 keys.
+            window = int(layer.sliding_window_size) + 1
+        k_scale = v_scale = None
+        if layer.k_scale is not None:
+            k_scale, v_scale = float(layer.k_scale_float), float(layer.v_scale_float)
+        k_view, v_view, _ = shims.pool_kv_views(pool, layer.layer_id)
+        return cls(layer=layer, num_heads=layer.tp_q_head_num, num_kv_heads=layer.tp_k_head_num,
+                   head_dim=layer.qk_head_dim, scale=float(layer.scaling),
+                   causal=layer.attn_type != AttentionType.ENCODER_ONLY,
+                   sliding_window=window, soft_cap=soft_cap, k_scale=k_scale, v_scale=v_scale,
+                   k_view=k_view, v_view=v_view)
 
 
 class HygonAttnBackend(AttentionBackend):
@@ -105,18 +173,24 @@ class HygonAttnBackend(AttentionBackend):
                                       "supported (fp8 KV via --kv-cache-dtype is)")
         self.page_size = int(getattr(pool, "page_size", 1) or 1)
         self.max_blocks = -(-self.req_to_token.shape[1] // self.page_size)
-        self.impl = impl_from_env()
-        self.check_pages = os.environ.get("HYGON_SGLANG_CHECK_PAGES", "0") == "1"
+        self.impl = envs.impl()
+        self._triton_here = select_impl(self.impl, self.device) == "triton"
+        self.check_pages = envs.sglang_check_pages()
+        self.kv_dtype = pool.dtype  # fp8 pools: the float8 format (stored as bytes)
+        self._model_heads = _model_heads(model_runner)
+        self._layers: dict = {}
+        self._warned: set = set()
         self.forward_metadata: Optional[HygonForwardMetadata] = None
         self._graph_block_table: Optional[torch.Tensor] = None
         self._graph_seq_lens: Optional[torch.Tensor] = None
         self._graph_max_bs = 0
-        # split-KV decode scratch for graph replays, per (Hq, Hkv, D): allocated by the
-        # warm-up pass that precedes capture, so captured launches allocate nothing
+        # split-KV decode scratch per (Hq, Hkv, D), eager and graph alike: allocated by the
+        # first pass (the warm-up that precedes capture), so captured launches allocate
+        # nothing
         self._decode_workspaces: dict = {}
-        logger.info("hygon attention backend: page_size=%d layout=%s impl=%s (decode: %s, "
-                    "prefill: %s)", self.page_size, layout, self.impl,
-                    _kernels.op_source("decode"), _kernels.op_source("prefill"))
+        logger.info("hygon attention backend: page_size=%d layout=%s impl=%s (%s)",
+                    self.page_size, layout, self.impl,
+                    "Triton kernels" if self._triton_here else "torch reference")
 
     # ------------------------------------------------------------------ metadata
 
@@ -129,7 +203,8 @@ class HygonAttnBackend(AttentionBackend):
         return int(max(lens_cpu[: forward_batch.batch_size].tolist()))
 
     def init_forward_metadata(self, forward_batch):
-        """Eager metadata: block table, seq lens and (extend) packed-query offsets."""
+        """Once per forward pass: block table, seq lens, (extend) packed-query offsets, and
+        the plans every layer launches from."""
         mode = forward_batch.forward_mode
         reason = _unsupported_mode(mode)
         if reason is not None:
@@ -145,14 +220,72 @@ class HygonAttnBackend(AttentionBackend):
                                                page_size=self.page_size, num_blocks=num_blocks)
         if self.check_pages and self.page_size > 1:
             shims.check_paged_rows(self.req_to_token, rows, seq_lens, page_size=self.page_size)
-        cu_seqlens_q = None
+        meta = HygonForwardMetadata(block_table=block_table, seq_lens=seq_lens,
+                                    max_seq_len=max_seq_len)
         if not mode.is_decode_or_idle():
             extend_lens = forward_batch.extend_seq_lens[:bs]
-            cu_seqlens_q = torch.zeros(bs + 1, dtype=torch.int32, device=seq_lens.device)
-            cu_seqlens_q[1:] = torch.cumsum(extend_lens, 0)
-        self.forward_metadata = HygonForwardMetadata(block_table=block_table, seq_lens=seq_lens,
-                                                     cu_seqlens_q=cu_seqlens_q,
-                                                     max_seq_len=max_seq_len)
+            meta.cu_seqlens_q = torch.zeros(bs + 1, dtype=torch.int32, device=seq_lens.device)
+            meta.cu_seqlens_q[1:] = torch.cumsum(extend_lens, 0)
+            ext_cpu = getattr(forward_batch, "extend_seq_lens_cpu", None)
+            lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+            if ext_cpu is not None:
+                cu = [0]
+                for n in list(ext_cpu)[:bs]:
+                    cu.append(cu[-1] + int(n))
+                meta.host_cu_seqlens_q = cu
+            if lens_cpu is not None:
+                meta.host_seq_lens = [int(x) for x in lens_cpu[:bs].tolist()]
+        self.forward_metadata = meta
+        if self._model_heads is not None:
+            self._plan(meta, *self._model_heads, extend=not mode.is_decode_or_idle())
+
+    def _plan(self, meta, num_q_heads, num_kv_heads, head_dim, q_dtype, *, extend):
+        """The plan of ``meta`` for one head layout (built once per forward pass)."""
+        key = (num_q_heads, num_kv_heads, head_dim, q_dtype)
+        plan = meta.plans.get(key)
+        if plan is not None:
+            return plan
+        if extend:
+            total_q = meta.host_cu_seqlens_q[-1] if meta.host_cu_seqlens_q is not None \
+                else None
+            if total_q is None:
+                raise ValueError("hygon attention backend: an extend batch needs "
+                                 "extend_seq_lens_cpu (the host copy of the extend lengths)")
+            plan = plan_prefix_prefill(
+                meta.cu_seqlens_q, meta.seq_lens, total_q=total_q, num_q_heads=num_q_heads,
+                num_kv_heads=num_kv_heads, head_dim=head_dim,
+                host_cu_seqlens_q=meta.host_cu_seqlens_q, host_seq_lens_k=meta.host_seq_lens,
+                capacity=meta.block_table.shape[1] * self.page_size, q_dtype=q_dtype,
+                impl=self.impl)
+        else:
+            plan = plan_paged_decode(
+                meta.block_table, meta.seq_lens, num_q_heads=num_q_heads,
+                num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=self.page_size,
+                q_dtype=q_dtype, kv_dtype=self.kv_dtype,
+                max_seq_len=None if meta.graph else meta.max_seq_len,
+                workspace=self._decode_workspace(num_q_heads, num_kv_heads, head_dim,
+                                                 q_dtype),
+                impl=self.impl)
+        if plan.impl == "reference" and self._triton_here and q_dtype not in (
+                torch.float16, torch.bfloat16) and q_dtype not in self._warned:
+            self._warned.add(q_dtype)
+            logger.warning("hygon: %s queries run on the torch reference (the Triton kernels "
+                           "take fp16/bf16)", q_dtype)
+        meta.plans[key] = plan
+        return plan
+
+    def _decode_workspace(self, num_q_heads: int, num_kv_heads: int, head_dim: int, q_dtype):
+        """Split-KV scratch for every batch size this backend serves (eager and graph) and
+        the full context, per head layout; allocated once, never inside a capture."""
+        if not self._triton_here or q_dtype not in (torch.float16, torch.bfloat16):
+            return None
+        key = (num_q_heads, num_kv_heads, head_dim)
+        if key not in self._decode_workspaces:
+            self._decode_workspaces[key] = allocate_decode_workspace(
+                max_num_seqs=max(1, self._graph_max_bs, self.req_to_token.shape[0]),
+                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                max_context_len=self.max_blocks * self.page_size, device=self.device)
+        return self._decode_workspaces[key]
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, **kwargs):
         """Static buffers the captured decode graphs read: ``[max_bs, max_blocks]`` block
@@ -174,9 +307,11 @@ class HygonAttnBackend(AttentionBackend):
         if self._graph_block_table is None:
             raise RuntimeError("init_cuda_graph_state must run before graph metadata")
         bs = forward_batch.batch_size
-        self.forward_metadata = HygonForwardMetadata(block_table=self._graph_block_table[:bs],
-                                                     seq_lens=self._graph_seq_lens[:bs],
-                                                     graph=True)
+        meta = HygonForwardMetadata(block_table=self._graph_block_table[:bs],
+                                    seq_lens=self._graph_seq_lens[:bs], graph=True)
+        self.forward_metadata = meta
+        if self._model_heads is not None:
+            self._plan(meta, *self._model_heads, extend=False)
 
     def init_forward_metadata_in_graph(self, forward_batch):
         """Refill the static buffers from the batch (static shapes, no host sync)."""
@@ -190,39 +325,17 @@ class HygonAttnBackend(AttentionBackend):
 
     # ------------------------------------------------------------------ forward
 
-    def _kv_views(self, layer):
-        k_view, v_view, _ = shims.pool_kv_views(self.token_to_kv_pool, layer.layer_id)
-        return k_view, v_view
-
-    @staticmethod
-    def _options(layer, sinks):
-        """Keyword options shared by decode and prefill for ``layer``."""
-        opts = {"scale": layer.scaling}
-        if layer.logit_cap is not None and layer.logit_cap > 0:
-            if layer.logit_capping_method != "tanh":
-                raise NotImplementedError(f"hygon attention backend: logit capping method "
-                                          f"{layer.logit_capping_method!r} (only 'tanh')")
-            opts["soft_cap"] = float(layer.logit_cap)
-        if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
-            # SGLang's window W lets query position i see keys i - W .. i: W + 1 keys.
-            opts["sliding_window"] = int(layer.sliding_window_size) + 1
-        if layer.k_scale is not None:
-            opts["k_scale"] = float(layer.k_scale_float)
-            opts["v_scale"] = float(layer.v_scale_float)
-        if sinks is not None:
-            opts["sinks"] = sinks.to(torch.float32)
-        return opts
-
-    @staticmethod
-    def _check_layer(layer, kwargs):
-        if layer.is_cross_attention:
-            raise NotImplementedError("hygon attention backend: cross-attention is not supported")
-        if layer.qk_head_dim != layer.v_head_dim:
-            raise NotImplementedError(f"hygon attention backend: qk_head_dim {layer.qk_head_dim} "
-                                      f"!= v_head_dim {layer.v_head_dim} is not supported")
-        unknown = sorted(k for k, v in kwargs.items() if v is not None)
+    def _layer(self, layer, kwargs) -> _LayerState:
+        """The layer's checked options and cache views (built on its first call)."""
+        unknown = [k for k, v in kwargs.items() if v is not None] if kwargs else ()
         if unknown:
-            raise NotImplementedError(f"hygon attention backend: unsupported options {unknown}")
+            raise NotImplementedError(f"hygon attention backend: unsupported options "
+                                      f"{sorted(unknown)}")
+        state = self._layers.get(layer.layer_id)
+        if state is None or state.layer is not layer:
+            state = self._layers[layer.layer_id] = _LayerState.build(
+                layer, self.token_to_kv_pool)
+        return state
 
     def _save_kv(self, layer, forward_batch, k, v):
         loc = KVWriteLoc.for_layer(forward_batch, layer)
@@ -241,35 +354,25 @@ class HygonAttnBackend(AttentionBackend):
         new tokens (None: already in the pool at ``out_cache_loc``).
         Returns ``[num_tokens, Hq * D]`` in q's dtype.
         """
-        self._check_layer(layer, kwargs)
+        st = self._layer(layer, kwargs)
         if (k is None) != (v is None):
             raise ValueError("k and v must both be tensors or both be None")
         if k is not None and save_kv_cache:
             self._save_kv(layer, forward_batch, k, v)
         meta = self.forward_metadata
-        num_heads, head_dim = layer.tp_q_head_num, layer.qk_head_dim
-        q3 = q.reshape(-1, num_heads, head_dim)
-        out = q.new_empty((q3.shape[0], num_heads * layer.v_head_dim))
-        k_view, v_view = self._kv_views(layer)
-        causal = not (layer.attn_type == AttentionType.ENCODER_ONLY)
-        opts = self._options(layer, sinks)
+        q3 = q.reshape(-1, st.num_heads, st.head_dim)
+        out = q.new_empty((q3.shape[0], st.num_heads * st.head_dim))
+        plan = self._plan(meta, st.num_heads, st.num_kv_heads, st.head_dim, q.dtype,
+                          extend=True)
+        k_new = v_new = None
         if k is not None:
-            opts["k_new"] = k.reshape(-1, layer.tp_k_head_num, head_dim)
-            opts["v_new"] = v.reshape(-1, layer.tp_v_head_num, layer.v_head_dim)
-        if _kernels.uses_public_op("prefill", self.impl, q3):
-            key = (num_heads, layer.tp_k_head_num, head_dim, q3.shape[0])
-            first_layer = key not in meta.plans
-            if first_layer:
-                from hygon_attn_backend.ops.prefill import plan_prefix_prefill
-
-                meta.plans[key] = plan_prefix_prefill(
-                    meta.cu_seqlens_q, meta.seq_lens, total_q=q3.shape[0],
-                    num_q_heads=num_heads, num_kv_heads=layer.tp_k_head_num, head_dim=head_dim)
-            # index values are checked on the host once per forward pass, not per layer
-            opts.update(plan=meta.plans[key], validate=first_layer)
-        _kernels.prefix_prefill_attention(
-            q3, k_view, v_view, meta.block_table, meta.cu_seqlens_q, meta.seq_lens,
-            causal=causal, out=out.view(-1, num_heads, layer.v_head_dim), impl=self.impl, **opts)
+            k_new = k.view(-1, st.num_kv_heads, st.head_dim)
+            v_new = v.view(-1, st.num_kv_heads, st.head_dim)
+        plan.run(q3, st.k_view, st.v_view, meta.block_table, meta.cu_seqlens_q, meta.seq_lens,
+                 scale=st.scale, causal=st.causal, k_new=k_new, v_new=v_new,
+                 out=out.view(-1, st.num_heads, st.head_dim), k_scale=st.k_scale,
+                 v_scale=st.v_scale, sliding_window=st.sliding_window, soft_cap=st.soft_cap,
+                 sinks=sinks)
         return out
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True,
@@ -279,33 +382,15 @@ class HygonAttnBackend(AttentionBackend):
         q: ``[bs, Hq * D]``; k, v: ``[bs, Hkv, D]`` the new token's K/V (written first).
         Returns ``[bs, Hq * D]`` in q's dtype.
         """
-        self._check_layer(layer, kwargs)
+        st = self._layer(layer, kwargs)
         if k is not None and v is not None and save_kv_cache:
             self._save_kv(layer, forward_batch, k, v)
         meta = self.forward_metadata
-        num_heads, head_dim = layer.tp_q_head_num, layer.qk_head_dim
-        q3 = q.reshape(-1, num_heads, head_dim)
-        out = q.new_empty((q3.shape[0], num_heads * layer.v_head_dim))
-        k_view, v_view = self._kv_views(layer)
-        opts = self._options(layer, sinks)
-        if meta.max_seq_len is not None:
-            opts["max_seq_len"] = meta.max_seq_len
-        if meta.graph and _kernels.uses_public_op("decode", self.impl, q3):
-            opts["workspace"] = self._graph_decode_workspace(num_heads, layer.tp_k_head_num,
-                                                             head_dim)
-        _kernels.paged_decode_attention(
-            q3, k_view, v_view, meta.block_table, meta.seq_lens,
-            out=out.view(-1, num_heads, layer.v_head_dim), impl=self.impl, **opts)
+        q3 = q.reshape(-1, st.num_heads, st.head_dim)
+        out = q.new_empty((q3.shape[0], st.num_heads * st.head_dim))
+        plan = self._plan(meta, st.num_heads, st.num_kv_heads, st.head_dim, q.dtype,
+                          extend=False)
+        plan.run(q3, st.k_view, st.v_view, out=out.view(-1, st.num_heads, st.head_dim),
+                 scale=st.scale, k_scale=st.k_scale, v_scale=st.v_scale,
+                 sliding_window=st.sliding_window, soft_cap=st.soft_cap, sinks=sinks)
         return out
-
-    def _graph_decode_workspace(self, num_q_heads: int, num_kv_heads: int, head_dim: int):
-        """Split-KV scratch sized for every graph batch size and the full context."""
-        key = (num_q_heads, num_kv_heads, head_dim)
-        if key not in self._decode_workspaces:
-            from hygon_attn_backend.ops.decode import allocate_decode_workspace
-
-            self._decode_workspaces[key] = allocate_decode_workspace(
-                max_num_seqs=max(1, self._graph_max_bs), num_q_heads=num_q_heads,
-                num_kv_heads=num_kv_heads, head_dim=head_dim,
-                max_context_len=self.max_blocks * self.page_size, device=self.device)
-        return self._decode_workspaces[key]
