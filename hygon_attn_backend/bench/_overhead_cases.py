@@ -58,13 +58,13 @@ def op_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
     yield "decode op, workspace", lambda: dec.paged_decode_attention(
         q, k_cache, v_cache, table, lens, out=out, workspace=ws,
         max_seq_len=DECODE["ctx"])
-    if hasattr(dec, "plan_paged_decode"):
-        plan = dec.plan_paged_decode(
-            num_seqs=b, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-            head_dim=head_dim, page_size=page_size, q_dtype=dtype, kv_dtype=dtype,
-            max_seq_len=DECODE["ctx"], device=device, workspace=ws)
-        yield "decode op, plan", lambda: dec.paged_decode_attention(
-            q, k_cache, v_cache, table, lens, out=out, plan=plan)
+    plan = dec.plan_paged_decode(
+        table, lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        page_size=page_size, q_dtype=dtype, kv_dtype=dtype, max_seq_len=DECODE["ctx"],
+        workspace=ws)
+    yield "decode op, plan", lambda: dec.paged_decode_attention(
+        q, k_cache, v_cache, table, lens, out=out, plan=plan)
+    yield "decode plan.run", lambda: plan.run(q, k_cache, v_cache, out=out)
 
     n, prefix, new = EXTEND["num_seqs"], EXTEND["prefix"], EXTEND["new"]
     kv, table, lens = _paged_batch([prefix + new] * n, page_size=page_size,
@@ -77,16 +77,21 @@ def op_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
     yield "prefill op, plain", lambda: pre.prefix_prefill_attention(
         qp, k_cache, v_cache, table, cu, lens, out=outp)
     pplan = pre.plan_prefix_prefill(cu, lens, total_q=n * new, num_q_heads=num_q_heads,
-                                    num_kv_heads=num_kv_heads, head_dim=head_dim)
+                                    num_kv_heads=num_kv_heads, head_dim=head_dim,
+                                    host_cu_seqlens_q=cu.cpu())
     yield "prefill op, plan", lambda: pre.prefix_prefill_attention(
-        qp, k_cache, v_cache, table, cu, lens, out=outp, plan=pplan, validate=False)
+        qp, k_cache, v_cache, table, cu, lens, out=outp, plan=pplan)
+    yield "prefill plan.run", lambda: pplan.run(qp, k_cache, v_cache, table, cu, lens,
+                                                out=outp)
 
 
 def vllm_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
               dtype=torch.bfloat16) -> Iterator[Row]:
     """The vLLM backend's per-layer path (engine-free core: what ``do_kv_cache_update``
-    and ``forward`` call), metadata built as ``HygonAttentionMetadataBuilder.build`` does."""
+    and ``forward`` call), metadata and plans built as ``HygonAttentionMetadataBuilder``
+    builds them, once, outside the timed calls."""
     from hygon_attn_backend.integrations.vllm import _core
+    from hygon_attn_backend.ops.decode import allocate_decode_workspace
 
     for name, dec_n, ext_n in (("vLLM layer, decode batch", DECODE["num_seqs"], 0),
                                ("vLLM layer, mixed batch", MIXED["num_decodes"],
@@ -103,47 +108,27 @@ def vllm_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
         key = torch.randn(tokens, num_kv_heads, head_dim, device=device, dtype=dtype)
         value = torch.randn_like(key)
         out = torch.empty_like(query)
-        builder = _core.StepPlanner(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                                    head_size=head_dim, page_size=page_size,
-                                    max_num_seqs=64, max_model_len=table.shape[1] * page_size,
-                                    device=device, dtype=dtype) \
-            if hasattr(_core, "StepPlanner") else None
-        md = _legacy_metadata(_core, builder, qsl=qsl, lens=lens, table=table, slots=slots,
-                              seq=seq, qlen=qlen, dec_n=dec_n, num_q_heads=num_q_heads,
-                              num_kv_heads=num_kv_heads, head_dim=head_dim,
-                              page_size=page_size, device=device)
-        layer = _core.LayerOptions(scale=head_dim ** -0.5) \
-            if hasattr(_core, "LayerOptions") else None
+        md = _core.make_metadata(
+            query_start_loc=qsl, seq_lens=lens, block_table=table, slot_mapping=slots,
+            num_reqs=len(seq), num_actual_tokens=tokens, max_query_len=max(qlen),
+            max_seq_len=max(seq), num_decodes=dec_n, num_decode_tokens=dec_n)
+        ws = allocate_decode_workspace(
+            max_num_seqs=64, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+            head_dim=head_dim, max_context_len=table.shape[1] * page_size, device=device)
+        _core.plan_metadata(md, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                            head_size=head_dim, block_size=page_size, q_dtype=dtype,
+                            kv_dtype=dtype, workspace=ws, query_start_loc_cpu=qsl.cpu())
+        layer = _core.LayerSpec(num_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                                head_size=head_dim, scale=head_dim ** -0.5)
 
-        def step(md=md, kv=kv, query=query, key=key, value=value, out=out, slots=slots,
-                 layer=layer):
-            if layer is not None:
-                _core.write_new_kv(key, value, kv, md, layer)
-                _core.attention(query, kv, md, out, layer)
-            else:
-                _core.write_new_kv(key, value, kv, slots, head_size=head_dim, impl="auto")
-                _core.attention(query, kv, md, out, head_size=head_dim,
-                                scale=head_dim ** -0.5, impl="auto")
+        def write(kv=kv, key=key, value=value, slots=slots, layer=layer):
+            _core.write_new_kv(key, value, kv, slots, layer)
 
-        yield name, step
+        def forward(kv=kv, query=query, md=md, out=out, layer=layer):
+            _core.attention(query, kv, md, out, layer)
 
-
-def _legacy_metadata(_core, builder, *, qsl, lens, table, slots, seq, qlen, dec_n,
-                     num_q_heads, num_kv_heads, head_dim, page_size, device):
-    common = dict(query_start_loc=qsl, seq_lens=lens, block_table=table, slot_mapping=slots,
-                  num_reqs=len(seq), num_actual_tokens=sum(qlen), max_query_len=max(qlen),
-                  max_seq_len=max(seq), num_decodes=dec_n, num_decode_tokens=dec_n)
-    if builder is not None:
-        return builder.build(**common, query_start_loc_cpu=qsl.cpu(), seq_lens_cpu=lens.cpu())
-    from hygon_attn_backend.ops.decode import allocate_decode_workspace
-
-    md = _core.make_metadata(**common)
-    md.decode_workspace = allocate_decode_workspace(
-        max_num_seqs=64, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-        head_dim=head_dim, max_context_len=table.shape[1] * page_size, device=device)
-    _core.plan_prefill(md, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                       head_size=head_dim)
-    return md
+        yield name + ": do_kv_cache_update", write
+        yield name + ": forward", forward
 
 
 def _cumsum(xs):

@@ -45,27 +45,37 @@ def add_overhead_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def host_us_per_call(fn, *, calls: int, repeats: int) -> "tuple[float, float]":
-    """``(host_us, wall_us)`` per call: median over ``repeats`` runs of ``calls`` calls;
-    host = wall clock before the final sync, wall = after it."""
+def time_calls(fn, calls: int) -> "tuple[float, float]":
+    """``(host_us, wall_us)`` per call of ``calls`` calls back to back: host = wall clock
+    before the final sync, wall = after it."""
     import torch
 
-    for _ in range(10):
-        fn()
     torch.cuda.synchronize()
-    host, wall = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def measure_rows(rows, *, calls: int, repeats: int) -> list:
+    """Median ``(host_us, wall_us)`` of each row, the rows measured round-robin (a drift
+    of the host's speed during the run then touches every row alike)."""
+    for _, fn in rows:
+        for _ in range(10):  # warm-up: compiles, first-use plans
             fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        host.append((t1 - t0) / calls * 1e6)
-        wall.append((t2 - t0) / calls * 1e6)
-    host.sort()
-    wall.sort()
-    return host[len(host) // 2], wall[len(wall) // 2]
+    samples = [[] for _ in rows]
+    for _ in range(repeats):
+        for i, (_, fn) in enumerate(rows):
+            samples[i].append(time_calls(fn, calls))
+    result = []
+    for s in samples:
+        host = sorted(x[0] for x in s)
+        wall = sorted(x[1] for x in s)
+        result.append((host[len(host) // 2], wall[len(wall) // 2]))
+    return result
 
 
 def profile_listing(fn, *, calls: int, top: int = 25) -> str:
@@ -90,6 +100,7 @@ def run(args) -> int:
     from hygon_attn_backend.bench import _overhead_cases as cases
 
     dev = torch.device("cuda")
+    named = []  # (name, page, fn)
     rows = []
     for page in (int(x) for x in args.block_sizes.split(",")):
         shape = dict(num_q_heads=args.num_q_heads, num_kv_heads=args.num_kv_heads,
@@ -97,13 +108,16 @@ def run(args) -> int:
         for name, fn in cases.all_rows(**shape):
             if fn is None:
                 rows.append(dict(row=name, page=page, host_us=None, wall_us=None))
-                continue
-            host, wall = host_us_per_call(fn, calls=args.calls, repeats=args.repeats)
-            rows.append(dict(row=name, page=page, host_us=host, wall_us=wall))
-            if args.profile:
-                with open(args.profile, "a") as f:
-                    f.write(f"\n## {name}, page {page}\n")
-                    f.write(profile_listing(fn, calls=args.calls))
+            else:
+                named.append((name, page, fn))
+    timed = measure_rows([(n, f) for n, _, f in named], calls=args.calls,
+                         repeats=args.repeats)
+    for (name, page, fn), (host, wall) in zip(named, timed):
+        rows.append(dict(row=name, page=page, host_us=host, wall_us=wall))
+        if args.profile:
+            with open(args.profile, "a") as f:
+                f.write(f"\n## {name}, page {page}\n")
+                f.write(profile_listing(fn, calls=args.calls))
     _print(rows, args)
     if args.json:
         import json
