@@ -50,21 +50,24 @@ def op_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
     k_cache, v_cache = layouts.vllm_kv_views(kv)
     q = torch.randn(b, num_q_heads, head_dim, device=device, dtype=dtype)
     out = torch.empty_like(q)
-    yield "decode op, plain", lambda: dec.paged_decode_attention(
-        q, k_cache, v_cache, table, lens, out=out)
+    # default arguments bind this problem's tensors (the prefill rows below reuse names)
+    yield "decode op, plain", lambda q=q, k_cache=k_cache, v_cache=v_cache, table=table, \
+        lens=lens, out=out: dec.paged_decode_attention(q, k_cache, v_cache, table, lens, out=out)
     ws = dec.allocate_decode_workspace(
         max_num_seqs=b, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
         head_dim=head_dim, max_context_len=table.shape[1] * page_size, device=device)
-    yield "decode op, workspace", lambda: dec.paged_decode_attention(
-        q, k_cache, v_cache, table, lens, out=out, workspace=ws,
-        max_seq_len=DECODE["ctx"])
+    yield "decode op, workspace", lambda q=q, k_cache=k_cache, v_cache=v_cache, table=table, \
+        lens=lens, out=out: dec.paged_decode_attention(
+            q, k_cache, v_cache, table, lens, out=out, workspace=ws, max_seq_len=DECODE["ctx"])
     plan = dec.plan_paged_decode(
         table, lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
         page_size=page_size, q_dtype=dtype, kv_dtype=dtype, max_seq_len=DECODE["ctx"],
         workspace=ws)
-    yield "decode op, plan", lambda: dec.paged_decode_attention(
-        q, k_cache, v_cache, table, lens, out=out, plan=plan)
-    yield "decode plan.run", lambda: plan.run(q, k_cache, v_cache, out=out)
+    yield "decode op, plan", lambda q=q, k_cache=k_cache, v_cache=v_cache, table=table, \
+        lens=lens, out=out: dec.paged_decode_attention(q, k_cache, v_cache, table, lens,
+                                                       out=out, plan=plan)
+    yield "decode plan.run", lambda q=q, k_cache=k_cache, v_cache=v_cache, out=out: plan.run(
+        q, k_cache, v_cache, out=out)
 
     n, prefix, new = EXTEND["num_seqs"], EXTEND["prefix"], EXTEND["new"]
     kv, table, lens = _paged_batch([prefix + new] * n, page_size=page_size,
