@@ -189,7 +189,9 @@ def run_demo(*, model_dir: Optional[str] = None, timeout: float = 900.0, out=Non
     and in Triton's interpreter on a CPU (slower, but the kernels themselves).
     ``"reference"`` runs the plain-torch fallback."""
     if impl is None:
-        impl = os.environ.get("HYGON_ATTN_IMPL") or "triton"
+        from hygon_attn_backend import envs
+
+        impl = envs.impl(default="triton")
     out = out or sys.stdout
     try:
         import vllm  # noqa: F401

@@ -62,9 +62,10 @@ def _flag(name: str) -> bool:
     return _raw(name) in _TRUE
 
 
-def impl() -> str:
-    """``HYGON_ATTN_IMPL``: the implementation the engine integrations ask for."""
-    value = (_raw("HYGON_ATTN_IMPL") or "auto").lower()
+def impl(default: str = "auto") -> str:
+    """``HYGON_ATTN_IMPL``: the implementation the engine integrations ask for
+    (``default`` when unset)."""
+    value = (_raw("HYGON_ATTN_IMPL") or default).lower()
     if value not in IMPLS:
         raise ValueError(f"HYGON_ATTN_IMPL must be one of {IMPLS}, got {value!r}")
     return value

@@ -51,44 +51,64 @@ class Launch:
 
     def __call__(self, *values) -> None:
         args = self._template.copy()
-        key = []
         for i, v in zip(self._slots, values):
             args[i] = v
-            key.append((v.dtype, v.data_ptr() & 15) if isinstance(v, torch.Tensor) else v)
-        key = tuple(key)
-        runner = self._compiled.get(key)
-        if runner is not None and _direct_ok():
-            runner(*args)  # the compiled kernel on the current stream
+        key = tuple([(v.dtype, v.data_ptr() & 15) if isinstance(v, torch.Tensor) else v
+                     for v in values])
+        direct = self._compiled.get(key)
+        if direct is not None and _no_hooks():
+            run, function, packed_metadata = direct
+            # the call Triton's own launcher makes once it has found the kernel
+            # (triton/runtime/jit.py, JITFunction.run), with no launch hooks
+            run(*self.grid, _current_stream(), function, packed_metadata, None, None, None,
+                *args)
             return
         compiled = self.kernel[self.grid](*args, **self._options)
-        if compiled is not None and _jit_returns_compiled():
-            self._compiled[key] = compiled[self.grid]
+        if compiled is not None and not _triton_pieces()["interpret"]:
+            entry = tuple(getattr(compiled, n, None) for n in ("run", "function",
+                                                                "packed_metadata"))
+            if None not in entry:  # a Triton whose launcher takes this form
+                self._compiled[key] = entry
+
+    @property
+    def num_direct_signatures(self) -> int:
+        """Argument signatures that launch the compiled kernel directly."""
+        return len(self._compiled)
 
 
 _state: Dict[str, Any] = {}
 
 
 def _triton_pieces():
-    """Triton's knobs and the interpreter flag, read once (after TRITON_INTERPRET was read)."""
+    """Triton's knobs and driver, and the interpreter flag, read once."""
     if not _state:
         import triton
+        from triton.runtime import driver
 
         from hygon_attn_backend.ops._dispatch import triton_interpreter_on
 
         _state["knobs"] = getattr(triton, "knobs", None)
+        _state["driver"] = driver
         _state["interpret"] = triton_interpreter_on()
     return _state
 
 
-def _jit_returns_compiled() -> bool:
-    return not _triton_pieces()["interpret"]
+def _hook_set(hook) -> bool:
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)  # triton.knobs.HookChain
+    return not isinstance(calls, list) or bool(calls)
 
 
-def _direct_ok() -> bool:
-    """No launch hooks (a profiler sees every launch through Triton's own path)."""
+def _no_hooks() -> bool:
+    """No launch hooks installed (a profiler sees every launch through Triton's own path)."""
     knobs = _triton_pieces()["knobs"]
     if knobs is None:
         return False
     runtime = knobs.runtime
-    return runtime.launch_enter_hook is None and runtime.launch_exit_hook is None
+    return not (_hook_set(runtime.launch_enter_hook) or _hook_set(runtime.launch_exit_hook))
 
+
+def _current_stream():
+    drv = _triton_pieces()["driver"].active
+    return drv.get_current_stream(drv.get_current_device())

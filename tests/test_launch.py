@@ -1,0 +1,77 @@
+"""ops/_launch.py: a planned launch fixes the batch-level arguments once; per layer it
+takes Triton's path on a new argument signature and the compiled kernel directly after."""
+
+import pytest
+import torch
+
+from _budget import assert_within_budget
+from hygon_attn_backend import layouts, reference
+from hygon_attn_backend.kernels.decode import paged_decode_kernel
+from hygon_attn_backend.ops._launch import Launch
+from hygon_attn_backend.ops.decode import plan_paged_decode
+
+
+def test_launch_rejects_missing_and_unknown_arguments():
+    with pytest.raises(TypeError, match="missing .*'seq_lens_ptr'"):
+        Launch(paged_decode_kernel, (1, 1, 1), {}, ["out_ptr"], num_warps=4, num_stages=1)
+    names = list(paged_decode_kernel.arg_names)
+    with pytest.raises(TypeError, match="unknown .*'not_an_arg'"):
+        Launch(paged_decode_kernel, (1, 1, 1), {n: 0 for n in names},
+               ["not_an_arg"], num_warps=4, num_stages=1)
+
+
+def _problem(device, dtype, seed, num_seqs=6, page=16, hq=8, hkv=2, d=64):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, 200, (num_seqs,), generator=g)
+    blocks = -(-int(lens.max()) // page)
+    n_blocks = num_seqs * blocks + 3
+    k, v = (layouts.allocate("bshd", num_blocks=n_blocks, block_size=page, num_kv_heads=hkv,
+                             head_dim=d, dtype=dtype, device=device) for _ in range(2))
+    k_view, v_view = layouts.view(k, "bshd"), layouts.view(v, "bshd")
+    table = torch.randperm(n_blocks, generator=g)[:num_seqs * blocks].view(num_seqs, blocks)
+    return (k_view, v_view, table.to(device=device, dtype=torch.int32),
+            lens.to(device=device, dtype=torch.int32))
+
+
+def test_plan_reused_across_layers_matches_reference(device):
+    """One plan, three "layers" (different caches and queries, same shapes): each equals
+    the reference; after the first, calls take the direct path on a GPU."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    _, _, table, lens = _problem(device, dtype, 0)
+    plan = plan_paged_decode(table, lens, num_q_heads=8, num_kv_heads=2, head_dim=64,
+                             page_size=16, q_dtype=dtype, kv_dtype=dtype, partition_size=64)
+    assert plan.split  # decode + combine
+    for layer in range(3):
+        k, v, _, _ = _problem(device, dtype, 0)  # same table/lens, fresh cache contents
+        k.normal_(), v.normal_()
+        q = torch.randn(6, 8, 64, device=device, dtype=dtype)
+        out = plan.run(q, k, v, out=torch.full_like(q, float("nan")))
+        ref64 = reference.paged_decode_attention(q, k, v, table, lens,
+                                                 compute_dtype=torch.float64)
+        ref_lowp = reference.paged_decode_attention(q, k, v, table, lens, compute_dtype=dtype)
+        assert_within_budget(out, ref64, ref_lowp, what=f"layer {layer}")
+    decode, combine = next(iter(plan._variants.values()))
+    if device.type == "cuda":
+        assert decode.num_direct_signatures == 1 and combine.num_direct_signatures == 1
+    else:  # the interpreter always takes Triton's path
+        assert decode.num_direct_signatures == 0
+
+
+@pytest.mark.gpu
+def test_direct_launch_skips_tritons_path():
+    """After the first call, a layer's launch never enters JITFunction.run."""
+    device = torch.device("cuda")
+    k, v, table, lens = _problem(device, torch.float16, 1)
+    plan = plan_paged_decode(table, lens, num_q_heads=8, num_kv_heads=2, head_dim=64,
+                             page_size=16, q_dtype=torch.float16, kv_dtype=torch.float16,
+                             partition_size=1 << 20)
+    q = torch.randn(6, 8, 64, device=device, dtype=torch.float16)
+    first = plan.run(q, k, v).clone()
+    real_run = paged_decode_kernel.run
+    paged_decode_kernel.run = None  # any call through Triton's path would fail
+    try:
+        second = plan.run(q, k, v)
+    finally:
+        paged_decode_kernel.run = real_run
+    torch.cuda.synchronize()
+    assert torch.equal(first, second)
