@@ -75,3 +75,20 @@ def test_direct_launch_skips_tritons_path():
         paged_decode_kernel.run = real_run
     torch.cuda.synchronize()
     assert torch.equal(first, second)
+
+
+def test_signature_tells_apart_alignment_dtype_and_scalars():
+    names = list(paged_decode_kernel.arg_names)
+    per_call = ("out_ptr", "q_ptr", "num_blocks")
+    launch = Launch(paged_decode_kernel, (1, 1, 1),
+                    {n: 0 for n in names if n not in per_call}, per_call,
+                    num_warps=4, num_stages=1)
+    buf = torch.zeros(64, dtype=torch.float16)
+    base = launch.signature((buf, buf, 7))
+    assert launch.signature((buf[8:], buf, 7)) == base  # 16 bytes further: same class
+    assert launch.signature((buf[1:], buf, 7)) != base  # 2 bytes off: unaligned
+    assert launch.signature((buf, buf.view(torch.bfloat16), 7)) != base
+    assert launch.signature((buf, buf, 8)) != base
+    with pytest.raises(TypeError, match="tensors"):
+        Launch(paged_decode_kernel, (1, 1, 1), {n: 0 for n in names if n not in per_call},
+               ("num_blocks", "out_ptr", "q_ptr"), num_warps=4, num_stages=1)

@@ -30,10 +30,12 @@ class Launch:
     kernel: the ``@triton.jit`` function. grid: ``(x, y, z)`` ints.
     fixed: every argument that is the same for all layers of the step (constexprs
        included), by name. per_call: the names of the remaining arguments, in the order
-       :meth:`__call__` takes them. num_warps, num_stages: launch options.
+       :meth:`__call__` takes them: the tensors first (names ending in ``_ptr``), then
+       the scalars. num_warps, num_stages: launch options.
     """
 
-    __slots__ = ("kernel", "grid", "_template", "_slots", "_options", "_compiled")
+    __slots__ = ("kernel", "grid", "_template", "_slots", "_options", "_compiled",
+                 "_num_tensors")
 
     def __init__(self, kernel, grid: Tuple[int, int, int], fixed: Dict[str, Any],
                  per_call: Sequence[str], *, num_warps: int, num_stages: int):
@@ -48,19 +50,28 @@ class Launch:
         self._slots = tuple(names.index(n) for n in per_call)
         self._options = dict(num_warps=num_warps, num_stages=num_stages)
         self._compiled: Dict[tuple, Any] = {}
+        self._num_tensors = sum(1 for n in per_call if n.endswith("_ptr"))
+        if any(not n.endswith("_ptr") for n in per_call[:self._num_tensors]):
+            raise TypeError(f"per_call must list the tensors (*_ptr) first, got {per_call}")
+
+    def signature(self, values: Sequence) -> tuple:
+        """What decides the compiled kernel among the per-layer arguments: each tensor's
+        16-byte alignment and dtype, every scalar's exact value."""
+        tensors = values[:self._num_tensors]
+        return (tuple([t.data_ptr() & 15 for t in tensors]), tuple([t.dtype for t in tensors]),
+                tuple(values[self._num_tensors:]))
 
     def __call__(self, *values) -> None:
         args = self._template.copy()
         for i, v in zip(self._slots, values):
             args[i] = v
-        key = tuple([(v.dtype, v.data_ptr() & 15) if isinstance(v, torch.Tensor) else v
-                     for v in values])
+        key = self.signature(values)
         direct = self._compiled.get(key)
         if direct is not None and _no_hooks():
-            run, function, packed_metadata = direct
+            run, function, packed_metadata, device = direct
             # the call Triton's own launcher makes once it has found the kernel
             # (triton/runtime/jit.py, JITFunction.run), with no launch hooks
-            run(*self.grid, _current_stream(), function, packed_metadata, None, None, None,
+            run(*self.grid, _stream_of(device), function, packed_metadata, None, None, None,
                 *args)
             return
         compiled = self.kernel[self.grid](*args, **self._options)
@@ -68,7 +79,8 @@ class Launch:
             entry = tuple(getattr(compiled, n, None) for n in ("run", "function",
                                                                 "packed_metadata"))
             if None not in entry:  # a Triton whose launcher takes this form
-                self._compiled[key] = entry
+                device = _triton_pieces()["driver"].active.get_current_device()
+                self._compiled[key] = entry + (device,)
 
     @property
     def num_direct_signatures(self) -> int:
@@ -109,6 +121,6 @@ def _no_hooks() -> bool:
     return not (_hook_set(runtime.launch_enter_hook) or _hook_set(runtime.launch_exit_hook))
 
 
-def _current_stream():
-    drv = _triton_pieces()["driver"].active
-    return drv.get_current_stream(drv.get_current_device())
+def _stream_of(device):
+    """The current stream of ``device`` (the device the kernel was compiled and loaded on)."""
+    return _triton_pieces()["driver"].active.get_current_stream(device)
