@@ -92,12 +92,19 @@ def sglang_decode(prob) -> Runner:
     out = torch.empty_like(prob.q)
     use_pdl = _sglang_use_pdl(dev)
 
-    def fn():
+    def call(pdl):
         decode_fwd(prob.q, k_buf, v_buf, out, kv_indptr, kv_indices, attn_logits, attn_lse,
                    num_kv_splits, SGLANG_MAX_KV_SPLITS, prob.scale, 1.0, 1.0,
-                   use_pdl=use_pdl, page_size=prob.page_size, uneven_batch=uneven)
+                   use_pdl=pdl, page_size=prob.page_size, uneven_batch=uneven)
+    pdl_note = ", PDL" if use_pdl else ""
+    if use_pdl:
+        try:
+            call(True)
+        except Exception as exc:  # a Triton without programmatic dependent launch
+            use_pdl, pdl_note = False, f", PDL off ({type(exc).__name__})"
+    fn = lambda: call(use_pdl)
     splits = sorted(set(num_kv_splits.tolist()))
-    note = f"kv splits {','.join(map(str, splits))}" + (", PDL" if use_pdl else "")
+    note = f"kv splits {','.join(map(str, splits))}{pdl_note}"
     return Runner(LABELS["sglang"], fn, out, note=note,
                   keep=[kv_indptr, kv_indices, num_kv_splits, attn_logits, attn_lse, uneven])
 

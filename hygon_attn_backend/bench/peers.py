@@ -93,7 +93,8 @@ def _sdpa_call(backend: str, q, k, v, **kw):
     """A function running SDPA restricted to ``backend`` (or raising on first call)."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    which = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+    which = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+             "math": SDPBackend.MATH}[backend]  # math: the CPU check of this wiring
 
     def fn():
         with sdpa_kernel([which]):
@@ -101,49 +102,49 @@ def _sdpa_call(backend: str, q, k, v, **kw):
     return fn
 
 
-def _sdpa_runner(backend, q, k, v, out_view, label, mask_kw):
-    """Try grouped-query SDPA first, then K/V expanded to every query head."""
+def _sdpa_runner(backend, q, k, v, out, out_view, label, masks, scale):
+    """The first form SDPA's ``backend`` accepts: grouped-query K/V, else K/V expanded to
+    every query head; for each, the mask forms of ``masks`` (``[(name, kwargs)]``) in
+    order."""
     errors = []
     group = q.shape[1] // k.shape[1]
-    for gqa in (True, False):
+    for gqa in (True, False) if group > 1 else (False,):
         kk = k if gqa else k.repeat_interleave(group, dim=1)
         vv = v if gqa else v.repeat_interleave(group, dim=1)
-        kw = dict(mask_kw, enable_gqa=True) if gqa and group > 1 else dict(mask_kw)
-        call = _sdpa_call(backend, q, kk, vv, **kw)
-        try:
-            call()
-        except Exception as exc:  # backend refuses this shape or mask: try the next form
-            errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
-            continue
+        for mask_name, mask_kw in masks:
+            kw = dict(mask_kw, scale=scale, **({"enable_gqa": True} if gqa else {}))
+            call = _sdpa_call(backend, q, kk, vv, **kw)
+            try:
+                call()
+            except Exception as exc:  # backend refuses this form: try the next
+                errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:60]}")
+                continue
 
-        def fn(call=call):
-            out_view.copy_(call())
-        note = "" if gqa or group == 1 else "K/V expanded to Hq heads"
-        return Runner(label, fn, out_view, note=note, keep=[kk, vv])
-    raise Unavailable("refused: " + "; ".join(errors))
+            def fn(call=call):
+                out_view.copy_(call())
+            notes = [mask_name] + ([] if gqa or group == 1 else ["K/V expanded to Hq heads"])
+            return Runner(label, fn, out, note=", ".join(n for n in notes if n),
+                          keep=[kk, vv])
+    raise Unavailable("refused: " + "; ".join(errors[:2]))
 
 
 def sdpa_decode(prob, backend: str) -> Runner:
     """Dense ``[B, H, ctx, D]`` K/V gathered from the cache; one query row per sequence."""
     import torch
-    if prob.q.device.type != "cuda":
-        raise Unavailable("not available on CPU (flash and cuDNN need a CUDA GPU)")
     slots = prob.token_slots()  # [B, ctx]
     k = prob.k_store.view(-1, prob.num_kv_heads, prob.head_dim)[slots].transpose(1, 2)
     v = prob.v_store.view(-1, prob.num_kv_heads, prob.head_dim)[slots].transpose(1, 2)
     k, v = k.contiguous(), v.contiguous()  # [B, Hkv, ctx, D]
     q = prob.q.unsqueeze(2)  # [B, Hq, 1, D]
     out = torch.empty_like(prob.q)
-    return _sdpa_runner(backend, q, k, v, out.unsqueeze(2), f"sdpa {backend}",
-                        dict(scale=prob.scale))
+    return _sdpa_runner(backend, q, k, v, out, out.unsqueeze(2), f"sdpa {backend}",
+                        [("", {})], prob.scale)
 
 
 def sdpa_prefill(prob, backend: str) -> Runner:
     """Dense ``[B, H, L, D]`` tensors, bottom-right causal mask (``is_causal`` when there
     is no prefix)."""
     import torch
-    if prob.q.device.type != "cuda":
-        raise Unavailable("not available on CPU (flash and cuDNN need a CUDA GPU)")
     b, e, hq, d = prob.batch, prob.extend, prob.num_q_heads, prob.head_dim
     len_k = prob.prefix + e
     slots = prob.token_slots(0, len_k)
@@ -153,12 +154,14 @@ def sdpa_prefill(prob, backend: str) -> Runner:
     out = torch.empty_like(prob.q)
     out_view = out.view(b, e, hq, d).transpose(1, 2)
     if prob.prefix == 0:
-        mask_kw = dict(is_causal=True)
+        masks = [("is_causal", dict(is_causal=True))]
     else:
         from torch.nn.attention.bias import causal_lower_right
-        mask_kw = dict(attn_mask=causal_lower_right(e, len_k))
-    return _sdpa_runner(backend, q, k, v, out_view, f"sdpa {backend}",
-                        dict(mask_kw, scale=prob.scale))
+        bool_mask = torch.ones(e, len_k, device=q.device, dtype=torch.bool).tril(prob.prefix)
+        masks = [("causal_lower_right", dict(attn_mask=causal_lower_right(e, len_k))),
+                 ("bool mask", dict(attn_mask=bool_mask))]
+    return _sdpa_runner(backend, q, k, v, out, out_view, f"sdpa {backend}", masks,
+                        prob.scale)
 
 
 def make_peers(name: str, prob, op: str) -> list:
@@ -168,6 +171,10 @@ def make_peers(name: str, prob, op: str) -> list:
         maker = sdpa_decode if op == "decode" else sdpa_prefill
         rows = []
         for backend in SDPA_BACKENDS:
+            if prob.q.device.type != "cuda":
+                rows.append((f"sdpa {backend}", Unavailable(
+                    "not available on CPU (flash and cuDNN need a CUDA GPU)")))
+                continue
             try:
                 rows.append((f"sdpa {backend}", maker(prob, backend)))
             except Exception as exc:  # Unavailable, or a setup failure
