@@ -144,3 +144,8 @@ def test_parser_knows_the_new_flags_and_simulate():
     args = parser.parse_args(["simulate", "--trace", "chat", "--memory-tokens", "4096"])
     assert args.command == "simulate" and args.memory_tokens == 4096
     assert args.func.__module__.endswith("simulate.cli")
+
+
+def test_an_unknown_peer_is_a_usage_error():
+    with pytest.raises(SystemExit, match="unknown peer"):
+        cli.main(["bench", "decode", "--compare", "sdpa,nope"])

@@ -169,3 +169,14 @@ def test_cli_plot(tmp_path):
     assert cli.main(["simulate", "--trace", "random", "--managers", "contiguous-max",
                      "--plot", str(png)]) == 0
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(tmp_path):
+    try:
+        import matplotlib  # noqa: F401
+        pytest.skip("matplotlib is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(SystemExit, match=r"hygon-attn-backend\[bench\]"):
+        cli.main(["simulate", "--trace", "random", "--plot", str(tmp_path / "s.png")])
+    assert not (tmp_path / "s.png").exists()

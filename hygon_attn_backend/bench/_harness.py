@@ -77,6 +77,19 @@ def run_one(made, check, *, base: dict, graph: bool, rep_ms: float, work: float,
     return row
 
 
+def run_all(made, check, *, base: dict, device, **kw) -> list:
+    """:func:`run_one` for every ``(label, Runner or exception)`` of ``made``, each row
+    printed as it completes; the device's cached memory is released after."""
+    rows = []
+    for label, m in made:
+        rows.append(run_one(m, check, base=dict(base, impl=label), device=device, **kw))
+        print_row(rows[-1])
+    if device.type == "cuda":
+        import torch
+        torch.cuda.empty_cache()
+    return rows
+
+
 def print_row(row) -> None:
     """One progress line per row."""
     where = f"  {output.shape_label(row)} Hkv={row['num_kv_heads']} P={row['page']} {row['impl']}"

@@ -26,11 +26,6 @@ from hygon_attn_backend.bench.peers import make_peers, ours_decode, parse_compar
 DEFAULT_SHAPES = "1,32768;1,131072;8,8192;64,4096;64,16384;256,2048"
 
 
-def kv_bytes(seq_lens, num_kv_heads: int, head_dim: int, elem_size: int) -> int:
-    """Bytes of K and V one decode call must read."""
-    return 2 * sum(seq_lens) * num_kv_heads * head_dim * elem_size
-
-
 def _parse_pairs(text: str):
     return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
 
@@ -111,7 +106,12 @@ def run_decode_bench(args) -> dict:
     import torch
     from hygon_attn_backend.bench import _timing
 
-    peers = parse_compare(args.compare)
+    try:
+        peers = parse_compare(args.compare)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
+    if args.plot:
+        output.pyplot()  # fail before the run, not after it, when matplotlib is missing
     device = _harness.pick_device()
     if device is None:
         print(_harness.no_device_message("decode"), file=sys.stderr)
@@ -154,16 +154,10 @@ def run_decode_bench(args) -> dict:
                                   "hygon per-q-head"))
             for name in peers:
                 made += make_peers(name, prob, "decode")
-            for label, m in made:
-                row = _harness.run_one(
-                    m, lambda out: problems.check_decode(prob, out), base=dict(base, impl=label),
-                    graph=True, rep_ms=args.rep_ms, work=prob.kv_bytes(), ceiling=copy,
-                    device=device)
-                rows.append(row)
-                _harness.print_row(row)
+            rows += _harness.run_all(made, lambda out: problems.check_decode(prob, out),
+                                     base=base, graph=True, rep_ms=args.rep_ms,
+                                     work=prob.kv_bytes(), ceiling=copy, device=device)
             prob = made = None  # free the caches before the next shape
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
     _harness.emit(rows, meta, args, op="decode", unit="GB/s", ceiling=copy,
                   ceiling_name="copy", title=f"decode {args.dtype}, Hq={hq}, D={dim}")
     return dict(meta, rows=rows)

@@ -62,7 +62,7 @@ def write_csv(path: str, rows: list) -> None:
             w.writerow(rec)
 
 
-def _pyplot():
+def pyplot():
     try:
         import matplotlib
     except ImportError as exc:
@@ -78,7 +78,7 @@ def write_plot(path: str, rows: list, *, title: str, unit: str, ceiling: float,
     """Grouped bars: one group per shape (in run order), one bar per implementation, one
     panel per page size; the ceiling as a horizontal line. Rows that were not timed are
     left out (the table and CSV say why)."""
-    plt = _pyplot()
+    plt = pyplot()
     timed = [r for r in rows if r["status"] == "ok"]
     pages = sorted({r["page"] for r in timed}, key=str)
     if not timed:

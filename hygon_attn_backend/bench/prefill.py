@@ -24,16 +24,6 @@ from hygon_attn_backend.bench.peers import make_peers, ours_prefill, parse_compa
 DEFAULT_SHAPES = "1,0,8192;1,4096,4096;8,2048,512;32,1024,128;4,16384,1024"
 
 
-def prefill_flops(batch: int, prefix: int, extend: int, num_q_heads: int, head_dim: int,
-                  causal: bool = True) -> float:
-    """Unmasked FLOPs (QK^T and PV, 2 FLOPs per multiply-add) of ``batch`` equal requests."""
-    if causal:
-        pairs = extend * prefix + extend * (extend + 1) / 2
-    else:
-        pairs = extend * (prefix + extend)
-    return 4.0 * head_dim * num_q_heads * pairs * batch
-
-
 def _parse_shapes(text: str):
     shapes = []
     for part in text.split(";"):
@@ -81,7 +71,12 @@ def run_prefill_bench(args) -> dict:
     import torch
     from hygon_attn_backend.bench import _timing
 
-    peers = parse_compare(args.compare)
+    try:
+        peers = parse_compare(args.compare)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
+    if args.plot:
+        output.pyplot()  # fail before the run, not after it, when matplotlib is missing
     device = _harness.pick_device()
     if device is None:
         print(_harness.no_device_message("prefill"), file=sys.stderr)
@@ -119,16 +114,10 @@ def run_prefill_bench(args) -> dict:
                         made.append((label, exc))
             for name in peers:
                 made += make_peers(name, prob, "prefill")
-            for label, m in made:
-                row = _harness.run_one(
-                    m, lambda out: problems.check_prefill(prob, out),
-                    base=dict(base, impl=label), graph=False, rep_ms=args.rep_ms,
-                    work=prob.flops(), ceiling=mm, device=device)
-                rows.append(row)
-                _harness.print_row(row)
+            rows += _harness.run_all(made, lambda out: problems.check_prefill(prob, out),
+                                     base=base, graph=False, rep_ms=args.rep_ms,
+                                     work=prob.flops(), ceiling=mm, device=device)
             prob = made = None  # free the caches before the next shape
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
     _harness.emit(rows, meta, args, op="prefill", unit="TFLOP/s", ceiling=mm,
                   ceiling_name="matmul",
                   title=f"prefill {args.dtype}, Hq={hq}, Hkv={hkv}, D={dim}")

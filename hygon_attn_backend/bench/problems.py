@@ -19,8 +19,40 @@ CHECK_SEQS = 4  # decode: sequences checked against the reference
 CHECK_ROWS = 128  # prefill: last query rows of the first request checked
 
 
+class _Paged:
+    """What both problems share: the shapes and the paged caches' views."""
+
+    @property
+    def batch(self) -> int:
+        return self.block_table.shape[0]
+
+    @property
+    def num_q_heads(self) -> int:
+        return self.q.shape[-2]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k_store.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.q.shape[-1]
+
+    def kv_views(self):
+        """The caches as the canonical ``[num_blocks, Hkv, P, D]`` views."""
+        return self.k_store.permute(0, 2, 1, 3), self.v_store.permute(0, 2, 1, 3)
+
+    def slots(self, start: int, stop: int):
+        """``[B, stop - start]`` int64 slot (``block * P + offset``) of key positions
+        ``start .. stop - 1`` of every request."""
+        import torch
+        pos = torch.arange(start, stop, device=self.q.device)
+        blocks = self.block_table.to(torch.int64)[:, pos // self.page_size]
+        return blocks * self.page_size + pos % self.page_size
+
+
 @dataclass
-class DecodeProblem:
+class DecodeProblem(_Paged):
     """q: ``[B, Hq, D]``; k_store, v_store: ``[num_blocks, P, Hkv, D]``; block_table:
     ``[B, ceil(ctx / P)]`` int32 (a random permutation of the blocks); seq_lens: ``[B]``
     int32, all ``ctx``."""
@@ -34,32 +66,9 @@ class DecodeProblem:
     page_size: int
     scale: float
 
-    @property
-    def batch(self) -> int:
-        return self.q.shape[0]
-
-    @property
-    def num_q_heads(self) -> int:
-        return self.q.shape[1]
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.k_store.shape[2]
-
-    @property
-    def head_dim(self) -> int:
-        return self.q.shape[2]
-
-    def kv_views(self):
-        """The caches as the canonical ``[num_blocks, Hkv, P, D]`` views."""
-        return self.k_store.permute(0, 2, 1, 3), self.v_store.permute(0, 2, 1, 3)
-
     def token_slots(self):
-        """``[B, ctx]`` int64 slot of every key (``block * P + offset``)."""
-        import torch
-        pos = torch.arange(self.ctx, device=self.q.device)
-        blocks = self.block_table.to(torch.int64)[:, pos // self.page_size]
-        return blocks * self.page_size + pos % self.page_size
+        """``[B, ctx]`` int64 slot of every key."""
+        return self.slots(0, self.ctx)
 
     def kv_bytes(self) -> int:
         """Bytes of K and V one call must read."""
@@ -68,7 +77,7 @@ class DecodeProblem:
 
 
 @dataclass
-class PrefillProblem:
+class PrefillProblem(_Paged):
     """q: ``[B * extend, Hq, D]``; k_new, v_new: ``[B * extend, Hkv, D]`` (the new tokens'
     K/V, also stored in the cache); k_store, v_store: ``[num_blocks, P, Hkv, D]`` holding
     every request's ``prefix + extend`` keys; block_table: ``[B, ceil((prefix + extend) /
@@ -87,31 +96,9 @@ class PrefillProblem:
     page_size: int
     scale: float
 
-    @property
-    def batch(self) -> int:
-        return self.block_table.shape[0]
-
-    @property
-    def num_q_heads(self) -> int:
-        return self.q.shape[1]
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.k_store.shape[2]
-
-    @property
-    def head_dim(self) -> int:
-        return self.q.shape[2]
-
-    def kv_views(self):
-        return self.k_store.permute(0, 2, 1, 3), self.v_store.permute(0, 2, 1, 3)
-
     def token_slots(self, start: int, stop: int):
         """``[B, stop - start]`` int64 slots of key positions ``start..stop-1``."""
-        import torch
-        pos = torch.arange(start, stop, device=self.q.device)
-        blocks = self.block_table.to(torch.int64)[:, pos // self.page_size]
-        return blocks * self.page_size + pos % self.page_size
+        return self.slots(start, stop)
 
     def flops(self) -> float:
         """Unmasked FLOPs (QK^T and PV, 2 per multiply-add) of the causal batch."""

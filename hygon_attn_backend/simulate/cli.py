@@ -90,8 +90,8 @@ def write_csv(path: str, results) -> None:
 def write_plot(path: str, results, *, memory_tokens: int) -> None:
     """Per trace: KV slots (used, internal waste, external waste; mean over steps) with
     the memory as a line, and prefill tokens computed with the prefix hit rate."""
-    from hygon_attn_backend.bench.output import _pyplot
-    plt = _pyplot()
+    from hygon_attn_backend.bench.output import pyplot
+    plt = pyplot()
     names = list(dict.fromkeys(r.trace for r in results))
     fig, axes = plt.subplots(len(names), 2, figsize=(12, 3.3 * len(names)), squeeze=False)
     for (ax_mem, ax_hit), name in zip(axes, names):
@@ -129,6 +129,9 @@ def write_plot(path: str, results, *, memory_tokens: int) -> None:
 
 
 def run_cli(args) -> int:
+    if args.plot:
+        from hygon_attn_backend.bench.output import pyplot
+        pyplot()  # fail before the run when matplotlib is missing
     trace_list = load_traces(args.trace, seed=args.seed)
     specs = [x.strip() for x in args.managers.split(",") if x.strip()]
     print(f"# simulate: memory {args.memory_tokens} token slots, max_len {args.max_len}, "
