@@ -9,6 +9,8 @@
     hygon-attn bench prefill   prefix-prefill benchmark (GPU)
     hygon-attn bench cache     write_kv / copy_blocks bandwidth (GPU)
     hygon-attn bench overhead  host microseconds per attention call (GPU)
+    hygon-attn simulate        KV memory and prefix reuse of a request trace through the
+                               engines' own memory managers (CPU, no model)
 
 Heavy modules (torch kernels, engines) are imported inside the subcommands only.
 """
@@ -115,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
             q.set_defaults(func=lambda a, exc=exc: sys.exit(f"bench unavailable: {exc}"))
             continue
         getattr(module, f"add_{name}_parser")(bench_sub)  # sets its own func
+    from hygon_attn_backend.simulate.cli import add_simulate_parser
+    add_simulate_parser(sub)
     return parser
 
 

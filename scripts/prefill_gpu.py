@@ -54,21 +54,17 @@ def _task(task):
                 err, budget = mod.run_case(case, torch.device("cuda"))
             return (f"PASS {case.name:22s} err {err:.3e} budget {budget:.3e} "
                     f"({time.time() - t0:.1f}s)")
-        from hygon_attn_backend.bench.prefill import _build_batch
-        from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
+        from hygon_attn_backend.bench.peers import ours_prefill
+        from hygon_attn_backend.bench.problems import build_prefill
         _, tile, page, shapes, sources, hq, hkv, dim = task
         for batch, prefix, extend in shapes:
-            q, kc, vc, bt, cu, lk, kn, vn = _build_batch(batch, prefix, extend, page, hq, hkv,
-                                                          dim, torch.bfloat16)
-            plan = plan_prefix_prefill(cu, lk, total_q=q.shape[0], num_q_heads=hq,
-                                       num_kv_heads=hkv, head_dim=dim, tile=tile)
+            prob = build_prefill(batch=batch, prefix=prefix, extend=extend, page_size=page,
+                                 num_q_heads=hq, num_kv_heads=hkv, head_dim=dim,
+                                 dtype=torch.bfloat16, device="cuda")
             for src in sources:
-                kw = dict(k_new=kn, v_new=vn) if src == "dense" else {}
-                prefix_prefill_attention(q, kc, vc, bt, cu, lk, plan=plan, **kw)
-            if tile is None:
-                prefix_prefill_attention(q, kc, vc, bt, cu, lk)
+                ours_prefill(prob, kv_source=src, tile=tile).fn()
             torch.cuda.synchronize()
-            del q, kc, vc, kn, vn
+            del prob
         return f"WARM tile={tile} page={page} ({time.time() - t0:.1f}s)"
     except Exception:
         return f"FAIL {task[:3]}\n{traceback.format_exc()}"
@@ -129,9 +125,9 @@ def main():
     bargs = argparse.Namespace(
         shapes=args.shapes or bench.DEFAULT_SHAPES, block_sizes=args.block_sizes,
         num_q_heads=32, num_kv_heads=8, head_dim=128, dtype="bfloat16",
-        kv_source=args.kv_source, tiles=args.tiles, no_peers=args.no_peers,
+        kv_source=args.kv_source, tiles=args.tiles, compare="" if args.no_peers else "sdpa",
         rep_ms=args.rep_ms, json=os.path.join(args.out, f"{args.tag}.json"),
-        markdown=os.path.join(args.out, f"{args.tag}.md"))
+        markdown=os.path.join(args.out, f"{args.tag}.md"), csv="", plot="")
     t1 = time.time()
     bench.run_prefill_bench(bargs)
     print(f"phase 2 (timings): {time.time() - t1:.1f}s; checks: {n_pass} pass, "

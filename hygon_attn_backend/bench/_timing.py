@@ -1,12 +1,109 @@
-"""Timing helpers shared by the benchmarks (GPU only; imported lazily)."""
+"""Timing and ceilings shared by the benchmarks (torch and Triton imported lazily).
+
+One method for every implementation:
+
+* decode: the call is captured once in a CUDA graph (its workspace and metadata are
+  allocated before the capture) and the graph is replayed;
+* prefill: the call is timed eagerly, its plan or metadata built before;
+* every timed call, replay or eager, is preceded by a write of a 256 MB buffer that
+  evicts the L2 (``triton.testing.do_bench`` does that write before each call);
+* the median of the timed calls is reported;
+* the ceilings (a device-to-device copy counting bytes read plus bytes written, a bf16
+  ``8192^3`` matmul) are measured in the same process, with the same method.
+
+On a machine without CUDA (Triton's interpreter) the same calls are timed with the host
+clock; those numbers only show that the pipeline runs, never a speed.
+"""
 
 from __future__ import annotations
 
+import statistics
+import time
 
-def median_ms(fn, rep_ms: float) -> float:
-    """Median milliseconds of ``fn`` by CUDA events (``triton.testing.do_bench``), after a
-    warm-up of a quarter of the timed window (at least 10 ms)."""
+COPY_BYTES = 2 << 30  # bytes of the copy ceiling's source buffer on a GPU
+MATMUL_N = 8192
+
+
+def on_gpu(device) -> bool:
+    return getattr(device, "type", str(device)) == "cuda"
+
+
+def _host_median_ms(fn, reps: int = 3) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def median_ms(fn, rep_ms: float, *, device="cuda") -> float:
+    """Median milliseconds of ``fn`` called eagerly, the L2 cleared before every call
+    (``triton.testing.do_bench``), after a warm-up of a quarter of the timed window."""
+    if not on_gpu(device):
+        return _host_median_ms(fn)
     import triton
 
     return triton.testing.do_bench(fn, warmup=max(10, rep_ms / 4), rep=rep_ms,
                                    return_mode="median")
+
+
+def capture_graph(fn):
+    """Run ``fn`` twice on a side stream (compiles, lazy allocations), then capture one
+    call in a CUDA graph; returns the graph."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+def graph_ms(fn, rep_ms: float, *, device="cuda") -> float:
+    """Median milliseconds of one replay of ``fn`` captured in a CUDA graph, the L2
+    cleared before every replay (``do_bench`` on ``graph.replay``)."""
+    if not on_gpu(device):
+        return _host_median_ms(fn)
+    graph = capture_graph(fn)
+    try:
+        return median_ms(graph.replay, rep_ms, device=device)
+    finally:
+        del graph
+
+
+def copy_ceiling(rep_ms: float, *, device="cuda"):
+    """Device-to-device copy in GB/s counting bytes read plus bytes written, and the
+    milliseconds of one copy: the better of the eager copy and its graph replay (a graph
+    may turn the copy into a slower memcpy node), each with the L2 cleared first."""
+    import torch
+
+    nbytes = COPY_BYTES if on_gpu(device) else 16 << 20
+    src = torch.randn(nbytes // 4, device=device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    fn = lambda: dst.copy_(src)
+    ms = median_ms(fn, rep_ms, device=device)
+    if on_gpu(device):
+        ms = min(ms, graph_ms(fn, rep_ms, device=device))
+    return 2 * nbytes / ms / 1e6, ms
+
+
+def matmul_ceiling(rep_ms: float, *, device="cuda"):
+    """bf16 ``8192^3`` matmul in TFLOP/s (random operands), and its milliseconds. On a
+    CPU a 512^3 float32 matmul stands in."""
+    import torch
+
+    n = MATMUL_N if on_gpu(device) else 512
+    dtype = torch.bfloat16 if on_gpu(device) else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    ms = median_ms(lambda: a @ b, rep_ms, device=device)
+    return 2.0 * n ** 3 / ms / 1e9, ms
