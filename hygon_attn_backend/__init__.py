@@ -4,6 +4,9 @@ Public API (DESIGN.md)::
 
     from hygon_attn_backend import (paged_decode_attention, prefix_prefill_attention,
                                     write_kv, copy_blocks, layouts, reference)
+    # plan once per step, run per layer:
+    from hygon_attn_backend import (plan_paged_decode, plan_prefix_prefill, plan_write_kv,
+                                    allocate_decode_workspace)
 
 Importing the package is cheap: the ops (and Triton) load on first use, because the
 engines import ``hygon_attn_backend.integrations.*`` in every process at plugin time.
@@ -20,6 +23,10 @@ _LAZY = {
     "prefix_prefill_attention": ("hygon_attn_backend.ops.prefill", "prefix_prefill_attention"),
     "write_kv": ("hygon_attn_backend.ops.cache", "write_kv"),
     "copy_blocks": ("hygon_attn_backend.ops.cache", "copy_blocks"),
+    "plan_paged_decode": ("hygon_attn_backend.ops.decode", "plan_paged_decode"),
+    "plan_prefix_prefill": ("hygon_attn_backend.ops.prefill", "plan_prefix_prefill"),
+    "plan_write_kv": ("hygon_attn_backend.ops.cache", "plan_write_kv"),
+    "allocate_decode_workspace": ("hygon_attn_backend.ops.decode", "allocate_decode_workspace"),
     "layouts": ("hygon_attn_backend.layouts", None),
     "reference": ("hygon_attn_backend.reference", None),
 }
