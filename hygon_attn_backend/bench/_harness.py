@@ -27,6 +27,24 @@ def no_device_message(cmd: str) -> str:
             "speed)")
 
 
+def start(args, cmd: str):
+    """``(peers, device)`` for a ``bench decode|prefill`` run, or None without a device (after
+    saying so). Bad ``--compare`` lists and a missing matplotlib stop here, before the run."""
+    from hygon_attn_backend.bench.peers import parse_compare
+
+    try:
+        peers = parse_compare(args.compare)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
+    if args.plot:
+        output.pyplot()  # fail before the run, not after it, when matplotlib is missing
+    device = pick_device()
+    if device is None:
+        print(no_device_message(cmd), file=sys.stderr)
+        return None
+    return peers, device
+
+
 def header(device) -> dict:
     import platform
     import torch

@@ -21,7 +21,7 @@ import argparse
 import sys
 
 from hygon_attn_backend.bench import _harness, output, problems
-from hygon_attn_backend.bench.peers import make_peers, ours_decode, parse_compare
+from hygon_attn_backend.bench.peers import make_peers, ours_decode
 
 DEFAULT_SHAPES = "1,32768;1,131072;8,8192;64,4096;64,16384;256,2048"
 
@@ -106,16 +106,10 @@ def run_decode_bench(args) -> dict:
     import torch
     from hygon_attn_backend.bench import _timing
 
-    try:
-        peers = parse_compare(args.compare)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from exc
-    if args.plot:
-        output.pyplot()  # fail before the run, not after it, when matplotlib is missing
-    device = _harness.pick_device()
-    if device is None:
-        print(_harness.no_device_message("decode"), file=sys.stderr)
+    started = _harness.start(args, "decode")
+    if started is None:
         return {}
+    peers, device = started
     dtype = getattr(torch, args.dtype)
     hq, dim = args.num_q_heads, args.head_dim
     pages = [int(x) for x in str(args.block_sizes).split(",") if x]

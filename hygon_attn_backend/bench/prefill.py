@@ -19,7 +19,7 @@ import sys
 
 from hygon_attn_backend.bench import _harness, output, problems
 from hygon_attn_backend.bench.decode import _add_common
-from hygon_attn_backend.bench.peers import make_peers, ours_prefill, parse_compare
+from hygon_attn_backend.bench.peers import make_peers, ours_prefill
 
 DEFAULT_SHAPES = "1,0,8192;1,4096,4096;8,2048,512;32,1024,128;4,16384,1024"
 
@@ -71,16 +71,10 @@ def run_prefill_bench(args) -> dict:
     import torch
     from hygon_attn_backend.bench import _timing
 
-    try:
-        peers = parse_compare(args.compare)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from exc
-    if args.plot:
-        output.pyplot()  # fail before the run, not after it, when matplotlib is missing
-    device = _harness.pick_device()
-    if device is None:
-        print(_harness.no_device_message("prefill"), file=sys.stderr)
+    started = _harness.start(args, "prefill")
+    if started is None:
         return {}
+    peers, device = started
     dtype = getattr(torch, args.dtype)
     hq, hkv, dim = args.num_q_heads, args.num_kv_heads, args.head_dim
     pages = [int(x) for x in str(args.block_sizes).split(",") if x]
