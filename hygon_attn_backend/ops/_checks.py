@@ -115,3 +115,12 @@ def check_block_ids(name: str, table: torch.Tensor, num_blocks: int, used: Optio
     if lo < 0 or hi >= num_blocks:
         raise ValueError(f"{name} holds block ids in [{lo}, {hi}] but the cache has "
                          f"{num_blocks} blocks")
+
+
+def check_used_block_ids(name: str, table: torch.Tensor, seq_lens: torch.Tensor,
+                         num_blocks: int, page_size: int) -> None:
+    """Debug-mode check of the table columns that ``seq_lens`` uses (one host sync):
+    every id in ``[0, num_blocks)``. Unused columns may hold anything."""
+    needed = (seq_lens.to(torch.int64).clamp(min=0) + page_size - 1) // page_size  # [B]
+    cols = torch.arange(table.shape[1], device=table.device)
+    check_block_ids(name, table, num_blocks, cols.unsqueeze(0) < needed.unsqueeze(1))

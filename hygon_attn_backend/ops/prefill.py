@@ -190,7 +190,9 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     k_cache, v_cache: ``[num_blocks, num_kv_heads, P, D]`` views with any strides, q's
        dtype or float8_e4m3fn/float8_e5m2 (with ``k_scale``/``v_scale``); any ``P >= 1``.
     block_table: ``[B, max_blocks]`` int32/int64 physical block ids; token ``t`` of request
-       ``b`` is at ``page = block_table[b, t // P]``, ``slot = t % P``.
+       ``b`` is at ``page = block_table[b, t // P]``, ``slot = t % P``. A bad id (negative
+       or ``>= num_blocks``) is never read: its keys are absent, as in the reference
+       (``HYGON_ATTN_DEBUG=1`` raises instead).
     cu_seqlens_q: ``[B + 1]`` int32/int64, starts at 0, non-decreasing, ends at total_q.
     seq_lens_k: ``[B]`` int32/int64 total key length ``Lk_b = prefix + Lq_b`` (>= Lq_b).
     k_new, v_new: optional ``[total_q, num_kv_heads, D]`` (q's dtype) K/V of the new tokens
@@ -268,7 +270,8 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     if validate:
         host_cu = _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size)
         if _checks.debug_enabled():
-            _checks.check_block_ids("block_table", block_table, num_blocks)
+            _checks.check_used_block_ids("block_table", block_table, seq_lens_k, num_blocks,
+                                         page_size)
 
     if select_impl(impl, device) == "reference":
         res = reference.prefix_prefill_attention(
@@ -320,17 +323,22 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     lse_t = lse if return_lse else out
     lse_strides = lse.stride() if return_lse else (0, 0)
     sinks_t = sinks.to(torch.float32) if sinks is not None else q
+    # block ids outside [0, num_blocks) and columns past max_blocks are absent keys (the
+    # kernel never reads them); an empty table is never read: any pointer stands in
+    max_blocks = block_table.shape[1]
+    bt = block_table if max_blocks else plan.tile_req.view(1, -1)
     kernels = _kernels()
     grid = (max_tiles, num_kv_heads)
     kernels.prefix_prefill_kernel[grid](
         q_ptr=q, k_cache_ptr=k_cache, v_cache_ptr=v_cache, k_new_ptr=kn, v_new_ptr=vn,
         out_ptr=out, lse_ptr=lse_t, sinks_ptr=sinks_t,
-        block_table_ptr=block_table, cu_seqlens_q_ptr=cu_seqlens_q, seq_lens_k_ptr=seq_lens_k,
+        block_table_ptr=bt, cu_seqlens_q_ptr=cu_seqlens_q, seq_lens_k_ptr=seq_lens_k,
         tile_req_ptr=plan.tile_req, tile_mblock_ptr=plan.tile_mblock,
         k_scale_ptr=k_scale_t, v_scale_ptr=v_scale_t,
         sm_scale=sm_scale, k_scale_val=k_scale_val, v_scale_val=v_scale_val,
         soft_cap=soft_cap if soft_cap else 1.0,
         window=int(sliding_window) if sliding_window else 0, head_dim=head_dim,
+        num_blocks=num_blocks, max_blocks=max_blocks,
         stride_qt=q.stride(0), stride_qh=q.stride(1), stride_qd=q.stride(2),
         stride_kb=k_cache.stride(0), stride_kh=k_cache.stride(1),
         stride_ks=k_cache.stride(2), stride_kd=k_cache.stride(3),
@@ -340,12 +348,11 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         stride_vnt=vn_strides[0], stride_vnh=vn_strides[1], stride_vnd=vn_strides[2],
         stride_ot=out.stride(0), stride_oh=out.stride(1), stride_od=out.stride(2),
         stride_lset=lse_strides[0], stride_lseh=lse_strides[1],
-        stride_bt=block_table.stride(0),
+        stride_bt=bt.stride(0), stride_bt_block=bt.stride(1),
         GROUP=plan.group, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, HEAD_DIM=head_dim_pad,
         PAGE_SIZE=page_size, CAUSAL=bool(causal), HAS_K_NEW=has_new,
         RETURN_LSE=bool(return_lse), SCALE_FROM_PTR=scale_from_ptr,
         WINDOW=bool(sliding_window) and bool(causal), SOFT_CAP=soft_cap is not None,
         HAS_SINKS=sinks is not None, KV_SCALED=quant, PAD_D=head_dim_pad != head_dim,
-        PREFIX_TILE_IN_PAGE=page_size % plan.block_n == 0,
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     return (out, lse) if return_lse else out
