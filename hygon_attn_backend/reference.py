@@ -106,10 +106,11 @@ def _block_ids(cache: torch.Tensor, block_table_row: torch.Tensor, start: int, s
     num_blocks, page_size = view.shape[0], view.shape[2]
     row = block_table_row.to(device=view.device, dtype=torch.long)
     cols = torch.arange(start, stop, device=view.device) // page_size
-    in_table = cols < row.shape[0]
-    ids = torch.full_like(cols, -1)
-    ids[in_table] = row[cols[in_table]]
-    return torch.where((ids >= 0) & (ids < num_blocks), ids, -1)
+    if row.shape[0] == 0:
+        return torch.full_like(cols, -1)
+    ids = row[cols.clamp(max=row.shape[0] - 1)]  # no host sync (engines call this per step)
+    ok = (cols < row.shape[0]) & (ids >= 0) & (ids < num_blocks)
+    return torch.where(ok, ids, -1)
 
 
 def key_presence(cache: torch.Tensor, block_table_row: torch.Tensor, start: int, stop: int

@@ -129,7 +129,7 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["num_blocks", "max_blocks"])
+@triton.jit(do_not_specialize=["num_blocks", "max_blocks", "window"])
 def prefix_prefill_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, k_new_ptr, v_new_ptr, out_ptr, lse_ptr, sinks_ptr,
         block_table_ptr, cu_seqlens_q_ptr, seq_lens_k_ptr, tile_req_ptr, tile_mblock_ptr,

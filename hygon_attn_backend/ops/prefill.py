@@ -144,7 +144,7 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                        group=group, total_q=total_q, num_seqs=num_seqs)
 
 
-def _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size):
+def _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size, has_k_new=False):
     """Host-side checks of the index tensors' values (one sync)."""
     both = torch.cat([cu_seqlens_q.detach().to(torch.int64),
                       seq_lens_k.detach().to(torch.int64)]).cpu()  # one device->host copy
@@ -164,10 +164,11 @@ def _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size):
         raise ValueError(f"seq_lens_k[{b}]={int(lens_k[b])} is shorter than request {b}'s "
                          f"query length {int(len_q[b])} (a query cannot exceed its KV "
                          "length)")
-    if lens_k.numel() and int(lens_k.max()) > block_table.shape[1] * page_size:
+    in_cache = lens_k - len_q if has_k_new else lens_k  # k_new: only the prefix is paged
+    if in_cache.numel() and int(in_cache.max()) > block_table.shape[1] * page_size:
         raise ValueError(f"block_table with shape {tuple(block_table.shape)} and page size "
                          f"{page_size} holds at most {block_table.shape[1] * page_size} "
-                         f"tokens per request, but seq_lens_k has {int(lens_k.max())}")
+                         f"tokens per request, but seq_lens_k needs {int(in_cache.max())}")
     return cu
 
 
@@ -268,7 +269,8 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     if validate is None:
         validate = device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
     if validate:
-        host_cu = _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size)
+        host_cu = _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size,
+                                has_k_new=k_new is not None)
         if _checks.debug_enabled():
             _checks.check_used_block_ids("block_table", block_table, seq_lens_k, num_blocks,
                                          page_size)
