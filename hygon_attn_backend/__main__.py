@@ -8,6 +8,7 @@
     hygon-attn bench decode    decode benchmark (GPU)
     hygon-attn bench prefill   prefix-prefill benchmark (GPU)
     hygon-attn bench cache     write_kv / copy_blocks bandwidth (GPU)
+    hygon-attn fuzz --op OP    seeded random problems against the reference
 
 Heavy modules (torch kernels, engines) are imported inside the subcommands only.
 """
@@ -114,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
             q.set_defaults(func=lambda a, exc=exc: sys.exit(f"bench unavailable: {exc}"))
             continue
         getattr(module, f"add_{name}_parser")(bench_sub)  # sets its own func
+    from hygon_attn_backend.fuzz import add_fuzz_parser
+    add_fuzz_parser(sub)
     return parser
 
 
