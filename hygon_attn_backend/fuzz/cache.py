@@ -68,7 +68,7 @@ def write_kv_case(rng: random.Random, prof: dict, device, tiny: bool):
             slots[i] = rng.choice(bad)
     cache = pb.build_cache(prof["layout"], num_blocks=num_blocks, page=page, kv_heads=hkv,
                            head_dim=dim, dtype=prof["cache_dtype"], device=device)
-    want_cache = pb.Cache(*(t for t in _clone_cache(cache)))
+    want_cache = pb.copy_cache(cache)
     k = torch.randn(num_tokens, hkv, dim, device=device).to(prof["dtype"]) * 3
     v = torch.randn(num_tokens, hkv, dim, device=device).to(prof["dtype"]) * 3
     slot_t = torch.tensor(slots, dtype=prof["index_dtype"], device=device)
@@ -104,7 +104,7 @@ def copy_blocks_case(rng: random.Random, prof: dict, device, tiny: bool):
             pairs.insert(rng.randint(0, len(pairs)), pair)
     cache = pb.build_cache(prof["layout"], num_blocks=num_blocks, page=page, kv_heads=hkv,
                            head_dim=dim, dtype=prof["cache_dtype"], device=device)
-    want_cache = pb.Cache(*_clone_cache(cache))
+    want_cache = pb.copy_cache(cache)
     mapping = torch.tensor(pairs, dtype=prof["index_dtype"], device=device).reshape(-1, 2)
     reference.copy_blocks(want_cache.k_blocks, want_cache.v_blocks, mapping)
     want = pb.storage_bytes(want_cache)
@@ -112,18 +112,3 @@ def copy_blocks_case(rng: random.Random, prof: dict, device, tiny: bool):
     desc = _desc(prof, num_blocks=num_blocks, pairs=len(pairs), hostile=hostile)
     return _storage_problem(cache, want, "copy_blocks"), desc
 
-
-def _clone_cache(cache: pb.Cache):
-    """The five fields of a deep copy of ``cache`` (same strides, new storages)."""
-    clones = [r.clone() for r in cache.roots]
-    mapping = {id(r): c for r, c in zip(cache.roots, clones)}
-
-    def remap(t):
-        for r in cache.roots:
-            if t.untyped_storage().data_ptr() == r.untyped_storage().data_ptr():
-                c = mapping[id(r)]
-                offset = t.storage_offset() - r.storage_offset()
-                return c.as_strided(t.shape, t.stride(), c.storage_offset() + offset)
-        raise AssertionError("a cache view outside its roots")
-    return (remap(cache.k), remap(cache.v), remap(cache.k_blocks), remap(cache.v_blocks),
-            clones)

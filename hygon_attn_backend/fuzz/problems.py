@@ -81,6 +81,21 @@ def build_cache(layout: str, *, num_blocks: int, page: int, kv_heads: int, head_
     return Cache(k, v, k_st, v_st, [k_st, v_st])
 
 
+def copy_cache(cache: Cache, device=None) -> Cache:
+    """A deep copy of ``cache`` (on ``device``, default the same): new root storages and
+    the same views into them (same shapes, strides and offsets)."""
+    roots = [r.clone() if device is None else r.to(device) for r in cache.roots]
+
+    def remap(t):
+        for r, c in zip(cache.roots, roots):
+            if t.untyped_storage().data_ptr() == r.untyped_storage().data_ptr():
+                offset = t.storage_offset() - r.storage_offset() + c.storage_offset()
+                return c.as_strided(t.shape, t.stride(), offset)
+        raise AssertionError("a cache view outside its roots")
+    return Cache(remap(cache.k), remap(cache.v), remap(cache.k_blocks),
+                 remap(cache.v_blocks), roots)
+
+
 def storage_bytes(cache: Cache) -> list:
     """Copies of every root storage as raw bytes (for bit-exact comparisons)."""
     return [r.detach().reshape(-1).view(torch.uint8).clone() for r in cache.roots]
