@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
 import sys
 import time
 import traceback
@@ -71,23 +72,28 @@ def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
     profiles = profiles_for(op, seed, dev.type == "cpu")
     indices = [only] if only is not None else [k for k in range(cases)
                                                if k % shard[1] == shard[0]]
-    failures, start = 0, time.perf_counter()
-    for k in indices:
-        problem, desc = run_case(op, seed, k, dev, profiles)
-        if problem is not None:
-            failures += 1
-            if failures <= max_failures:
-                print(f"FAIL {op} seed={seed} case={k}: {problem}\n  {desc}\n  rerun: "
-                      f"hygon-attn fuzz --op {op} --seed {seed} --case {k} --device {device}",
-                      file=out, flush=True)
-        elif only is not None:
-            print(f"ok {op} seed={seed} case={k}: {desc}", file=out)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
+    failures, done, start = 0, 0, time.perf_counter()
+    stopped = ""
+    try:
+        for k in indices:
+            problem, desc = run_case(op, seed, k, dev, profiles)
+            done += 1
+            if problem is not None:
+                failures += 1
+                if failures <= max_failures:
+                    print(f"FAIL {op} seed={seed} case={k}: {problem}\n  {desc}\n  rerun: "
+                          f"hygon-attn fuzz --op {op} --seed {seed} --case {k} --device "
+                          f"{device}", file=out, flush=True)
+            elif only is not None:
+                print(f"ok {op} seed={seed} case={k}: {desc}", file=out)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    except KeyboardInterrupt:  # also SIGTERM (a time limit): report what ran
+        stopped = f" (stopped after {done} of {len(indices)})"
     took = time.perf_counter() - start
     part = "" if shard[1] == 1 else f" shard {shard[0]}/{shard[1]}"
-    print(f"fuzz {op}: {len(indices)} cases, {failures} failures, {took:.1f} s (seed {seed}, "
-          f"{device}{part}, {len(profiles)} profiles)", file=out, flush=True)
+    print(f"fuzz {op}: {done} cases, {failures} failures, {took:.1f} s (seed {seed}, "
+          f"{device}{part}, {len(profiles)} profiles){stopped}", file=out, flush=True)
     return failures
 
 
@@ -110,6 +116,10 @@ def add_fuzz_parser(sub) -> None:
     p.set_defaults(func=cmd_fuzz)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def cmd_fuzz(args) -> int:
     device = args.device
     if device is None:
@@ -117,6 +127,7 @@ def cmd_fuzz(args) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+    signal.signal(signal.SIGTERM, _interrupt)  # `timeout`: print the summary of what ran
     failures = fuzz(args.op, cases=args.cases, seed=args.seed, device=device, only=args.case,
                     shard=args.shard)
     return 1 if failures else 0
