@@ -26,7 +26,9 @@ import time
 import traceback
 
 OPS = ("decode", "prefill", "write_kv", "copy_blocks")
-NUM_PROFILES = {"decode": 48, "prefill": 48, "write_kv": 32, "copy_blocks": 16}
+# profiles per seed: >= the largest stratified value set (12 layouts, 12 page sizes);
+# each costs a few kernel compiles
+NUM_PROFILES = {"decode": 24, "prefill": 24, "write_kv": 24, "copy_blocks": 24}
 
 
 def _op_functions(op: str):
@@ -58,9 +60,11 @@ def run_case(op: str, seed: int, index: int, device, profiles: list):
 
 
 def profiles_for(op: str, seed: int, tiny: bool) -> list:
+    from hygon_attn_backend.fuzz.problems import Strata
+
     profile_fn, _ = _op_functions(op)
-    return [profile_fn(random.Random(f"{op}:{seed}:profile:{i}"), tiny)
-            for i in range(NUM_PROFILES[op])]
+    return [profile_fn(random.Random(f"{op}:{seed}:profile:{i}"), tiny,
+                       Strata(f"{op}:{seed}", i)) for i in range(NUM_PROFILES[op])]
 
 
 def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,

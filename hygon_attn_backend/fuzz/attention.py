@@ -20,7 +20,10 @@ from hygon_attn_backend.ops.decode import allocate_decode_workspace, paged_decod
 from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
 
 HOSTILE_SHARE = 0.2
-MAX_KV_TOKENS = 200_000  # per case, all requests (cache memory)
+# Sizes that keep a case cheap: the reference works in fp64 and expands K/V to every
+# query head (``Hq * Lk * D`` elements per request), so long contexts come with few heads.
+MAX_KV_ELEMS = 2e8  # sum(Lk) * Hkv * D of one case (the cache)
+MAX_REF_ELEMS = 6e7  # Hq * Lk * D of one request (the reference's expanded K/V)
 MAX_PREFILL_Q = 8192  # new tokens per case
 MAX_SCORE_ELEMS = 6e7  # Hq * Lq * Lk of one request (the reference's fp64 score matrix)
 
@@ -31,15 +34,16 @@ def _heads(rng: random.Random, tiny: bool) -> "tuple[int, int]":
     return group, kv_heads
 
 
-def _common_profile(rng: random.Random, tiny: bool, layouts_: tuple) -> dict:
+def _common_profile(rng: random.Random, tiny: bool, strata: pb.Strata,
+                    layouts_: tuple) -> dict:
     dtype = torch.float16 if tiny else rng.choice((torch.float16, torch.bfloat16))
     group, kv_heads = _heads(rng, tiny)
     return dict(
         dtype=dtype,
         kv_dtype=rng.choices((dtype,) + pb.FP8, weights=(6, 1, 1))[0],
-        head_dim=rng.choice(pb.HEAD_DIMS_TINY if tiny else pb.HEAD_DIMS),
-        page=rng.choice(pb.PAGES_TINY if tiny else pb.PAGES),
-        group=group, kv_heads=kv_heads, layout=rng.choice(layouts_),
+        head_dim=strata.pick("head_dim", pb.HEAD_DIMS_TINY if tiny else pb.HEAD_DIMS),
+        page=strata.pick("page", pb.PAGES_TINY if tiny else pb.PAGES),
+        group=group, kv_heads=kv_heads, layout=strata.pick("layout", layouts_),
         window=rng.random() < 0.2, soft_cap=rng.random() < 0.2, sinks=rng.random() < 0.2,
         index_dtype=rng.choice((torch.int32, torch.int64)),
         scale_tensors=rng.random() < 0.5)
@@ -82,8 +86,8 @@ def _describe(prof: dict, **extra) -> str:
 # ----------------------------------------------------------------------------- decode
 
 
-def decode_profile(rng: random.Random, tiny: bool) -> dict:
-    prof = _common_profile(rng, tiny, pb.ALL_LAYOUTS)
+def decode_profile(rng: random.Random, tiny: bool, strata: pb.Strata) -> dict:
+    prof = _common_profile(rng, tiny, strata, pb.ALL_LAYOUTS)
     prof["tokens"] = rng.choice((1, 1, 1, 2, 4) if not tiny else (1, 1, 2))
     prof["partition_size"] = rng.choice((None, 16) if tiny else (None, None, 16, 64, 256, 512))
     return prof
@@ -94,8 +98,9 @@ def decode_case(rng: random.Random, prof: dict, device, tiny: bool):
     num_seqs = pb.draw_batch_size(rng, tiny)
     t, page, dim = prof["tokens"], prof["page"], prof["head_dim"]
     hq, hkv = prof["group"] * prof["kv_heads"], prof["kv_heads"]
-    lens = [pb.draw_length(rng, tiny, allow_long=num_seqs <= 4) for _ in range(num_seqs)]
-    lens = [0 if n == 0 else max(n, t) for n in _shrink(lens, MAX_KV_TOKENS)]
+    lens = [min(pb.draw_length(rng, tiny, allow_long=num_seqs <= 4),
+                int(MAX_REF_ELEMS / (hq * dim))) for _ in range(num_seqs)]
+    lens = [0 if n == 0 else max(n, t) for n in _shrink(lens, int(MAX_KV_ELEMS / (hkv * dim)))]
     hostile = rng.random() < HOSTILE_SHARE
     tbl = pb.build_table(rng, [pb.cdiv(n, page) for n in lens], index_dtype=prof["index_dtype"],
                          device=device, hostile=hostile)
@@ -127,8 +132,8 @@ def decode_case(rng: random.Random, prof: dict, device, tiny: bool):
 # ----------------------------------------------------------------------------- prefill
 
 
-def prefill_profile(rng: random.Random, tiny: bool) -> dict:
-    prof = _common_profile(rng, tiny, pb.ATTN_LAYOUTS)
+def prefill_profile(rng: random.Random, tiny: bool, strata: pb.Strata) -> dict:
+    prof = _common_profile(rng, tiny, strata, pb.ATTN_LAYOUTS)
     prof.update(k_new=rng.random() < 0.4, causal=rng.random() < 0.85,
                 lse=rng.random() < 0.5)
     prof["window"] = prof["window"] and prof["causal"]  # a window is causal only
@@ -162,7 +167,8 @@ def prefill_case(rng: random.Random, prof: dict, device, tiny: bool):
                   MAX_PREFILL_Q)
     pre = [0 if rng.random() < 0.3 else pb.draw_length(rng, tiny, allow_long=num_seqs <= 4)
            for _ in range(num_seqs)]
-    pre = _shrink(pre, MAX_KV_TOKENS - sum(ext))
+    pre = [min(p, int(MAX_REF_ELEMS / (hq * dim))) for p in pre]
+    pre = _shrink(pre, max(0, int(MAX_KV_ELEMS / (hkv * dim)) - sum(ext)))
     # the reference's score matrix of one request stays bounded
     pre = [min(p, max(0, int(MAX_SCORE_ELEMS / max(1, hq * e)) - e)) for p, e in zip(pre, ext)]
     lens_k = [p + e for p, e in zip(pre, ext)]

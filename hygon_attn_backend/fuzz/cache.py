@@ -19,7 +19,7 @@ from hygon_attn_backend.ops.cache import copy_blocks, write_kv
 HOSTILE_SHARE = 0.2
 
 
-def _profile(rng: random.Random, tiny: bool) -> dict:
+def _profile(rng: random.Random, tiny: bool, strata: pb.Strata) -> dict:
     k_dtypes = (torch.float16, torch.float32) if tiny else (torch.float16, torch.bfloat16,
                                                             torch.float32)
     dtype = rng.choice(k_dtypes)
@@ -27,9 +27,9 @@ def _profile(rng: random.Random, tiny: bool) -> dict:
         dtype=dtype,
         cache_dtype=rng.choices((dtype, torch.float16) + pb.FP8, weights=(5, 1, 1, 1))[0],
         kv_heads=rng.choice((1, 2) if tiny else (1, 2, 4, 8)),
-        head_dim=rng.choice(pb.HEAD_DIMS_TINY if tiny else pb.HEAD_DIMS),
-        page=rng.choice(pb.PAGES_TINY if tiny else pb.PAGES),
-        layout=rng.choice(pb.ALL_LAYOUTS),
+        head_dim=strata.pick("head_dim", pb.HEAD_DIMS_TINY if tiny else pb.HEAD_DIMS),
+        page=strata.pick("page", pb.PAGES_TINY if tiny else pb.PAGES),
+        layout=strata.pick("layout", pb.ALL_LAYOUTS),
         index_dtype=rng.choice((torch.int32, torch.int64)),
         scale_tensors=rng.random() < 0.5)
 

@@ -32,6 +32,20 @@ ATTN_LAYOUTS = ("bshd", "bhsd", "bhds", "sglang_nhd", "sglang_hnd") + tuple(
 ALL_LAYOUTS = ATTN_LAYOUTS + ("split_x",)
 
 
+class Strata:
+    """Stratified choice of compile-time values over a seed's profiles: profile ``index``
+    takes entry ``index % len(values)`` of a per-seed shuffle of each value set, so any
+    ``len(values)`` consecutive profiles cover every value (a plain draw would miss some
+    of 12 layouts in 24 profiles)."""
+
+    def __init__(self, key: str, index: int):
+        self.key, self.index = key, index
+
+    def pick(self, name: str, values: tuple):
+        order = random.Random(f"{self.key}:{name}").sample(range(len(values)), len(values))
+        return values[order[self.index % len(values)]]
+
+
 def bad_block_ids(num_blocks: int, index_dtype: torch.dtype) -> tuple:
     """Ids that must behave as absent keys: negative, just past the end, far past it."""
     big = 2**31 - 1 if index_dtype == torch.int32 else 2**40
@@ -128,12 +142,11 @@ def draw_length(rng: random.Random, tiny: bool, *, allow_long: bool) -> int:
 
 @dataclass
 class Table:
-    """Block table of a batch. used: ``[(row, col)]`` entries the lengths reach."""
+    """Block table of a batch (``hostile``: how many used entries hold bad ids)."""
 
     table: torch.Tensor
     num_blocks: int
-    used: list
-    hostile: int  # how many used entries were replaced by bad ids
+    hostile: int
 
 
 def build_table(rng: random.Random, cols_needed: list, *, index_dtype: torch.dtype, device,
@@ -141,19 +154,18 @@ def build_table(rng: random.Random, cols_needed: list, *, index_dtype: torch.dty
     """Distinct physical blocks for every used entry (a random permutation), garbage in the
     unused columns, and with ``hostile`` 1-3 used entries replaced by bad ids."""
     width = max(cols_needed + [0]) + rng.randint(0, 2)
-    used = [(b, c) for b, n in enumerate(cols_needed) for c in range(n)]
-    num_blocks = len(used) + rng.randint(1, 8)
-    ids = torch.randperm(num_blocks)[:len(used)].tolist()
-    rows = [[rng.randint(-3, num_blocks + 3) for _ in range(width)] for _ in cols_needed]
-    for (b, c), i in zip(used, ids):
-        rows[b][c] = i
+    num_used = sum(cols_needed)
+    num_blocks = num_used + rng.randint(1, 8)
+    table = torch.randint(-3, num_blocks + 4, (len(cols_needed), width), dtype=torch.int64)
+    used = torch.arange(width).unsqueeze(0) < torch.tensor(cols_needed).view(-1, 1)
+    table[used] = torch.randperm(num_blocks)[:num_used]
     bad = 0
-    if hostile and used:
-        for b, c in rng.sample(used, min(len(used), rng.randint(1, 3))):
-            rows[b][c] = rng.choice(bad_block_ids(num_blocks, index_dtype))
+    if hostile and num_used:
+        where = used.nonzero()  # [num_used, 2]
+        for i in rng.sample(range(num_used), min(num_used, rng.randint(1, 3))):
+            table[where[i, 0], where[i, 1]] = rng.choice(bad_block_ids(num_blocks, index_dtype))
             bad += 1
-    table = torch.tensor(rows, dtype=index_dtype).reshape(len(cols_needed), width)
-    return Table(table.to(device), num_blocks, used, bad)
+    return Table(table.to(device=device, dtype=index_dtype), num_blocks, bad)
 
 
 def cdiv(a: int, b: int) -> int:
