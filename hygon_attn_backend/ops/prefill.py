@@ -297,6 +297,7 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                          f"num_seqs={plan.num_seqs}; this call has group="
                          f"{num_q_heads // num_kv_heads}, total_q={total_q}, "
                          f"num_seqs={num_seqs}")
+    _checks.check_prefill_plan(plan, total_q=total_q, num_seqs=num_seqs, device=device)
     if out is None:
         out = torch.empty_like(q)
     lse = (torch.empty((total_q, num_q_heads), dtype=torch.float32, device=device)
