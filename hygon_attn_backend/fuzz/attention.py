@@ -51,13 +51,8 @@ def _common_profile(rng: random.Random, tiny: bool, strata: pb.Strata,
 
 def _options(rng: random.Random, prof: dict, num_q_heads: int, max_len: int, device) -> dict:
     """Keyword options shared by both ops (fp8 scales, scale, window, soft cap, sinks)."""
-    kw = {}
-    if prof["kv_dtype"] in pb.FP8:
-        ks, vs = rng.uniform(0.2, 2.0), rng.uniform(0.2, 2.0)
-        if prof["scale_tensors"]:
-            ks = torch.tensor([ks], dtype=torch.float32, device=device)
-            vs = torch.tensor([vs], dtype=torch.float32, device=device)
-        kw.update(k_scale=ks, v_scale=vs)
+    kw = pb.fp8_scales(rng, prof["kv_dtype"], as_tensors=prof["scale_tensors"], device=device,
+                       lo=0.2, hi=2.0)
     if rng.random() < 0.3:
         kw["scale"] = rng.uniform(0.02, 0.3)
     if prof["window"]:

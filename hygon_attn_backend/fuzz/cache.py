@@ -72,13 +72,8 @@ def write_kv_case(rng: random.Random, prof: dict, device, tiny: bool):
     k = torch.randn(num_tokens, hkv, dim, device=device).to(prof["dtype"]) * 3
     v = torch.randn(num_tokens, hkv, dim, device=device).to(prof["dtype"]) * 3
     slot_t = torch.tensor(slots, dtype=prof["index_dtype"], device=device)
-    kw = {}
-    if prof["cache_dtype"] in pb.FP8:
-        ks, vs = rng.uniform(0.1, 3.0), rng.uniform(0.1, 3.0)
-        if prof["scale_tensors"]:
-            ks = torch.tensor([ks], dtype=torch.float32, device=device)
-            vs = torch.tensor([vs], dtype=torch.float32, device=device)
-        kw = dict(k_scale=ks, v_scale=vs)
+    kw = pb.fp8_scales(rng, prof["cache_dtype"], as_tensors=prof["scale_tensors"],
+                       device=device, lo=0.1, hi=3.0)
     reference.write_kv(k, v, want_cache.k, want_cache.v, slot_t, **kw)
     want = pb.storage_bytes(want_cache)
     write_kv(k, v, cache.k, cache.v, slot_t, impl="triton", **kw)

@@ -168,5 +168,18 @@ def build_table(rng: random.Random, cols_needed: list, *, index_dtype: torch.dty
     return Table(table.to(device=device, dtype=index_dtype), num_blocks, bad)
 
 
+def fp8_scales(rng: random.Random, cache_dtype: torch.dtype, *, as_tensors: bool, device,
+               lo: float, hi: float) -> dict:
+    """``k_scale``/``v_scale`` keyword arguments for an fp8 cache (floats or 1-element fp32
+    tensors), else no arguments."""
+    if cache_dtype not in FP8:
+        return {}
+    ks, vs = rng.uniform(lo, hi), rng.uniform(lo, hi)
+    if as_tensors:
+        ks = torch.tensor([ks], dtype=torch.float32, device=device)
+        vs = torch.tensor([vs], dtype=torch.float32, device=device)
+    return dict(k_scale=ks, v_scale=vs)
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
