@@ -11,6 +11,7 @@
     hygon-attn bench overhead  host microseconds per attention call (GPU)
     hygon-attn simulate        KV memory and prefix reuse of a request trace through the
                                engines' own memory managers (CPU, no model)
+    hygon-attn fuzz --op OP    seeded random problems against the reference
 
 Heavy modules (torch kernels, engines) are imported inside the subcommands only.
 """
@@ -119,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         getattr(module, f"add_{name}_parser")(bench_sub)  # sets its own func
     from hygon_attn_backend.simulate.cli import add_simulate_parser
     add_simulate_parser(sub)
+    from hygon_attn_backend.fuzz import add_fuzz_parser
+    add_fuzz_parser(sub)
     return parser
 
 

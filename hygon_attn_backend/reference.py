@@ -30,6 +30,7 @@ __all__ = [
     "quantize_fp8",
     "dequantize_fp8",
     "gather_kv",
+    "key_presence",
     "causal_mask",
     "FP8_DTYPES",
 ]
@@ -97,20 +98,47 @@ def as_canonical_view(cache: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"cache must be 4-D or 5-D (split-x K), got shape {tuple(cache.shape)}")
 
 
+def _block_ids(cache: torch.Tensor, block_table_row: torch.Tensor, start: int, stop: int
+               ) -> torch.Tensor:
+    """int64 ``[stop - start]`` block id of each token ``[start, stop)``, ``-1`` where absent
+    (see :func:`key_presence`)."""
+    view = as_canonical_view(cache)
+    num_blocks, page_size = view.shape[0], view.shape[2]
+    row = block_table_row.to(device=view.device, dtype=torch.long)
+    cols = torch.arange(start, stop, device=view.device) // page_size
+    if row.shape[0] == 0:
+        return torch.full_like(cols, -1)
+    ids = row[cols.clamp(max=row.shape[0] - 1)]  # no host sync (engines call this per step)
+    ok = (cols < row.shape[0]) & (ids >= 0) & (ids < num_blocks)
+    return torch.where(ok, ids, -1)
+
+
+def key_presence(cache: torch.Tensor, block_table_row: torch.Tensor, start: int, stop: int
+                 ) -> torch.Tensor:
+    """Boolean ``[stop - start]``: which tokens ``[start, stop)`` of one sequence exist.
+
+    The bounds rule every kernel follows: token ``t`` is *absent* when its table column
+    ``t // P`` is past the row's end or its block id is outside ``[0, num_blocks)``; an
+    absent key is never read and no query sees it (as if masked). A row that sees no key
+    gives 0.
+    """
+    return _block_ids(cache, block_table_row, start, stop) >= 0
+
+
 def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, start: int, stop: int,
               *, scale: ScaleLike = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Gather tokens ``[start, stop)`` of one sequence: returns ``[stop - start, H, D]``.
 
     cache: canonical view ``[num_blocks, H, P, D]`` (or the 5-D split-x K cache).
     block_table_row: ``[max_blocks]`` integer physical block ids of the sequence.
+    Absent tokens (:func:`key_presence`) are never read and come back as zeros; the
+    attention functions also mask them out.
     """
     view = as_canonical_view(cache)
-    page_size = view.shape[2]
-    pos = torch.arange(start, stop, device=view.device)
-    pages = block_table_row.to(device=view.device, dtype=torch.long)[pos // page_size]
-    slots = pos % page_size
-    rows = view[pages, :, slots, :]  # [L, H, D]
-    return _load_cache(rows, scale, dtype)
+    ids = _block_ids(cache, block_table_row, start, stop)
+    slots = torch.arange(start, stop, device=view.device) % view.shape[2]
+    rows = _load_cache(view[ids.clamp(min=0), :, slots, :], scale, dtype)  # [L, H, D]
+    return rows.masked_fill((ids < 0).view(-1, 1, 1), 0.0)
 
 
 def causal_mask(len_q: int, len_k: int, *, device=None, sliding_window: Optional[int] = None
@@ -188,8 +216,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
        ``seq_len - T + t`` and sees keys ``j <= seq_len - T + t``).
     k_cache, v_cache: ``[num_blocks, num_kv_heads, P, D]`` views (any strides), fp16/bf16/
        fp32 or fp8 with ``k_scale``/``v_scale``; K may be the 5-D split-x cache.
-    block_table: ``[num_seqs, max_blocks]`` int32 physical block ids.
-    seq_lens: ``[num_seqs]`` int32 key lengths (>= T); a sequence of length 0 gives 0.
+    block_table: ``[num_seqs, max_blocks]`` int32 physical block ids; a bad id (outside
+       ``[0, num_blocks)``) or a column past the table makes its keys absent
+       (:func:`key_presence`).
+    seq_lens: ``[num_seqs]`` int32 key lengths (>= T); a sequence of length 0 gives 0, as
+       does a row that sees no key (never NaN).
     sinks: ``[num_q_heads]`` float32 per-head sink logits (an extra always-visible key
        with value 0), or None. ``partition_size`` is accepted for API parity and ignored.
 
@@ -209,6 +240,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         k = gather_kv(k_cache, block_table[s], 0, length, scale=k_scale, dtype=compute_dtype)
         v = gather_kv(v_cache, block_table[s], 0, length, scale=v_scale, dtype=compute_dtype)
         mask = causal_mask(num_tokens, length, device=q.device, sliding_window=sliding_window)
+        mask &= key_presence(k_cache, block_table[s], 0, length).to(q.device)
         o, _ = _attend(q4[s].to(compute_dtype), k.to(q.device), v.to(q.device), mask,
                        sm_scale, soft_cap, sinks)
         result[s] = o
@@ -235,13 +267,15 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     q: ``[total_q, num_q_heads, D]`` packed new tokens; request ``b`` owns rows
        ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` (``Lq_b`` of them).
     k_cache, v_cache: ``[num_blocks, num_kv_heads, P, D]`` views (any strides).
-    block_table: ``[B, max_blocks]`` int32 physical block ids.
+    block_table: ``[B, max_blocks]`` int32 physical block ids; bad ids make their keys
+       absent (:func:`key_presence`).
     cu_seqlens_q: ``[B + 1]`` int32, non-decreasing, starts at 0.
     seq_lens_k: ``[B]`` int32 total key length ``Lk_b`` (prefix + new), ``Lk_b >= Lq_b``.
     k_new, v_new: optional ``[total_q, num_kv_heads, D]`` keys/values of the new tokens
        (packed like ``q``). Given: the prefix ``[0, Lk - Lq)`` is read from the cache and
        the new tokens from these. Absent: all ``Lk`` keys come from the cache.
     causal: apply ``j <= i + (Lk - Lq)``; otherwise every row sees every key.
+    A row that sees no key (``Lk = 0``, a window or absent keys) gives 0 and lse ``-inf``.
 
     Returns ``out [total_q, num_q_heads, D]`` (q's dtype), and with ``return_lse`` also
     ``lse [total_q, num_q_heads]`` float32 (natural log).
@@ -258,17 +292,17 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         len_q, len_k = q1 - q0, int(lens[b])
         if len_q == 0 or len_k == 0:
             continue
+        from_cache = len_k - len_q if k_new is not None else len_k
+        k = gather_kv(k_cache, block_table[b], 0, from_cache, scale=k_scale, dtype=compute_dtype)
+        v = gather_kv(v_cache, block_table[b], 0, from_cache, scale=v_scale, dtype=compute_dtype)
+        present = key_presence(k_cache, block_table[b], 0, from_cache).to(q.device)
         if k_new is not None:
-            prefix = len_k - len_q
-            kp = gather_kv(k_cache, block_table[b], 0, prefix, scale=k_scale, dtype=compute_dtype)
-            vp = gather_kv(v_cache, block_table[b], 0, prefix, scale=v_scale, dtype=compute_dtype)
-            k = torch.cat([kp.to(q.device), k_new[q0:q1].to(compute_dtype)], dim=0)
-            v = torch.cat([vp.to(q.device), v_new[q0:q1].to(compute_dtype)], dim=0)
-        else:
-            k = gather_kv(k_cache, block_table[b], 0, len_k, scale=k_scale, dtype=compute_dtype)
-            v = gather_kv(v_cache, block_table[b], 0, len_k, scale=v_scale, dtype=compute_dtype)
+            k = torch.cat([k.to(q.device), k_new[q0:q1].to(compute_dtype)], dim=0)
+            v = torch.cat([v.to(q.device), v_new[q0:q1].to(compute_dtype)], dim=0)
+            present = torch.cat([present, torch.ones(len_q, dtype=torch.bool, device=q.device)])
         mask = (causal_mask(len_q, len_k, device=q.device, sliding_window=sliding_window)
-                if causal else None)
+                if causal else torch.ones(len_q, len_k, dtype=torch.bool, device=q.device))
+        mask &= present
         o, row_lse = _attend(q[q0:q1].to(compute_dtype), k.to(q.device), v.to(q.device), mask,
                              sm_scale, soft_cap, sinks)
         result[q0:q1] = o
@@ -320,11 +354,13 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     k_cache, v_cache: ``[num_blocks, num_kv_heads, P, D]`` views (any strides, written
        through the view); a 5-D split-x K cache is written through its own indexing.
     slot_mapping: ``[num_tokens]`` integer; slot ``s`` is block ``s // P``, offset
-       ``s % P``; ``-1`` marks padding and is skipped.
+       ``s % P``; ``-1`` marks padding and is skipped, as is any slot outside
+       ``[0, num_blocks * P)`` (nothing is written for it).
     fp8 caches store ``k / k_scale`` (saturated), others a plain cast.
     """
     slots = slot_mapping.to(device=k.device, dtype=torch.long)
-    keep = slots >= 0
+    view = as_canonical_view(k_cache)
+    keep = (slots >= 0) & (slots < view.shape[0] * view.shape[2])  # others: skipped
     slots = slots[keep]
     for src, cache, sc in ((k[keep], k_cache, k_scale), (v[keep], v_cache, v_scale)):
         if cache.dtype in FP8_DTYPES:
@@ -348,10 +384,13 @@ def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor,
     ``block_mapping [n, 2]`` set ``cache[dst] = cache[src]`` in both caches.
 
     All sources are read before any destination is written, so the result is defined
-    when a destination is also a source; destinations must be distinct.
+    when a destination is also a source; destinations must be distinct. A pair with an
+    id outside ``[0, num_blocks)`` is skipped (nothing is read or written for it).
     k_cache, v_cache: the caches' storage tensors (any layout whose first axis is the
     block; the 5-D split-x K cache too).
     """
     pairs = block_mapping.to(device=k_cache.device, dtype=torch.long).reshape(-1, 2)
+    n = k_cache.shape[0]
+    pairs = pairs[((pairs >= 0) & (pairs < n)).all(dim=1)]  # a pair with a bad id: skipped
     for cache in (k_cache, v_cache):
         cache[pairs[:, 1]] = cache[pairs[:, 0]].clone()

@@ -22,7 +22,7 @@ writes ``(m, l, acc / l)`` to the scratch slot ``seq * num_partitions + part`` f
 import triton
 import triton.language as tl
 
-from hygon_attn_backend.kernels.paged_kv import lookup_tile_pages
+from hygon_attn_backend.kernels.paged_kv import lookup_tile_pages, tile_row_offsets
 from hygon_attn_backend.kernels.softmax import online_softmax_step, soft_cap_log2
 
 
@@ -141,14 +141,13 @@ def paged_decode_kernel(
         if PAGE_SIZE % BLOCK_N == 0:
             # one page for the whole tile (page is a scalar); a bad id masks every token
             tok_ok = offs_tok < tl.where(page >= 0, part_end, start)
-            slot = (start % PAGE_SIZE) + offs_n  # [BLOCK_N]
         else:
             tok_ok = (offs_tok < part_end) & (page >= 0)
-            slot = offs_tok % PAGE_SIZE  # [BLOCK_N]
-        page = tl.maximum(page, 0)  # never form an address from a bad id
-        slot = slot.to(tl.int64)
-        tok_off_k = page * stride_k_block + slot * stride_k_slot  # [BLOCK_N]
-        tok_off_v = page * stride_v_block + slot * stride_v_slot  # [BLOCK_N]
+        # addresses from the clamped id: never a wild pointer, even in a masked lane
+        tok_off_k = tile_row_offsets(page, start, offs_n, stride_k_block, stride_k_slot,
+                                     PAGE_SIZE, BLOCK_N)  # [BLOCK_N]
+        tok_off_v = tile_row_offsets(page, start, offs_n, stride_v_block, stride_v_slot,
+                                     PAGE_SIZE, BLOCK_N)  # [BLOCK_N]
 
         if HEAD_DIM == HEAD_DIM_PAD:
             k_mask = tok_ok[None, :]  # no mask along D: keeps 16-byte loads

@@ -26,62 +26,79 @@ Softmax state ``m_i``, ``l_i``, ``acc`` is fp32 in log2 units (``exp2``).
 import triton
 import triton.language as tl
 
+from hygon_attn_backend.kernels.paged_kv import lookup_tile_pages, tile_row_offsets
 from hygon_attn_backend.kernels.prefill_mask import tanh_f32, tile_visibility
-from hygon_attn_backend.kernels.prefill_paging import paged_row_offsets, paged_tile_offsets
 
 
 @triton.jit
 def _prefill_stage(acc, l_i, m_i, q, diag,
-                   k_base, v_base, block_table_row_ptr,
+                   k_base, v_base, bt_row_ptr, stride_bt_block, max_blocks, num_blocks,
                    stride_k_block, stride_k_row, stride_kd,
                    stride_v_block, stride_v_row, stride_vd,
                    lo, hi, n_limit, key0, src0, window, qk_scale, cap_scale, soft_cap,
                    v_mult, offs_n, offs_d, head_dim,
-                   FROM_CACHE: tl.constexpr, TILE_IN_PAGE: tl.constexpr,
+                   FROM_CACHE: tl.constexpr,
                    PAGE_SIZE: tl.constexpr, BOUND: tl.constexpr, CAUSAL: tl.constexpr,
                    WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, SCALE_V: tl.constexpr,
                    PAD_D: tl.constexpr, BLOCK_N: tl.constexpr):
     """Walk keys ``n`` in ``[lo, hi)`` (step BLOCK_N) of one stage and update the state.
 
-    Key ``n`` is global key position ``key0 + n``; its row is cache position ``src0 + n``
-    (``FROM_CACHE``) or dense row ``src0 + n`` of ``k_new``/``v_new`` (then
-    ``stride_*_row`` is the token stride). ``qk_scale``/``cap_scale`` already hold the
-    fp8 K scale of this stage's source; ``SCALE_V`` multiplies P by ``v_mult`` (the fp8 V
-    scale) before the PV product. acc: ``[BLOCK_M, HEAD_DIM]`` fp32,
-    l_i/m_i: ``[BLOCK_M]`` fp32, q: ``[BLOCK_M, HEAD_DIM]``, diag: ``[BLOCK_M]`` int32.
+    Key ``n`` is global key position ``key0 + n``; with ``FROM_CACHE`` it is cache
+    position ``n`` (``src0 == 0``, ``lo % BLOCK_N == 0``: every tile starts on a
+    ``BLOCK_N`` boundary), else dense row ``src0 + n`` of ``k_new``/``v_new`` (then
+    ``stride_*_row`` is the token stride). Cache keys whose block id is absent
+    (``paged_kv.lookup_tile_pages``: outside ``[0, num_blocks)`` or past the table's
+    ``max_blocks`` columns) are never loaded and get logit ``-inf``. ``qk_scale``/
+    ``cap_scale`` already hold the fp8 K scale of this stage's source; ``SCALE_V``
+    multiplies P by ``v_mult`` (the fp8 V scale) before the PV product.
+    acc: ``[BLOCK_M, HEAD_DIM]`` fp32, l_i/m_i: ``[BLOCK_M]`` fp32,
+    q: ``[BLOCK_M, HEAD_DIM]``, diag: ``[BLOCK_M]`` int32.
     """
     MASKED: tl.constexpr = BOUND or CAUSAL or WINDOW
+    # a tile inside one page has one (scalar) block id: an absent page drops the whole
+    # tile through the running max (no per-element select in the unmasked stages)
+    ONE_PAGE: tl.constexpr = FROM_CACHE and PAGE_SIZE % BLOCK_N == 0
     for start_n in range(lo, hi, BLOCK_N):
         n = start_n + offs_n  # [BLOCK_N]
         if FROM_CACHE:
-            if TILE_IN_PAGE:
-                k_rows = paged_tile_offsets(block_table_row_ptr, src0 + start_n, offs_n,
-                                            stride_k_block, stride_k_row, PAGE_SIZE)
-                v_rows = paged_tile_offsets(block_table_row_ptr, src0 + start_n, offs_n,
-                                            stride_v_block, stride_v_row, PAGE_SIZE)
+            page = lookup_tile_pages(bt_row_ptr, stride_bt_block, start_n, offs_n,
+                                     max_blocks, num_blocks, PAGE_SIZE, BLOCK_N)
+            key_ok = page >= 0  # scalar (ONE_PAGE) or [BLOCK_N]
+            k_rows = tile_row_offsets(page, start_n, offs_n, stride_k_block, stride_k_row,
+                                      PAGE_SIZE, BLOCK_N)  # [BLOCK_N] int64
+            v_rows = tile_row_offsets(page, start_n, offs_n, stride_v_block, stride_v_row,
+                                      PAGE_SIZE, BLOCK_N)  # [BLOCK_N] int64
+            if ONE_PAGE:
+                n_ok = n < tl.where(key_ok, n_limit, start_n)  # [BLOCK_N]
+            elif BOUND:
+                n_ok = (n < n_limit) & key_ok
             else:
-                k_rows = paged_row_offsets(block_table_row_ptr, src0 + n, stride_k_block,
-                                           stride_k_row, PAGE_SIZE, BOUND, src0 + n_limit)
-                v_rows = paged_row_offsets(block_table_row_ptr, src0 + n, stride_v_block,
-                                           stride_v_row, PAGE_SIZE, BOUND, src0 + n_limit)
+                n_ok = key_ok
+            kv_mask = n_ok[:, None]  # [BLOCK_N, 1]: no mask along D keeps wide loads
+            if PAD_D:
+                kv_mask = kv_mask & (offs_d[None, :] < head_dim)
+            k_ptrs = k_base + k_rows[:, None] + offs_d[None, :] * stride_kd
+            v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd
+            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, HEAD_DIM]
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, HEAD_DIM]
         else:
             k_rows = (src0 + n).to(tl.int64) * stride_k_row
             v_rows = (src0 + n).to(tl.int64) * stride_v_row
-        k_ptrs = k_base + k_rows[:, None] + offs_d[None, :] * stride_kd  # [BLOCK_N, HEAD_DIM]
-        v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd  # [BLOCK_N, HEAD_DIM]
-        if BOUND:
-            if PAD_D:
-                kv_mask = (n[:, None] < n_limit) & (offs_d[None, :] < head_dim)
+            k_ptrs = k_base + k_rows[:, None] + offs_d[None, :] * stride_kd  # [BLOCK_N, HEAD_DIM]
+            v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd  # [BLOCK_N, HEAD_DIM]
+            if BOUND:
+                if PAD_D:
+                    kv_mask = (n[:, None] < n_limit) & (offs_d[None, :] < head_dim)
+                else:
+                    kv_mask = n[:, None] < n_limit
+                k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+                v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+            elif PAD_D:
+                k = tl.load(k_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
+                v = tl.load(v_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
             else:
-                kv_mask = n[:, None] < n_limit
-            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-        elif PAD_D:
-            k = tl.load(k_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
-            v = tl.load(v_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+                k = tl.load(k_ptrs)
+                v = tl.load(v_ptrs)
         # k, v: [BLOCK_N, HEAD_DIM] in the cache dtype (fp8 is widened to q's dtype)
         s = tl.dot(q, tl.trans(k.to(q.dtype)))  # [BLOCK_M, BLOCK_N] fp32
         if SOFT_CAP:
@@ -91,10 +108,18 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
             s_mult = qk_scale  # applied inside exp2's argument: one FMA per logit
         if MASKED:
             vis = tile_visibility(diag, key0 + n, n, n_limit, window, BOUND, CAUSAL, WINDOW)
+            if FROM_CACHE and not ONE_PAGE:
+                vis = vis & key_ok[None, :]
             s = tl.where(vis, s, float("-inf"))
+        elif FROM_CACHE and not ONE_PAGE:
+            s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1) * s_mult)  # [BLOCK_M], scale > 0
+        m_sub = m_new
+        if ONE_PAGE:
+            m_new = tl.where(key_ok, m_new, m_i)  # an absent page leaves the state as is
+            m_sub = tl.where(key_ok, m_new, float("inf"))  # ... and its p is 2^-inf = 0
         alpha = tl.exp2(m_i - m_new)  # m_i starts finite: never -inf - -inf
-        p = tl.exp2(s * s_mult - m_new[:, None])  # [BLOCK_M, BLOCK_N]
+        p = tl.exp2(s * s_mult - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if SCALE_V:
@@ -104,12 +129,12 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_blocks", "max_blocks", "window"])
 def prefix_prefill_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, k_new_ptr, v_new_ptr, out_ptr, lse_ptr, sinks_ptr,
         block_table_ptr, cu_seqlens_q_ptr, seq_lens_k_ptr, tile_req_ptr, tile_mblock_ptr,
         k_scale_ptr, v_scale_ptr,
-        sm_scale, k_scale_val, v_scale_val, soft_cap, window, head_dim,
+        sm_scale, k_scale_val, v_scale_val, soft_cap, window, head_dim, num_blocks, max_blocks,
         stride_qt, stride_qh, stride_qd,
         stride_kb, stride_kh, stride_ks, stride_kd,
         stride_vb, stride_vh, stride_vs, stride_vd,
@@ -117,18 +142,19 @@ def prefix_prefill_kernel(
         stride_vnt, stride_vnh, stride_vnd,
         stride_ot, stride_oh, stride_od,
         stride_lset, stride_lseh,
-        stride_bt,
+        stride_bt, stride_bt_block,
         GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr,
         HAS_K_NEW: tl.constexpr, RETURN_LSE: tl.constexpr, SCALE_FROM_PTR: tl.constexpr,
         WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-        KV_SCALED: tl.constexpr, PAD_D: tl.constexpr, PREFIX_TILE_IN_PAGE: tl.constexpr):
+        KV_SCALED: tl.constexpr, PAD_D: tl.constexpr):
     """Grid ``(max_tiles, num_kv_heads)``; unused tile slots (``tile_req < 0``) exit.
 
     q: ``[total_q, Hq, D]``; k_cache/v_cache: ``[num_blocks, Hkv, P, D]`` views;
     k_new/v_new: ``[total_q, Hkv, D]`` (``HAS_K_NEW``); out like q; lse ``[total_q, Hq]``
-    fp32 natural log (``RETURN_LSE``); sinks ``[Hq]`` fp32 (``HAS_SINKS``). block_table ``[B, max_blocks]`` int32,
-    cu_seqlens_q ``[B + 1]``, seq_lens_k ``[B]``, tile_req/tile_mblock ``[max_tiles]``.
+    fp32 natural log (``RETURN_LSE``); sinks ``[Hq]`` fp32 (``HAS_SINKS``).
+    block_table ``[B, max_blocks]`` int32/int64 (ids outside ``[0, num_blocks)``: absent
+    keys), cu_seqlens_q ``[B + 1]``, seq_lens_k ``[B]``, tile_req/tile_mblock ``[max_tiles]``.
     """
     TOK_M: tl.constexpr = BLOCK_M // GROUP
     pid_t = tl.program_id(0)
@@ -191,19 +217,21 @@ def prefix_prefill_kernel(
         full1 = len_p // BLOCK_N * BLOCK_N
         acc, l_i, m_i = _prefill_stage(
             acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
+            stride_bt_block, max_blocks, num_blocks,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
             lo1, full1, len_p, 0, 0, window, qk_scale_c, cap_scale_c, soft_cap, v_scale,
             offs_n, offs_d, head_dim,
-            FROM_CACHE=True, TILE_IN_PAGE=PREFIX_TILE_IN_PAGE, PAGE_SIZE=PAGE_SIZE, BOUND=False,
+            FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=False,
             CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
             PAD_D=PAD_D,
             BLOCK_N=BLOCK_N)
         acc, l_i, m_i = _prefill_stage(  # the partial last prefix tile, if any
             acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
+            stride_bt_block, max_blocks, num_blocks,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
             tl.maximum(full1, lo1), len_p, len_p, 0, 0, window, qk_scale_c, cap_scale_c,
             soft_cap, v_scale, offs_n, offs_d, head_dim,
-            FROM_CACHE=True, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
+            FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=True,
             CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
             PAD_D=PAD_D,
             BLOCK_N=BLOCK_N)
@@ -223,19 +251,21 @@ def prefix_prefill_kernel(
             lo2 = 0
         acc, l_i, m_i = _prefill_stage(
             acc, l_i, m_i, q, diag, kn_base, vn_base, bt_row,
+            stride_bt_block, max_blocks, num_blocks,
             stride_knt, stride_knt, stride_knd, stride_vnt, stride_vnt, stride_vnd,
             lo2, diag_lo, hi2, len_p, q_start, window, qk_scale, cap_scale, soft_cap, 1.0,
             offs_n, offs_d, head_dim,
-            FROM_CACHE=False, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=False,
+            FROM_CACHE=False, PAGE_SIZE=PAGE_SIZE, BOUND=False,
             CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=False,
             PAD_D=PAD_D,
             BLOCK_N=BLOCK_N)
         acc, l_i, m_i = _prefill_stage(  # diagonal tiles (or the partial last tile)
             acc, l_i, m_i, q, diag, kn_base, vn_base, bt_row,
+            stride_bt_block, max_blocks, num_blocks,
             stride_knt, stride_knt, stride_knd, stride_vnt, stride_vnt, stride_vnd,
             tl.maximum(diag_lo, lo2), hi2, hi2, len_p, q_start, window, qk_scale, cap_scale,
             soft_cap, 1.0, offs_n, offs_d, head_dim,
-            FROM_CACHE=False, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
+            FROM_CACHE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
             CAUSAL=CAUSAL, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=False,
             PAD_D=PAD_D,
             BLOCK_N=BLOCK_N)
@@ -257,18 +287,20 @@ def prefix_prefill_kernel(
             lo = tl.maximum(0, len_p + m_tok0 - window + 1) // BLOCK_N * BLOCK_N
         acc, l_i, m_i = _prefill_stage(  # ---- stage 1: no mask
             acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
+            stride_bt_block, max_blocks, num_blocks,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
             lo, free_hi, hi, 0, 0, window, qk_scale_c, cap_scale_c, soft_cap, v_scale,
             offs_n, offs_d, head_dim,
-            FROM_CACHE=True, TILE_IN_PAGE=PREFIX_TILE_IN_PAGE, PAGE_SIZE=PAGE_SIZE,
+            FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE,
             BOUND=False, CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP,
             SCALE_V=KV_SCALED, PAD_D=PAD_D, BLOCK_N=BLOCK_N)
         acc, l_i, m_i = _prefill_stage(  # ---- stage 2: the diagonal (or the last tile)
             acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
+            stride_bt_block, max_blocks, num_blocks,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
             tl.maximum(free_hi, lo), hi, hi, 0, 0, window, qk_scale_c, cap_scale_c,
             soft_cap, v_scale, offs_n, offs_d, head_dim,
-            FROM_CACHE=True, TILE_IN_PAGE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
+            FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=True,
             CAUSAL=CAUSAL, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
             PAD_D=PAD_D, BLOCK_N=BLOCK_N)
 

@@ -116,3 +116,25 @@ def check_block_ids(name: str, table: torch.Tensor, num_blocks: int, used: Optio
     if lo < 0 or hi >= num_blocks:
         raise ValueError(f"{name} holds block ids in [{lo}, {hi}] but the cache has "
                          f"{num_blocks} blocks")
+
+
+def check_used_block_ids(name: str, table: torch.Tensor, seq_lens: torch.Tensor,
+                         num_blocks: int, page_size: int) -> None:
+    """Debug-mode check of the table columns that ``seq_lens`` uses (one host sync):
+    every id in ``[0, num_blocks)``. Unused columns may hold anything."""
+    needed = (seq_lens.to(torch.int64).clamp(min=0) + page_size - 1) // page_size  # [B]
+    cols = torch.arange(table.shape[1], device=table.device)
+    check_block_ids(name, table, num_blocks, cols.unsqueeze(0) < needed.unsqueeze(1))
+
+
+def check_prefill_plan(plan, *, total_q: int, num_seqs: int, device: torch.device) -> None:
+    """A prefill plan must cover this batch: its tile map on ``device`` with at least
+    ``cdiv(total_q, block_m // group) + num_seqs`` slots (fewer would leave rows unwritten)."""
+    for name in ("tile_req", "tile_mblock"):
+        check_tensor(f"plan.{name}", getattr(plan, name), ndim=1, dtypes=(torch.int32,),
+                     device=device)
+    need = -(-total_q // max(1, plan.block_m // plan.group)) + num_seqs
+    if plan.tile_req.shape[0] < need or plan.tile_mblock.shape[0] < need:
+        raise ValueError(f"plan too small: this batch needs {need} tile slots, the plan holds "
+                         f"{plan.tile_req.shape[0]} (build it with plan_prefix_prefill for "
+                         f"this batch)")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, Sequence, Tuple
 
-import torch
 
 
 class Launch:

@@ -19,14 +19,14 @@ from hygon_attn_backend.ops.prefill_plan import (  # noqa: F401  (re-exported)
 __all__ = ["prefix_prefill_attention", "plan_prefix_prefill", "PrefillPlan"]
 
 
-def _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size):
+def _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size, has_k_new=False):
     """Host-side checks of the index tensors' values (one sync); returns the host copy of
     ``cu_seqlens_q``."""
     both = torch.cat([cu_seqlens_q.detach().to(torch.int64),
                       seq_lens_k.detach().to(torch.int64)]).cpu()  # one device->host copy
     cu = both[:cu_seqlens_q.shape[0]].tolist()
     check_host_lengths(cu, both[cu_seqlens_q.shape[0]:].tolist(), total_q=total_q,
-                       capacity=block_table.shape[1] * page_size)
+                       capacity=block_table.shape[1] * page_size, has_k_new=has_k_new)
     return cu
 
 
@@ -49,7 +49,9 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     k_cache, v_cache: ``[num_blocks, num_kv_heads, P, D]`` views with any strides, q's
        dtype or float8_e4m3fn/float8_e5m2 (with ``k_scale``/``v_scale``); any ``P >= 1``.
     block_table: ``[B, max_blocks]`` int32/int64 physical block ids; token ``t`` of request
-       ``b`` is at ``page = block_table[b, t // P]``, ``slot = t % P``.
+       ``b`` is at ``page = block_table[b, t // P]``, ``slot = t % P``. A bad id (negative
+       or ``>= num_blocks``) is never read: its keys are absent, as in the reference
+       (``HYGON_ATTN_DEBUG=1`` raises instead).
     cu_seqlens_q: ``[B + 1]`` int32/int64, starts at 0, non-decreasing, ends at total_q.
     seq_lens_k: ``[B]`` int32/int64 total key length ``Lk_b = prefix + Lq_b`` (>= Lq_b).
     k_new, v_new: optional ``[total_q, num_kv_heads, D]`` (q's dtype) K/V of the new tokens
@@ -85,9 +87,13 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
             raise ValueError(f"plan must be a PrefillPlan (plan_prefix_prefill), got "
                              f"{type(plan).__name__}")
         plan.check_call(q, k_cache, cu_seqlens_q, seq_lens_k)
+        _checks.check_prefill_plan(plan, total_q=q.shape[0], num_seqs=plan.num_seqs,
+                                   device=q.device)
         if validate or (validate is None and _checks.debug_enabled()):
-            _check_values(cu_seqlens_q, seq_lens_k, block_table, q.shape[0], k_cache.shape[2])
-            _checks.check_block_ids("block_table", block_table, k_cache.shape[0])
+            _check_values(cu_seqlens_q, seq_lens_k, block_table, q.shape[0], k_cache.shape[2],
+                          has_k_new=k_new is not None)
+            _checks.check_used_block_ids("block_table", block_table, seq_lens_k,
+                                         k_cache.shape[0], k_cache.shape[2])
         return plan.run(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k,
                         scale=scale, causal=causal, k_new=k_new, v_new=v_new, out=out,
                         return_lse=return_lse, k_scale=k_scale, v_scale=v_scale,
@@ -138,9 +144,11 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     if validate is None:
         validate = device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
     if validate:
-        host_cu = _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size)
+        host_cu = _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size,
+                                has_k_new=k_new is not None)
         if _checks.debug_enabled():
-            _checks.check_block_ids("block_table", block_table, num_blocks)
+            _checks.check_used_block_ids("block_table", block_table, seq_lens_k, num_blocks,
+                                         page_size)
     if k_cache.dim() != 4:
         raise ValueError(f"k_cache must be a 4-D [num_blocks, kv_heads, P, D] view for "
                          f"prefill (the split-x K cache is decode-only), got "

@@ -38,7 +38,7 @@ _PER_CALL = (
     "stride_knt", "stride_knh", "stride_knd",
     "stride_vnt", "stride_vnh", "stride_vnd",
     "stride_ot", "stride_oh", "stride_od",
-    "stride_lset", "stride_lseh", "stride_bt")
+    "stride_lset", "stride_lseh", "stride_bt", "stride_bt_block", "num_blocks", "max_blocks")
 
 
 def _tile_map(cu: torch.Tensor, num_seqs: int, tok_m: int, max_tiles: int):
@@ -77,11 +77,12 @@ def _tile_map_host(cu: Sequence[int], tok_m: int, max_tiles: int) -> torch.Tenso
 
 
 def check_host_lengths(cu: Sequence[int], lens_k: Sequence[int], *, total_q: int,
-                       capacity: Optional[int] = None) -> None:
+                       capacity: Optional[int] = None, has_k_new: bool = False) -> None:
     """Check the index values of a batch from host lists (no device access).
 
     cu: ``cu_seqlens_q`` values (``B + 1``); lens_k: ``seq_lens_k`` values (``B``);
-    capacity: tokens a block-table row holds (``max_blocks * page_size``), if known.
+    capacity: tokens a block-table row holds (``max_blocks * page_size``), if known: it
+    must hold every key, or only the prefix when the new keys come as ``k_new``.
     """
     if len(cu) and int(cu[0]) != 0:
         raise ValueError(f"cu_seqlens_q must start at 0, got {list(cu[:4])}...")
@@ -96,9 +97,11 @@ def check_host_lengths(cu: Sequence[int], lens_k: Sequence[int], *, total_q: int
             raise ValueError(f"seq_lens_k[{b}]={int(lk)} is shorter than request {b}'s query "
                              f"length {int(cu[b + 1] - cu[b])} (a query cannot exceed its KV "
                              "length)")
-    if capacity is not None and len(lens_k) and max(lens_k) > capacity:
-        raise ValueError(f"the block table holds at most {capacity} tokens per request, but "
-                         f"seq_lens_k has {int(max(lens_k))}")
+    if capacity is not None and len(lens_k):
+        paged = [lk - (cu[b + 1] - cu[b]) if has_k_new else lk for b, lk in enumerate(lens_k)]
+        if max(paged) > capacity:
+            raise ValueError(f"the block table holds at most {capacity} tokens per request, "
+                             f"but seq_lens_k needs {int(max(paged))}")
 
 
 def check_prefill_options(*, scale, sliding_window, soft_cap) -> None:
@@ -203,12 +206,16 @@ class PrefillPlan:
             ksv = float(k_scale) if quant and k_scale is not None else 1.0
             vsv = float(v_scale) if quant and v_scale is not None else 1.0
         kn, vn = (k_new, v_new) if has_new else (q, q)
+        # block ids outside [0, num_blocks) and columns past max_blocks are absent keys (the
+        # kernel never reads them); an empty table is never read: any pointer stands in
+        max_blocks = block_table.shape[1]
+        bt = block_table if max_blocks else self.tile_req.view(1, -1)
         kn_s = k_new.stride() if has_new else (0, 0, 0)
         vn_s = v_new.stride() if has_new else (0, 0, 0)
         lse_t, lse_s = (lse, lse.stride()) if return_lse else (out, (0, 0))
         launch(q, k_cache, v_cache, kn, vn, out, lse_t, q if sinks is None else sinks,
-               block_table, ks, vs, ksv, vsv, *q.stride(), *k_cache.stride(),
-               *v_cache.stride(), *kn_s, *vn_s, *out.stride(), *lse_s, block_table.stride(0))
+               bt, ks, vs, ksv, vsv, *q.stride(), *k_cache.stride(), *v_cache.stride(), *kn_s,
+               *vn_s, *out.stride(), *lse_s, *bt.stride(), k_cache.shape[0], max_blocks)
         return (out, lse) if return_lse else out
 
     def _make_launch(self, q_dtype, kv_dtype, page_size, head_dim, causal, has_new, return_lse,
@@ -235,8 +242,7 @@ class PrefillPlan:
             HEAD_DIM=head_dim_pad, PAGE_SIZE=page_size, CAUSAL=causal, HAS_K_NEW=has_new,
             RETURN_LSE=return_lse, SCALE_FROM_PTR=from_ptr, WINDOW=bool(window) and causal,
             SOFT_CAP=soft_cap is not None, HAS_SINKS=has_sinks, KV_SCALED=quant,
-            PAD_D=head_dim_pad != head_dim,
-            PREFIX_TILE_IN_PAGE=page_size % self.block_n == 0)
+            PAD_D=head_dim_pad != head_dim)
         num_kv_heads = self.num_kv_heads
         grid = (self.tile_req.shape[0], num_kv_heads, 1)
         return Launch(prefix_prefill_kernel, grid, fixed, _PER_CALL,
@@ -248,7 +254,7 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                         tile: Optional[tuple] = None,
                         host_cu_seqlens_q: Optional[torch.Tensor] = None,
                         host_seq_lens_k: Optional[torch.Tensor] = None,
-                        capacity: Optional[int] = None,
+                        capacity: Optional[int] = None, has_k_new: bool = False,
                         q_dtype: Optional[torch.dtype] = None,
                         impl: str = "auto") -> PrefillPlan:
     """Plan prefix prefill for one ragged batch (once per step; every layer reuses it).
@@ -293,7 +299,7 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
         cu = _host_list(host_cu_seqlens_q)
         if host_seq_lens_k is not None:
             check_host_lengths(cu, _host_list(host_seq_lens_k), total_q=total_q,
-                               capacity=capacity)
+                               capacity=capacity, has_k_new=has_k_new)
         both = _tile_map_host(cu, tok_m, max_tiles)
         tile_req, tile_mblock = both.to(device, non_blocking=True).unbind(0)
     else:

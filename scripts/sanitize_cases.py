@@ -1,0 +1,151 @@
+"""Driver for scripts/sanitize.sh: every Triton kernel of the package on in-range and
+hostile inputs, small enough to run under compute-sanitizer (10-100x slower).
+
+Kernels: paged decode (one partition, split + combine, speculative tokens, split-x K),
+prefix prefill (cache only, with k_new), write_kv, copy_blocks. Inputs: the reported
+prefill case (block ids -5 and 1000 inside the used part of every row), bad ids in
+decode tables, slots -1 / past the end / int32 max, copy pairs past the end, empty
+requests, seq_len 0, one-token pages, D = 80 / 96 / 256, fp8 caches.
+
+Run with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` (sanitize.sh sets it) so every tensor is its
+own allocation and an out-of-bounds access cannot land silently in a neighbour's memory.
+Every output is also checked against the reference, so a masked lane that computed the
+wrong thing fails here too. Usage: ``python scripts/sanitize_cases.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from hygon_attn_backend import (copy_blocks, paged_decode_attention,  # noqa: E402
+                                prefix_prefill_attention, reference, write_kv)
+from hygon_attn_backend.fuzz import problems as pb  # noqa: E402
+from hygon_attn_backend.fuzz.budget import budget_error  # noqa: E402
+
+DEV = torch.device("cuda")
+LAUNCHES = []
+
+
+def _i32(values):
+    return torch.tensor(values, dtype=torch.int32, device=DEV)
+
+
+def _cpu(obj):
+    """The reference runs on CPU copies: only our kernels run under the sanitizer."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, tuple):
+        return tuple(_cpu(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    return obj
+
+
+def _check(name, out, ref64, ref_lp):
+    problem = budget_error(out, ref64, ref_lp, what=name)[2]
+    if problem:
+        raise SystemExit(f"sanitize_cases: {problem}")
+    LAUNCHES.append(name)
+
+
+def prefill(name, *, dim=128, page=16, hkv=2, group=4, dtype=torch.bfloat16, kv_dtype=None,
+            table=None, cu=(0, 5, 5, 40), lens=(20, 3, 60), num_blocks=12, k_new=False,
+            layout="bhsd", **kw):
+    cache = pb.build_cache(layout, num_blocks=num_blocks, page=page, kv_heads=hkv,
+                           head_dim=dim, dtype=kv_dtype or dtype, device=DEV)
+    total = cu[-1]
+    q = torch.randn(total, hkv * group, dim, device=DEV).to(dtype)
+    if kv_dtype in pb.FP8:
+        kw.update(k_scale=0.7, v_scale=1.3)
+    if k_new:
+        kw["k_new"] = torch.randn(total, hkv, dim, device=DEV).to(dtype)
+        kw["v_new"] = torch.randn(total, hkv, dim, device=DEV).to(dtype)
+    table = _i32(table if table is not None else [[0, -5, 1000, 3]] * (len(cu) - 1))
+    args = (q, cache.k, cache.v, table, _i32(list(cu)), _i32(list(lens)))
+    out = torch.full_like(q, float("nan"))
+    prefix_prefill_attention(*args, out=out, impl="triton", **kw)
+    args, kw = _cpu(args), _cpu(kw)
+    _check(name, out, reference.prefix_prefill_attention(*args, compute_dtype=torch.float64, **kw),
+           reference.prefix_prefill_attention(*args, compute_dtype=dtype, **kw))
+
+
+def decode(name, *, dim=128, page=16, hkv=2, group=4, tokens=1, dtype=torch.bfloat16,
+           kv_dtype=None, table, lens, num_blocks=8, layout="bhsd", **kw):
+    cache = pb.build_cache(layout, num_blocks=num_blocks, page=page, kv_heads=hkv,
+                           head_dim=dim, dtype=kv_dtype or dtype, device=DEV)
+    shape = (len(lens), hkv * group, dim) if tokens == 1 else (len(lens), tokens,
+                                                               hkv * group, dim)
+    q = torch.randn(shape, device=DEV).to(dtype)
+    if kv_dtype in pb.FP8:
+        kw.update(k_scale=0.7, v_scale=1.3)
+    args = (q, cache.k, cache.v, _i32(table), _i32(list(lens)))
+    out = torch.full_like(q, float("nan"))
+    paged_decode_attention(*args, out=out, impl="triton", **kw)
+    kw.pop("partition_size", None)
+    args, kw = _cpu(args), _cpu(kw)
+    _check(name, out, reference.paged_decode_attention(*args, compute_dtype=torch.float64, **kw),
+           reference.paged_decode_attention(*args, compute_dtype=dtype, **kw))
+
+
+def cache_ops(name, *, layout, dim, page, dtype, slots, pairs, num_blocks=6, hkv=2):
+    cache = pb.build_cache(layout, num_blocks=num_blocks, page=page, kv_heads=hkv,
+                           head_dim=dim, dtype=dtype, device=DEV)
+    want = pb.copy_cache(cache, torch.device("cpu"))
+    k = torch.randn(len(slots), hkv, dim, device=DEV).to(torch.bfloat16)
+    v = torch.randn(len(slots), hkv, dim, device=DEV).to(torch.bfloat16)
+    kw = dict(k_scale=0.5, v_scale=2.0) if dtype in pb.FP8 else {}
+    write_kv(k, v, cache.k, cache.v, _i32(slots), impl="triton", **kw)
+    copy_blocks(cache.k_blocks, cache.v_blocks, _i32(pairs), impl="triton")
+    reference.write_kv(k.cpu(), v.cpu(), want.k, want.v, _i32(slots).cpu(), **kw)
+    reference.copy_blocks(want.k_blocks, want.v_blocks, _i32(pairs).cpu())
+    for got, exp in zip(pb.storage_bytes(cache), pb.storage_bytes(want)):
+        if not torch.equal(got.cpu(), exp):
+            raise SystemExit(f"sanitize_cases: {name}: storage differs from the reference")
+    LAUNCHES.append(name)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    # the reported case: ids -5 and 1000 inside the used part of every row
+    prefill("prefill issue repro, cache only")
+    prefill("prefill issue repro, k_new", k_new=True)
+    prefill("prefill D=80 page 1, bad ids, window + sinks", dim=80, page=1, num_blocks=64,
+            table=[[i if i % 7 else 10**6 for i in range(60)]] * 3, sliding_window=9,
+            sinks=torch.randn(8, device=DEV))
+    prefill("prefill D=96 fp8 e4m3, empty requests, k_new", dim=96,
+            kv_dtype=torch.float8_e4m3fn, cu=(0, 0, 7, 7), lens=(0, 30, 12),
+            table=[[1, 2], [3, -1], [4, 5]], k_new=True)
+    prefill("prefill D=256 soft cap, non-causal, vLLM LBNHC", dim=256, group=2,
+            layout="vllm_LBNHC", causal=False, soft_cap=30.0,
+            table=[[0, 1, 2, 3], [4, -3, 5, 6], [7, 8, 9, 2**31 - 1]])
+    decode("decode one partition, bad ids, seq_len 0", table=[[0, -5, 1000], [1, 2, 3],
+           [4, 5, 6]], lens=(40, 0, 33))
+    decode("decode split + combine, bad ids", table=[[0, -5, 1000], [1, 2, 3], [4, 5, 6]],
+           lens=(40, 0, 33), partition_size=16)
+    decode("decode split-x K, D=80, T=2, page 1", dim=80, page=1, layout="split_x",
+           tokens=2, num_blocks=80, table=[list(range(40)) + [-1] * 4, list(range(40, 80))
+                                           + [99] * 4], lens=(44, 37), partition_size=16)
+    decode("decode D=256 fp8 e5m2 G=16", dim=256, group=16, hkv=1,
+           kv_dtype=torch.float8_e5m2, table=[[0, 1, 7, 2**31 - 1]], lens=(60,),
+           partition_size=32)
+    decode("decode D=96 window soft cap sinks", dim=96, table=[[3, 4, -1], [0, 1, 2]],
+           lens=(48, 30), sliding_window=5, soft_cap=20.0,
+           sinks=torch.randn(8, device=DEV))
+    cache_ops("write_kv/copy_blocks bshd fp16, hostile", layout="bshd", dim=128, page=16,
+              dtype=torch.float16, slots=[-1, 5, 96, 2**31 - 1, -7, 95, 0],
+              pairs=[[0, 3], [1, 6], [-1, 4], [2, 5]])
+    cache_ops("write_kv/copy_blocks split-x fp8, page 1", layout="split_x", dim=80, page=1,
+              dtype=torch.float8_e4m3fn, slots=[-1, 5, 6, 2**31 - 1], pairs=[[0, 3], [1, 99]])
+    cache_ops("write_kv/copy_blocks vLLM BLHNC D=256", layout="vllm_BLHNC", dim=256, page=16,
+              dtype=torch.bfloat16, slots=[3, 200, -2, 17], pairs=[[5, 0], [6, 1]])
+    torch.cuda.synchronize()
+    print(f"sanitize_cases: {len(LAUNCHES)} cases ran and matched the reference")
+
+
+if __name__ == "__main__":
+    main()
