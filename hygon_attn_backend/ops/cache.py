@@ -14,7 +14,7 @@ from typing import Union
 import torch
 
 from hygon_attn_backend import reference, tuning
-from hygon_attn_backend.ops import _checks
+from hygon_attn_backend.ops import _checks, _native
 from hygon_attn_backend.ops._dispatch import select_impl
 
 __all__ = ["write_kv", "copy_blocks"]
@@ -62,7 +62,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     k_scale, v_scale: per-tensor scales of fp8 caches (float or 1-element float32 tensor
        on the cache's device; default 1): the cache stores ``k / k_scale`` saturated to the
        format's finite range. Ignored for other cache dtypes (plain cast).
-    impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
+    impl: ``"auto"`` | ``"triton"`` | ``"native"`` | ``"reference"``.
 
     Distinct tokens must map to distinct slots (which one wins otherwise is undefined).
     """
@@ -87,11 +87,17 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                              f"{num_blocks} blocks x {page_size} = {num_blocks * page_size} "
                              f"slots (-1 marks padding)")
 
-    if select_impl(impl, device) == "reference":
+    chosen = select_impl(impl, device, native_preferred=tuning.native_preferred(
+        "write_kv", is_hip=tuning.gpu_is_hip()))
+    if chosen == "reference":
         reference.write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale,
                            v_scale=v_scale)
         return
     if num_tokens == 0 or num_kv_heads == 0 or head_dim == 0:
+        return
+    if chosen == "native":
+        _native.write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale_arg,
+                         v_scale=v_scale_arg)
         return
 
     block_h, num_warps = tuning.cache_write_config(num_kv_heads, head_dim)
@@ -197,7 +203,7 @@ def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, block_mapping: tor
     ``HYGON_ATTN_DEBUG=1`` this and the id range ``[0, num_blocks)`` are checked on the
     host before launch (``ValueError``); without it, out-of-range pairs are skipped by the
     kernel, never read or written, and overlapping src/dst sets give an undefined result.
-    impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
+    impl: ``"auto"`` | ``"triton"`` | ``"native"`` | ``"reference"``.
     """
     _checks.check_tensor("k_cache", k_cache, ndim=(2, 3, 4, 5), dtypes=_checks.KV_DTYPES)
     device = k_cache.device
@@ -217,9 +223,10 @@ def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, block_mapping: tor
     k_axes = _block_inner_axes("k_cache", k_cache)
     v_axes = _block_inner_axes("v_cache", v_cache)
     num_pairs = block_mapping.shape[0]
-    chosen = select_impl(impl, device)
+    chosen = select_impl(impl, device, native_preferred=tuning.native_preferred(
+        "copy_blocks", is_hip=tuning.gpu_is_hip()))
     if _checks.debug_enabled() and num_pairs:
-        _check_block_mapping(block_mapping, num_blocks, disjoint=chosen == "triton")
+        _check_block_mapping(block_mapping, num_blocks, disjoint=chosen != "reference")
 
     if chosen == "reference":
         reference.copy_blocks(k_cache, v_cache, block_mapping)
@@ -232,6 +239,9 @@ def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, block_mapping: tor
         for s in sizes:
             numel_inner *= s
         if numel_inner == 0:
+            continue
+        if chosen == "native":
+            _native.copy_blocks(cache, block_mapping, sizes, strides)
             continue
         block, num_warps = tuning.copy_blocks_config(numel_inner)
         bits = cache.view(_BITS_DTYPE[cache.element_size()])

@@ -13,7 +13,7 @@ from typing import Optional, Union
 import torch
 
 from hygon_attn_backend import reference, tuning
-from hygon_attn_backend.ops import _checks
+from hygon_attn_backend.ops import _checks, _native
 from hygon_attn_backend.ops._dispatch import select_impl
 
 __all__ = ["paged_decode_attention", "DecodeWorkspace", "allocate_decode_workspace",
@@ -198,7 +198,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
        ``max_blocks * P``, the table's capacity). A split launch does not read keys past
        ``num_partitions * partition_size``, so it must be >= every ``seq_len``.
     kv_head_grid: False runs the per-query-head variant (benchmark baseline).
-    impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
+    impl: ``"auto"`` | ``"triton"`` | ``"native"`` (csrc/; D in 64/80/96/128/192/256) |
+       ``"reference"``.
 
     Bad block ids (negative or >= num_blocks) and table entries past ``max_blocks`` are
     never read: those keys are skipped (``HYGON_ATTN_DEBUG=1`` raises instead).
@@ -235,7 +236,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if _checks.debug_enabled():
         _debug_checks(block_table, seq_lens, num_blocks, page_size, num_tokens)
 
-    if select_impl(impl, device) == "reference":
+    chosen = select_impl(impl, device, native_unsupported=_native.decode_supported(q, k_cache),
+                         native_preferred=tuning.native_preferred(
+                             "decode", is_hip=tuning.gpu_is_hip(), group=num_q_heads // num_kv_heads))
+    if chosen == "reference":
         return reference.paged_decode_attention(
             q, k_cache, v_cache, block_table, seq_lens, scale=scale, out=out,
             k_scale=k_scale, v_scale=v_scale, sliding_window=sliding_window,
@@ -268,6 +272,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     else:
         dummy = out4  # scratch pointers are unused by the one-partition launch
         ws = DecodeWorkspace(dummy, dummy, dummy)
+
+    if chosen == "native":
+        _native.paged_decode(out4, q4, k_cache, v_cache, block_table, seq_lens, scale=sm_scale,
+                             k_scale=k_sc, v_scale=v_sc, soft_cap=soft_cap,
+                             sliding_window=sliding_window, sinks=sinks,
+                             partition_size=cfg.partition_size if split else _WHOLE_SEQUENCE,
+                             num_partitions=cfg.num_partitions, workspace=ws)
+        return out
 
     from hygon_attn_backend.kernels.decode import paged_decode_kernel
 

@@ -90,7 +90,8 @@ def _call(name: str, impl: str, q: torch.Tensor) -> Callable:
             return ref(*args, **kwargs)
 
         return run_reference
-    return lambda *args, **kwargs: op(*args, impl="triton", **kwargs)
+    # impl passes through: "native" (and "auto" on HIP) reach the native kernels
+    return lambda *args, **kwargs: op(*args, impl=impl, **kwargs)
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, *, impl: str = "auto",
