@@ -72,7 +72,7 @@ HAB_DEV uint4 fp8x8_to(uint2 codes) {
 
 // One 8-element chunk of a cache row, element by element (layouts whose channels are not
 // contiguous, e.g. V transposed). Out of line: a slow path kept out of the hot loop's code.
-__device__ __noinline__ uint4 load_chunk_strided(const uint8_t* base, int64_t off, int64_t stride_d,
+static __device__ __noinline__ uint4 load_chunk_strided(const uint8_t* base, int64_t off, int64_t stride_d,
                                                  int elem_bytes) {
   uint32_t w[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
