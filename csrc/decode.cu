@@ -5,6 +5,8 @@
 // o_p = acc_p / l_p in the workspace. out = sum_p w_p o_p / sum_p w_p with
 // w_p = l_p 2^(m_p - M), M = max_p m_p, over the cdiv(seq_len, partition_size)
 // partitions that exist (later ones were never written). seq_len 0 gives zeros.
+#include <stdlib.h>
+
 #include "compat.h"
 #include "decode_kernel.cuh"
 #include "hab_ops.h"
@@ -14,29 +16,63 @@ namespace {
 constexpr int kCombineThreads = 128;
 
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParams p) {
+  __shared__ float w_s[kCombineThreads];  // weights of a chunk of partitions
+  __shared__ float red_s[kCombineThreads];
   const int64_t seq = blockIdx.x;
   const int64_t row = blockIdx.y;  // t * Hq + h
   const int64_t tok = row / p.num_q_heads, head = row % p.num_q_heads;
+  const int tid = threadIdx.x;
   const int64_t seq_len = hab_decode::load_index(p.seq_lens, p.lens_is_int64, seq * p.lens_stride);
-  const int64_t parts = min(hab_cdiv(seq_len, p.partition_size), p.num_partitions);
+  const int parts = int(min(hab_cdiv(seq_len, p.partition_size), p.num_partitions));
   const int64_t slot0 = seq * p.num_partitions;
-  float big_m = -INFINITY;
-  for (int64_t q = 0; q < parts; ++q) big_m = fmaxf(big_m, p.max_logits[(slot0 + q) * p.ml_stride[0] + row * p.ml_stride[1]]);
-  if (big_m == -INFINITY) big_m = 0.f;
-  for (int64_t d = threadIdx.x; d < p.head_dim; d += kCombineThreads) {
-    float acc = 0.f, total = 0.f;
-    for (int64_t q = 0; q < parts; ++q) {
-      const int64_t ml = (slot0 + q) * p.ml_stride[0] + row * p.ml_stride[1];
-      const float l = p.exp_sums[ml];
-      const float w = l > 0.f ? l * exp2f(p.max_logits[ml] - big_m) : 0.f;
-      if (w > 0.f) acc += w * p.partial_out[(slot0 + q) * p.po_stride[0] + row * p.po_stride[1] + d * p.po_stride[2]];
-      total += w;
+  const float* ml = p.max_logits + slot0 * p.ml_stride[0] + row * p.ml_stride[1];
+  const float* es = p.exp_sums + slot0 * p.ml_stride[0] + row * p.ml_stride[1];
+  // pass 1: M = max_p m_p, one partition per thread, then a block reduction
+  float m = -INFINITY;
+  for (int q = tid; q < parts; q += kCombineThreads) m = fmaxf(m, ml[q * p.ml_stride[0]]);
+  red_s[tid] = m;
+  __syncthreads();
+  for (int s = kCombineThreads / 2; s > 0; s >>= 1) {
+    if (tid < s) red_s[tid] = fmaxf(red_s[tid], red_s[tid + s]);
+    __syncthreads();
+  }
+  const float big_m = red_s[0] == -INFINITY ? 0.f : red_s[0];
+  // pass 2: chunks of kCombineThreads partitions: weights by one thread each, then every
+  // thread sums its channels over the chunk (independent loads, several in flight)
+  const int dims_per_thread = int(hab_cdiv(p.head_dim, kCombineThreads));
+  float acc[2] = {0.f, 0.f};
+  float total = 0.f;
+  for (int c0 = 0; c0 < parts; c0 += kCombineThreads) {
+    const int q = c0 + tid;
+    float w = 0.f;
+    if (q < parts) {
+      const float l = es[q * p.ml_stride[0]];
+      w = l > 0.f ? l * exp2f(ml[q * p.ml_stride[0]] - big_m) : 0.f;
     }
-    const float val = acc / (total > 0.f ? total : 1.f);
-    const int64_t o = seq * p.o_stride[0] + tok * p.o_stride[1] + head * p.o_stride[2] + d * p.o_stride[3];
-    if (p.out_dtype == HAB_F32) static_cast<float*>(p.out)[o] = val;
-    else if (p.out_dtype == HAB_BF16) static_cast<uint16_t*>(p.out)[o] = HabBf16::from_float(val);
-    else static_cast<uint16_t*>(p.out)[o] = HabHalf::from_float(val);
+    __syncthreads();  // the previous chunk's weights are read
+    w_s[tid] = w;
+    __syncthreads();
+    const int n = min(kCombineThreads, parts - c0);
+    for (int k = 0; k < dims_per_thread && k < 2; ++k) {
+      const int64_t d = tid + int64_t(k) * kCombineThreads;
+      if (d >= p.head_dim) break;
+      const float* po = p.partial_out + (slot0 + c0) * p.po_stride[0] + row * p.po_stride[1] + d * p.po_stride[2];
+      float a = 0.f;
+#pragma unroll 8
+      for (int j = 0; j < n; ++j) {
+        const float wj = w_s[j];
+        if (wj > 0.f) a += wj * po[j * p.po_stride[0]];
+      }
+      acc[k] += a;
+    }
+    for (int j = 0; j < n; ++j) total += w_s[j];
+  }
+  const float inv = 1.f / (total > 0.f ? total : 1.f);
+  for (int k = 0; k < dims_per_thread && k < 2; ++k) {
+    const int64_t d = tid + int64_t(k) * kCombineThreads;
+    if (d >= p.head_dim) break;
+    hab_decode::store_out(p, seq * p.o_stride[0] + tok * p.o_stride[1] + head * p.o_stride[2] + d * p.o_stride[3],
+                          acc[k] * inv);
   }
 }
 
@@ -91,12 +127,15 @@ extern "C" const char* hab_paged_decode(const HabDecodeParams* pp, void* stream)
   }
   const int v_vec = chunks_are_vectors(p.v_cache, kv_bytes, p.v_stride[3], 8, p.v_stride, 3);
 
+  // HYGON_ATTN_NATIVE_SPLIT_N=0 runs the shared-softmax loop where the split-N loop applies
+  const char* split_env = getenv("HYGON_ATTN_NATIVE_SPLIT_N");
+  const hab_decode::Flags flags{k_vec, v_vec, !(split_env && split_env[0] == '0')};
   // head_dim padded to 64 / 128 / 256 (padded channels are zeros, never loaded or stored)
   const char* err;
   switch (p.head_dim) {
-    case 64: err = hab_decode_launch_d64(p, k_vec, v_vec, warp, stream); break;
-    case 80: case 96: case 128: err = hab_decode_launch_d128(p, k_vec, v_vec, warp, stream); break;
-    case 192: case 256: err = hab_decode_launch_d256(p, k_vec, v_vec, warp, stream); break;
+    case 64: err = hab_decode_launch_d64(p, flags, warp, stream); break;
+    case 80: case 96: case 128: err = hab_decode_launch_d128(p, flags, warp, stream); break;
+    case 192: case 256: err = hab_decode_launch_d256(p, flags, warp, stream); break;
     default: return "paged_decode: native head_dim must be 64, 80, 96, 128, 192 or 256";
   }
   if (err) return err;

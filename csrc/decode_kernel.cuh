@@ -48,11 +48,23 @@ struct Layout {
   static constexpr int M_OFF = S_OFF + MP * LDS * 4;       // m, l, alpha: [MP] floats each
   static constexpr int OK_OFF = M_OFF + 3 * MP * 4;        // token visible flags [BLOCK_N]
   static constexpr int BYTES = OK_OFF + BLOCK_N * 4;
+  // split-N loop: Q, then two cp.async stages of (K, V, token flags); the warps' merge
+  // (m, l, O of 16 rows each) reuses the stages
+  static constexpr int SPLIT_N_BYTES = K_OFF + 2 * (2 * BLOCK_N * LDK * 2 + BLOCK_N * 4);
+  static_assert(NUM_WARPS * 16 * (2 + HEAD_DIM_PAD) * 4 <= 2 * (2 * BLOCK_N * LDK * 2 + BLOCK_N * 4) || MP > 16,
+                "the merge fits in the stages");
   static_assert(HEAD_DIM_PAD % 16 == 0, "head_dim must be a multiple of 16");
 };
 
 HAB_DEV int64_t load_index(const void* p, int is_int64, int64_t i) {
   return is_int64 ? static_cast<const int64_t*>(p)[i] : int64_t(static_cast<const int32_t*>(p)[i]);
+}
+
+// out[off] = val in the output dtype (fp32, bf16 or fp16)
+HAB_DEV void store_out(const HabDecodeParams& p, int64_t off, float val) {
+  if (p.out_dtype == HAB_F32) static_cast<float*>(p.out)[off] = val;
+  else if (p.out_dtype == HAB_BF16) static_cast<uint16_t*>(p.out)[off] = HabBf16::from_float(val);
+  else static_cast<uint16_t*>(p.out)[off] = HabHalf::from_float(val);
 }
 
 // 8 KV elements (one chunk) as compute-dtype bits, from fp8 codes held in a uint2
@@ -71,9 +83,8 @@ HAB_DEV uint4 fp8x8_to(uint2 codes) {
 }
 
 // One 8-element chunk of a cache row, element by element (layouts whose channels are not
-// contiguous, e.g. V transposed). Out of line: a slow path kept out of the hot loop's code.
-static __device__ __noinline__ uint4 load_chunk_strided(const uint8_t* base, int64_t off, int64_t stride_d,
-                                                 int elem_bytes) {
+// contiguous, e.g. V transposed).
+HAB_DEV uint4 load_chunk_strided(const uint8_t* base, int64_t off, int64_t stride_d, int elem_bytes) {
   uint32_t w[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -85,30 +96,280 @@ static __device__ __noinline__ uint4 load_chunk_strided(const uint8_t* base, int
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Load one 8-element chunk of a cache row. vec: the 8 elements are contiguous and 16 B
-// (16-bit) / 8 B (fp8) aligned. Returns raw bits (fp8: codes in .x .y).
-HAB_DEV uint4 load_chunk(const uint8_t* base, int64_t off, int64_t stride_d, int elem_bytes, bool vec) {
-  if (!vec) return load_chunk_strided(base, off, stride_d, elem_bytes);
-  if (elem_bytes == 2) return *reinterpret_cast<const uint4*>(base + off * 2);
-  const uint2 c = *reinterpret_cast<const uint2*>(base + off);
-  return make_uint4(c.x, c.y, 0u, 0u);
+// How a tile's chunks are read: 16-byte vectors (16-bit KV, contiguous channels), 8-byte
+// vectors (fp8 KV), or element by element (any strides).
+enum LoadMode { LOAD_VEC16 = 0, LOAD_VEC8 = 1, LOAD_STRIDED = 2 };
+
+template <int MODE>
+HAB_DEV uint4 load_chunk(const uint8_t* base, int64_t off, int64_t stride_d, int elem_bytes) {
+  if (MODE == LOAD_VEC16) return *reinterpret_cast<const uint4*>(base + off * 2);
+  if (MODE == LOAD_VEC8) {
+    const uint2 c = *reinterpret_cast<const uint2*>(base + off);
+    return make_uint4(c.x, c.y, 0u, 0u);
+  }
+  return load_chunk_strided(base, off, stride_d, elem_bytes);
 }
 
-// fp8 codes -> compute dtype (out of line: fp8 caches pay a call per chunk, 16-bit ones nothing)
 template <typename KIND>
-__device__ __noinline__ uint4 fp8_to_compute(uint4 raw, int kv_dtype) {
+HAB_DEV uint4 fp8_to_compute(uint4 raw, int kv_dtype) {
   if (kv_dtype == HAB_FP8_E4M3) return fp8x8_to<KIND, HabE4M3>(make_uint2(raw.x, raw.y));
   return fp8x8_to<KIND, HabE5M2>(make_uint2(raw.x, raw.y));
 }
 
-template <typename KIND>
-HAB_DEV uint4 to_compute(uint4 raw, int kv_dtype) {
-  return (kv_dtype == HAB_FP8_E4M3 || kv_dtype == HAB_FP8_E5M2) ? fp8_to_compute<KIND>(raw, kv_dtype) : raw;
+// What a thread needs to address its chunks of a K/V tile.
+struct StageGeometry {
+  const uint8_t* k_base;
+  const uint8_t* v_base;
+  int64_t k_doff, v_doff, k_sd;  // channel offsets of the thread's chunk, K's channel stride
+  int n0, page_size, kv_bytes;
+  bool d_ok;  // the chunk is inside head_dim
+};
+
+// Issue the K and V loads of one tile: item i is token start + n0 + i * STEP of block
+// pg[i] (-1: zeros, nothing read).
+template <int MODE, int ITEMS, int STEP>
+HAB_DEV void issue_loads(uint4 (&k_reg)[ITEMS], uint4 (&v_reg)[ITEMS], const int (&pg)[ITEMS], int start,
+                         const StageGeometry& g, const HabDecodeParams& p) {
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    k_reg[i] = make_uint4(0u, 0u, 0u, 0u);
+    v_reg[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (pg[i] >= 0 && g.d_ok) {
+      const int64_t slot = (start + g.n0 + i * STEP) % g.page_size;
+      const int64_t k_off = int64_t(pg[i]) * p.k_stride[0] + slot * p.k_stride[2] + g.k_doff;
+      const int64_t v_off = int64_t(pg[i]) * p.v_stride[0] + slot * p.v_stride[2] + g.v_doff;
+      k_reg[i] = load_chunk<MODE>(g.k_base, k_off, g.k_sd, g.kv_bytes);
+      v_reg[i] = load_chunk<MODE>(g.v_base, v_off, p.v_stride[3], g.kv_bytes);
+    }
+  }
 }
 
 struct Flags {  // per launch, computed on the host
   int k_vec, v_vec;
+  int split_n;  // mma.sync targets, <= 16 rows, head_dim <= 128: the split-N loop
 };
+
+// The split-N loop (decode_split_n) applies: mma.sync unit, one 16-row tile, and one
+// 16-token slice of the KV tile per warp.
+template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP>
+struct SplitN {
+  // host side: the shape condition (the unit is a device-pass fact)
+  static constexpr bool value_on_host = WARP == 32 && ROWS <= 16 && TileN<HEAD_DIM_PAD>::value == 16 * NUM_WARPS;
+  static constexpr bool value = HabTileUnitOf<KIND, WARP>::value == HAB_UNIT_MMA_SYNC && value_on_host;
+};
+#if defined(HAB_CUDA)
+#define HAB_CUDA_BUILD true
+#else
+#define HAB_CUDA_BUILD false
+#endif
+
+#if defined(HAB_HAS_MMA_SYNC)
+// Split-N decode loop (mma.sync, one 16-row tile): warp w owns tokens [16 w, 16 w + 16) of
+// every KV tile and keeps its own online-softmax state (m, l) and O accumulator for them,
+// all in registers: S = Q K_w^T is one 16x16 fragment, P is built from it in the A layout
+// of the P V product, so a tile needs no shared-memory round trip and no barrier beyond
+// the staging ones. The four warps' (m, l, O) are merged once at the end, through shared
+// memory (the K/V staging area, free by then).
+HAB_DEV void cp_async16(void* smem_dst, const void* gmem_src, bool fill) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  const int src_bytes = fill ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes));
+}
+HAB_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+HAB_DEV void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+template <typename KIND, int HEAD_DIM_PAD, int ITEMS, int STEP, typename Lookup>
+HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_start, int part_end, int seq_len,
+                            int rows, int row0, int group, int kv_head, int64_t seq, int part, int head_dim,
+                            float qk_scale, float sm_scale, float v_scale, bool use_cap, bool use_window,
+                            const uint16_t* q_s, uint8_t* stage_smem, const StageGeometry& geo,
+                            Lookup& lookup, int (&pg_next)[ITEMS]) {
+  typedef Layout<16, HEAD_DIM_PAD> L;
+  typedef HabWarpTile<KIND, 32> Tile;
+  constexpr int BLOCK_N = L::BLOCK_N, CT = HEAD_DIM_PAD / 16;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int d0 = 8 * (tid % L::CH);
+  // stage s: K [BLOCK_N][LDK], V [BLOCK_N][LDK], token flags [BLOCK_N]
+  constexpr int STAGE_BYTES = 2 * BLOCK_N * L::LDK * 2 + BLOCK_N * 4;
+  auto k_stage = [&](int s) { return reinterpret_cast<uint16_t*>(stage_smem + s * STAGE_BYTES); };
+  auto v_stage = [&](int s) { return k_stage(s) + BLOCK_N * L::LDK; };
+  auto ok_stage = [&](int s) { return reinterpret_cast<int*>(stage_smem + s * STAGE_BYTES + 2 * BLOCK_N * L::LDK * 2); };
+  // K/V chunks of a tile straight into shared memory (cp.async, no registers); bad
+  // tokens are zero-filled without a read
+  auto issue = [&](int tile) {
+    const int start = loop_start + tile * BLOCK_N, s = tile & 1;
+    int pg[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) pg[i] = pg_next[i];
+    lookup(tile + 1);  // read ahead
+    uint16_t* ks = k_stage(s);
+    uint16_t* vs = v_stage(s);
+    int* oks = ok_stage(s);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int n = geo.n0 + i * STEP;
+      const bool fill = pg[i] >= 0 && geo.d_ok;
+      const uint8_t* k_src = geo.k_base;
+      const uint8_t* v_src = geo.v_base;
+      if (fill) {
+        const int64_t slot = (start + n) % geo.page_size;
+        k_src += 2 * (int64_t(pg[i]) * p.k_stride[0] + slot * p.k_stride[2] + geo.k_doff);
+        v_src += 2 * (int64_t(pg[i]) * p.v_stride[0] + slot * p.v_stride[2] + geo.v_doff);
+      }
+      cp_async16(ks + n * L::LDK + d0, k_src, fill);
+      cp_async16(vs + n * L::LDK + d0, v_src, fill);
+      if (d0 == 0) oks[n] = pg[i] >= 0;
+    }
+    cp_async_commit();
+  };
+  // rows g and g + 8 of this lane: last visible key, validity
+  int pos[2];
+  bool row_ok[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int r = g + 8 * k;
+    row_ok[k] = r < rows;
+    pos[k] = seq_len - int(p.num_tokens) + (row0 + r) / group;
+  }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: this lane's partial sum
+  if (p.sinks && part == 0 && warp == 0) {  // the sink counts once: warp 0, one lane a quad
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      if (row_ok[k]) {
+        m[k] = p.sinks[kv_head * group + (row0 + g + 8 * k) % group] * LOG2E;
+        l[k] = t4 == 0 ? 1.f : 0.f;
+      }
+    }
+  }
+  float o[CT][8];
+#pragma unroll
+  for (int ct = 0; ct < CT; ++ct)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[ct][e] = 0.f;
+
+  if (num_tiles > 0) {
+    lookup(0);
+    issue(0);
+  }
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int start = loop_start + tile * BLOCK_N;
+    const uint16_t* k_s = k_stage(tile & 1);
+    const uint16_t* v_s = v_stage(tile & 1);
+    const int* ok_s = ok_stage(tile & 1);
+    cp_async_wait_all();  // this thread's copies of the tile landed
+    __syncthreads();      // everyone's did, and every warp is done with the other stage
+    if (tile + 1 < num_tiles) issue(tile + 1);  // in flight during this tile's math
+
+    // S = Q K_w^T: [16 rows, 16 tokens], element e of the lane: row g + 8 (e & 3) / 2,
+    // token 16 w + 8 (e / 4) + 2 t4 + (e & 1)
+    float c[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) c[e] = 0.f;
+    const uint16_t* k_w = k_s + warp * 16 * L::LDK;
+#pragma unroll 2
+    for (int kk = 0; kk < HEAD_DIM_PAD / 16; ++kk)
+      Tile::template mma<true>(c, q_s + kk * 16, L::LDK, k_w + kk * 16, 1, L::LDK, lane, 16);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int k = (e & 3) >> 1;
+      const int n = warp * 16 + Tile::col(lane, e), j = start + n;
+      bool vis = row_ok[k] && ok_s[n] && j <= pos[k];
+      if (use_window) vis = vis && j > pos[k] - int(p.sliding_window);
+      float sv = -INFINITY;
+      if (vis) {
+        if (use_cap) {
+          const float x = c[e] * sm_scale / p.soft_cap;
+          sv = p.soft_cap * (1.f - 2.f / (exp2f(x * (2.f * LOG2E)) + 1.f)) * LOG2E;
+        } else {
+          sv = c[e] * qk_scale;
+        }
+      }
+      c[e] = sv;
+      mx[k] = fmaxf(mx[k], sv);
+    }
+    float alpha[2], mu[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {  // the 4 lanes of a quad hold one row's 16 tokens
+      mx[k] = hab_group_max<4>(mx[k]);
+      const float m_new = fmaxf(m[k], mx[k]);
+      mu[k] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[k] = exp2f(m[k] - mu[k]);
+      m[k] = m_new;
+      l[k] *= alpha[k];
+    }
+    uint16_t pb[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int k = (e & 3) >> 1;
+      const float pv = exp2f(c[e] - mu[k]);
+      l[k] += pv;
+      pb[e] = KIND::from_float(pv);
+    }
+    // P in the A layout: a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..)
+    const uint32_t a[4] = {hab_pack2(pb[0], pb[1]), hab_pack2(pb[2], pb[3]), hab_pack2(pb[4], pb[5]),
+                           hab_pack2(pb[6], pb[7])};
+    const uint16_t* v_w = v_s + warp * 16 * L::LDK;
+#pragma unroll
+    for (int ct = 0; ct < CT; ++ct) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[ct][e] *= alpha[(e & 3) >> 1];
+      Tile::mma_a_regs(o[ct], a, v_w + ct * 16, L::LDK, lane);
+    }
+  }
+
+  // ---- merge the warps: m_w, l_w [NUM_WARPS][16], O_w [NUM_WARPS][16][HEAD_DIM_PAD] fp32
+#pragma unroll
+  for (int k = 0; k < 2; ++k) l[k] = hab_group_sum<4>(l[k]);
+  __syncthreads();  // the stages are free (no copy is outstanding after the last wait)
+  float* mw = reinterpret_cast<float*>(stage_smem);
+  float* lw = mw + NUM_WARPS * 16;
+  float* ow = lw + NUM_WARPS * 16;
+  if (t4 == 0) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      mw[warp * 16 + g + 8 * k] = m[k];
+      lw[warp * 16 + g + 8 * k] = l[k];
+    }
+  }
+#pragma unroll
+  for (int ct = 0; ct < CT; ++ct)
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      ow[(warp * 16 + Tile::row(lane, e)) * HEAD_DIM_PAD + ct * 16 + Tile::col(lane, e)] = o[ct][e];
+  __syncthreads();
+  const bool split = p.num_partitions > 1;
+  for (int i = tid; i < 16 * HEAD_DIM_PAD; i += NUM_WARPS * 32) {
+    const int r = i / HEAD_DIM_PAD, d = i % HEAD_DIM_PAD;
+    if (r >= rows || d >= head_dim) continue;
+    float big_m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) big_m = fmaxf(big_m, mw[w * 16 + r]);
+    const float mu = big_m == -INFINITY ? 0.f : big_m;
+    float lsum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) {
+      const float f = exp2f(mw[w * 16 + r] - mu);  // 0 for a warp that saw no key
+      lsum += lw[w * 16 + r] * f;
+      acc += ow[(w * 16 + r) * HEAD_DIM_PAD + d] * f;
+    }
+    const float val = acc * (v_scale / (lsum > 0.f ? lsum : 1.f));
+    const int gr = row0 + r, t = gr / group, h = kv_head * group + gr % group;
+    if (split) {
+      const int64_t slot = seq * p.num_partitions + part, row = int64_t(t) * p.num_q_heads + h;
+      p.partial_out[slot * p.po_stride[0] + row * p.po_stride[1] + d * p.po_stride[2]] = val;
+      if (d == 0) {
+        p.max_logits[slot * p.ml_stride[0] + row * p.ml_stride[1]] = big_m;
+        p.exp_sums[slot * p.ml_stride[0] + row * p.ml_stride[1]] = lsum;
+      }
+    } else {
+      store_out(p, seq * p.o_stride[0] + int64_t(t) * p.o_stride[1] + int64_t(h) * p.o_stride[2] + d * p.o_stride[3],
+                val);
+    }
+  }
+}
+#endif  // HAB_HAS_MMA_SYNC
 
 template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP>
 HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) {
@@ -117,7 +378,7 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
   constexpr int BLOCK_N = L::BLOCK_N, MP = L::MP, RT = L::RT, CH = L::CH;
   constexpr int THREADS = NUM_WARPS * WARP;
   constexpr int CHUNKS = BLOCK_N * CH;
-  constexpr int ITEMS = (CHUNKS + THREADS - 1) / THREADS;  // chunks a thread stages per tile (K and V each)
+  constexpr int ITEMS = CHUNKS / THREADS;  // chunks a thread stages per tile (K and V each)
   static_assert(ITEMS <= 32, "staging flags are one 32-bit word");
   constexpr int NT = BLOCK_N / 16;                   // S column tiles
   constexpr int CT = HEAD_DIM_PAD / 16;                  // O column tiles
@@ -135,13 +396,14 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
   int* ok_s = reinterpret_cast<int*>(smem + L::OK_OFF);           // [BLOCK_N]
 
   const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
-  const int64_t group = p.num_q_heads / p.num_kv_heads;
-  const int64_t kv_head = blockIdx.x / row_chunks;
-  const int64_t row0 = int64_t(blockIdx.x % row_chunks) * ROWS;  // first row of the chunk
+  // row and head indices are 32-bit (a 64-bit division is a subroutine call)
+  const int group = int(p.num_q_heads / p.num_kv_heads);
+  const int kv_head = int(blockIdx.x) / row_chunks;
+  const int row0 = (int(blockIdx.x) % row_chunks) * ROWS;  // first row of the chunk
   const int64_t seq = blockIdx.y;
   const int part = blockIdx.z;
-  const int total_rows = int(p.num_tokens * group);
-  const int rows = int(min(int64_t(ROWS), int64_t(total_rows) - row0));  // valid rows here
+  const int total_rows = int(p.num_tokens) * group;
+  const int rows = min(ROWS, total_rows - row0);  // valid rows here
 
   const int seq_len = int(load_index(p.seq_lens, p.lens_is_int64, seq * p.lens_stride));
   const bool split = p.num_partitions > 1;
@@ -159,20 +421,27 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
   const int head_dim = int(p.head_dim);  // <= HEAD_DIM_PAD, a multiple of 8; the rest is zeros
 
   // ---- Q rows -> shared (zeros in padded rows and channels), running state
-  for (int i = tid; i < MP * HEAD_DIM_PAD; i += THREADS) {
-    const int r = i / HEAD_DIM_PAD, d = i % HEAD_DIM_PAD;
+  static_assert((MP * HEAD_DIM_PAD) % THREADS == 0, "Q tile splits evenly over threads");
+#pragma unroll  // every load of the Q tile in flight at once
+  for (int k = 0; k < MP * HEAD_DIM_PAD / THREADS; ++k) {
+    const int i = tid + k * THREADS, r = i / HEAD_DIM_PAD, d = i % HEAD_DIM_PAD;
     uint16_t x = 0;
     if (r < rows && d < head_dim) {
-      const int64_t gr = row0 + r, t = gr / group, h = kv_head * group + gr % group;
+      const int gr = row0 + r, t = gr / group, h = kv_head * group + gr % group;
       x = static_cast<const uint16_t*>(p.q)[seq * p.q_stride[0] + t * p.q_stride[1] + h * p.q_stride[2] + d * p.q_stride[3]];
     }
     q_s[r * L::LDK + d] = x;
   }
-  for (int i = tid; i < MP * L::LDP; i += THREADS) p_s[i] = 0;
-  for (int r = tid; r < MP; r += THREADS) {
+  const int kv_bytes = (p.kv_dtype == HAB_FP8_E4M3 || p.kv_dtype == HAB_FP8_E5M2) ? 1 : 2;
+  // the split-N loop (mma.sync targets, 16-bit KV read as 16-byte vectors) lays out its
+  // shared memory differently: the shared-softmax state below would overlap its stages
+  const bool split_n_run = SplitN<KIND, ROWS, HEAD_DIM_PAD, WARP>::value && flags.split_n && flags.k_vec &&
+                           flags.v_vec && kv_bytes == 2;
+  for (int i = tid; i < MP * L::LDP && !split_n_run; i += THREADS) p_s[i] = 0;
+  for (int r = tid; r < MP && !split_n_run; r += THREADS) {
     float m0 = -INFINITY, l0 = 0.f;
     if (p.sinks && r < rows && part == 0) {  // a sink: one extra key of value 0 (counted once)
-      const int64_t h = kv_head * group + (row0 + r) % group;
+      const int h = kv_head * group + (row0 + r) % group;
       m0 = p.sinks[h] * LOG2E;
       l0 = 1.f;
     }
@@ -189,55 +458,78 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
   }
   const int num_tiles = part_end > loop_start ? (part_end - loop_start + BLOCK_N - 1) / BLOCK_N : 0;
 
-  const int kv_bytes = (p.kv_dtype == HAB_FP8_E4M3 || p.kv_dtype == HAB_FP8_E5M2) ? 1 : 2;
-  const uint8_t* k_base = static_cast<const uint8_t*>(p.k_cache) + (kv_head * p.k_stride[1]) * kv_bytes;
-  const uint8_t* v_base = static_cast<const uint8_t*>(p.v_cache) + (kv_head * p.v_stride[1]) * kv_bytes;
+  const uint8_t* k_base = static_cast<const uint8_t*>(p.k_cache) + (int64_t(kv_head) * p.k_stride[1]) * kv_bytes;
+  const uint8_t* v_base = static_cast<const uint8_t*>(p.v_cache) + (int64_t(kv_head) * p.v_stride[1]) * kv_bytes;
   const int64_t k_sd = p.k_split_x > 0 ? p.k_stride[4] : p.k_stride[3];  // innermost d stride of K
   const int page_size = int(p.page_size);
   const int split_x = int(p.k_split_x);
 
-  // ---- staging registers: chunk c = tid + i * THREADS of the tile is token c / CH,
-  // channels 8 * (c % CH) .. + 7
+  // ---- staging: thread tid stages channels d0 .. d0 + 7 of tokens n_i = tid / CH + i * STEP
+  // of each tile (CH divides THREADS: d0 is the same for every item, its offsets are
+  // computed once). Block ids are read one tile ahead (pg_next), so the table's latency
+  // overlaps the previous tile instead of preceding this tile's K/V loads.
+  constexpr int STEP = THREADS / CH;
+  static_assert(STEP * CH == THREADS && ITEMS * THREADS == CHUNKS, "tile chunks split evenly");
+  const int n0 = tid / CH, d0 = 8 * (tid % CH);
+  const bool d_ok = d0 < head_dim;
+  const int64_t k_doff = split_x > 0 ? int64_t(d0 / split_x) * p.k_stride[3] + int64_t(d0 % split_x) * p.k_stride[4]
+                                     : int64_t(d0) * p.k_stride[3];
+  const int64_t v_doff = int64_t(d0) * p.v_stride[3];
+  const int64_t bt_row = seq * p.bt_stride[0];
   uint4 k_reg[ITEMS], v_reg[ITEMS];
+  int pg_next[ITEMS];  // block id of each item's token in the next tile to load, -1: skip
+  auto lookup = [&](int tile) {
+    const int start = loop_start + tile * BLOCK_N;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int j = start + n0 + i * STEP;
+      const int blk = j / page_size;
+      int64_t page = -1;
+      if (j < part_end && blk < p.max_blocks_per_seq)
+        page = load_index(p.block_table, p.table_is_int64, bt_row + blk * p.bt_stride[1]);
+      pg_next[i] = (page >= 0 && page < p.num_blocks) ? int(page) : -1;
+    }
+  };
   uint32_t ok_bits = 0;
+  // the common case (16-bit KV, both caches vector-loadable) gets its own loop; fp8 and
+  // strided layouts share a second one
+  const int k_mode = flags.k_vec ? (kv_bytes == 2 ? LOAD_VEC16 : LOAD_VEC8) : LOAD_STRIDED;
+  const int v_mode = flags.v_vec ? (kv_bytes == 2 ? LOAD_VEC16 : LOAD_VEC8) : LOAD_STRIDED;
+  const bool fast = k_mode == LOAD_VEC16 && v_mode == LOAD_VEC16;
+  const bool fp8 = kv_bytes == 1;
+  const StageGeometry geo{k_base, v_base, k_doff, v_doff, k_sd, n0, page_size, kv_bytes, d_ok};
   auto load_tile = [&](int tile) {
     const int start = loop_start + tile * BLOCK_N;
+    int pg[ITEMS];
     ok_bits = 0;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      const int c = tid + i * THREADS, n = c / CH, d0 = 8 * (c % CH);
-      const int j = start + n;
-      bool ok = c < CHUNKS && j < part_end && d0 < head_dim;
-      int64_t page = -1;
-      if (ok) {
-        const int64_t blk = j / page_size;
-        ok = blk < p.max_blocks_per_seq;
-        if (ok) page = load_index(p.block_table, p.table_is_int64, seq * p.bt_stride[0] + blk * p.bt_stride[1]);
-        ok = ok && page >= 0 && page < p.num_blocks;
-      }
-      k_reg[i] = make_uint4(0u, 0u, 0u, 0u);
-      v_reg[i] = make_uint4(0u, 0u, 0u, 0u);
-      if (ok) {
-        const int64_t slot = j % page_size;
-        int64_t k_off = page * p.k_stride[0] + slot * p.k_stride[2];
-        k_off += split_x > 0 ? int64_t(d0 / split_x) * p.k_stride[3] + int64_t(d0 % split_x) * p.k_stride[4]
-                             : int64_t(d0) * p.k_stride[3];
-        const int64_t v_off = page * p.v_stride[0] + slot * p.v_stride[2] + int64_t(d0) * p.v_stride[3];
-        k_reg[i] = load_chunk(k_base, k_off, k_sd, kv_bytes, flags.k_vec);
-        v_reg[i] = load_chunk(v_base, v_off, p.v_stride[3], kv_bytes, flags.v_vec);
-        ok_bits |= 1u << i;
-      }
+      pg[i] = pg_next[i];
+      ok_bits |= (pg[i] >= 0 ? 1u : 0u) << i;
+    }
+    lookup(tile + 1);  // read ahead
+    if (fast) {
+      issue_loads<LOAD_VEC16, ITEMS, STEP>(k_reg, v_reg, pg, start, geo, p);
+    } else if (fp8 && k_mode == LOAD_VEC8 && v_mode == LOAD_VEC8) {
+      issue_loads<LOAD_VEC8, ITEMS, STEP>(k_reg, v_reg, pg, start, geo, p);
+    } else {
+      issue_loads<LOAD_STRIDED, ITEMS, STEP>(k_reg, v_reg, pg, start, geo, p);
     }
   };
   auto store_tile = [&]() {
+    if (fp8) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        k_reg[i] = fp8_to_compute<KIND>(k_reg[i], p.kv_dtype);
+        v_reg[i] = fp8_to_compute<KIND>(v_reg[i], p.kv_dtype);
+      }
+    }
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      const int c = tid + i * THREADS, n = c / CH, d0 = 8 * (c % CH);
-      if (c < CHUNKS) {
-        *reinterpret_cast<uint4*>(k_s + n * L::LDK + d0) = to_compute<KIND>(k_reg[i], p.kv_dtype);
-        *reinterpret_cast<uint4*>(v_s + n * L::LDK + d0) = to_compute<KIND>(v_reg[i], p.kv_dtype);
-        if (d0 == 0) ok_s[n] = (ok_bits >> i) & 1u;
-      }
+      const int n = n0 + i * STEP;
+      *reinterpret_cast<uint4*>(k_s + n * L::LDK + d0) = k_reg[i];
+      *reinterpret_cast<uint4*>(v_s + n * L::LDK + d0) = v_reg[i];
+      if (d0 == 0) ok_s[n] = (ok_bits >> i) & 1u;
     }
   };
 
@@ -249,7 +541,20 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 #pragma unroll
       for (int e = 0; e < Tile::kElems; ++e) o_acc[a][b][e] = 0.f;
 
-  if (num_tiles > 0) load_tile(0);
+#if defined(HAB_HAS_MMA_SYNC)
+  if constexpr (SplitN<KIND, ROWS, HEAD_DIM_PAD, WARP>::value) {
+    if (split_n_run) {
+      decode_split_n<KIND, HEAD_DIM_PAD, ITEMS, STEP>(p, num_tiles, loop_start, part_end, seq_len, rows, row0, group,
+                                         kv_head, seq, part, head_dim, qk_scale, sm_scale, v_scale,
+                                         use_cap, use_window, q_s, smem + L::K_OFF, geo, lookup, pg_next);
+      return;
+    }
+  }
+#endif
+  if (num_tiles > 0) {
+    lookup(0);
+    load_tile(0);
+  }
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int start = loop_start + tile * BLOCK_N;
     __syncthreads();  // the previous tile's K, V, P are no longer read
@@ -276,8 +581,7 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 
     // ---- online softmax, one warp a row: P = exp2(s - m_new) (compute dtype), alpha
     for (int r = warp; r < rows; r += NUM_WARPS) {
-      const int64_t gr = row0 + r;
-      const int pos = seq_len - int(p.num_tokens) + int(gr / group);  // last visible key
+      const int pos = seq_len - int(p.num_tokens) + (row0 + r) / group;  // last visible key
       float s_loc[(BLOCK_N + WARP - 1) / WARP];
       float mx = -INFINITY;
 #pragma unroll
@@ -362,22 +666,19 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
         if (r >= rows || d >= head_dim) continue;
         const float l = l_s[r];
         const float val = o_acc[rt][b][e] * (v_scale / (l > 0.f ? l : 1.f));
-        const int64_t gr = row0 + r, t = gr / group, h = kv_head * group + gr % group;
+        const int gr = row0 + r, t = gr / group, h = kv_head * group + gr % group;
         if (split) {
           const int64_t slot = seq * p.num_partitions + part, row = t * p.num_q_heads + h;
           p.partial_out[slot * p.po_stride[0] + row * p.po_stride[1] + d * p.po_stride[2]] = val;
         } else {
-          const int64_t o = seq * p.o_stride[0] + t * p.o_stride[1] + h * p.o_stride[2] + d * p.o_stride[3];
-          if (p.out_dtype == HAB_F32) static_cast<float*>(p.out)[o] = val;
-          else if (p.out_dtype == HAB_BF16) static_cast<uint16_t*>(p.out)[o] = HabBf16::from_float(val);
-          else static_cast<uint16_t*>(p.out)[o] = HabHalf::from_float(val);
+          store_out(p, seq * p.o_stride[0] + t * p.o_stride[1] + h * p.o_stride[2] + d * p.o_stride[3], val);
         }
       }
     }
   }
   if (split) {
     for (int r = tid; r < rows; r += THREADS) {
-      const int64_t gr = row0 + r, t = gr / group, h = kv_head * group + gr % group;
+      const int gr = row0 + r, t = gr / group, h = kv_head * group + gr % group;
       const int64_t slot = seq * p.num_partitions + part, row = t * p.num_q_heads + h;
       p.max_logits[slot * p.ml_stride[0] + row * p.ml_stride[1]] = m_s[r];
       p.exp_sums[slot * p.ml_stride[0] + row * p.ml_stride[1]] = l_s[r];
@@ -385,8 +686,17 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
   }
 }
 
+// Programs per multiprocessor the register budget is sized for: 3-4 for the common 16-row
+// tile (12-16 warps in flight per SM to cover the memory latency; 3 at head_dim 128 keeps
+// the split-N accumulators out of local memory), fewer for the big tiles.
+template <int ROWS, int HEAD_DIM_PAD>
+struct MinBlocks {
+  static constexpr int value = ROWS <= 16 ? (HEAD_DIM_PAD <= 64 ? 4 : (HEAD_DIM_PAD <= 128 ? 3 : 2))
+                                          : (ROWS * HEAD_DIM_PAD <= 4096 ? 2 : 1);
+};
+
 template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP>
-__global__ void __launch_bounds__(NUM_WARPS * WARP)
+__global__ void __launch_bounds__(NUM_WARPS * WARP, (MinBlocks<ROWS, HEAD_DIM_PAD>::value))
 paged_decode_kernel(HabDecodeParams p, Flags flags, int row_chunks) {
 #if defined(HAB_DEVICE_PASS)
   // the other warp size's instantiation (HIP builds both) compiles to an empty kernel
@@ -401,12 +711,29 @@ const char* launch(const HabDecodeParams& p, Flags flags, hab_stream_t stream) {
   const int64_t total_rows = p.num_tokens * (p.num_q_heads / p.num_kv_heads);
   const int row_chunks = int(hab_cdiv(total_rows, ROWS));
   auto kernel = paged_decode_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP>;
-  if (L::BYTES > 48 * 1024) {
-    const hab_error_t e = hab_func_set_max_dynamic_smem(kernel, L::BYTES);
-    if (e != hab_success) return hab_error_string(e);
+  // kernel attributes are set once per instantiation and device
+  static uint64_t configured = 0;
+  int dev = 0;
+  if (hab_get_device(&dev) != hab_success) return "paged_decode: no device";
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  // the split-N loop's layout where it may run (decided again on the device)
+  const bool split_n = HAB_CUDA_BUILD && SplitN<KIND, ROWS, HEAD_DIM_PAD, 32>::value_on_host && flags.split_n &&
+                       flags.k_vec && flags.v_vec && p.kv_dtype == p.q_dtype;
+  constexpr int MAX_BYTES = L::BYTES > L::SPLIT_N_BYTES ? L::BYTES : L::SPLIT_N_BYTES;
+  const int bytes = split_n ? MAX_BYTES : L::BYTES;
+  if (!(configured & bit)) {
+    if (MAX_BYTES > 48 * 1024) {
+      const hab_error_t e = hab_func_set_max_dynamic_smem(kernel, MAX_BYTES);
+      if (e != hab_success) return hab_error_string(e);
+    }
+#if defined(HAB_CUDA)
+    // the whole carveout as shared memory: MinBlocks programs of L::BYTES fit on an SM
+    cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+#endif
+    configured |= bit;
   }
   dim3 grid(unsigned(p.num_kv_heads * row_chunks), unsigned(p.num_seqs), unsigned(p.num_partitions));
-  kernel<<<grid, NUM_WARPS * WARP, L::BYTES, stream>>>(p, flags, row_chunks);
+  kernel<<<grid, NUM_WARPS * WARP, bytes, stream>>>(p, flags, row_chunks);
   return nullptr;
 }
 
@@ -431,9 +758,9 @@ const char* dispatch_rows(const HabDecodeParams& p, Flags flags, hab_stream_t st
 
 // Launchers for one padded head_dim (decode_d64.cu, decode_d128.cu, decode_d256.cu);
 // warp: 32 or 64 lanes.
-const char* hab_decode_launch_d64(const HabDecodeParams& p, int k_vec, int v_vec, int warp, void* stream);
-const char* hab_decode_launch_d128(const HabDecodeParams& p, int k_vec, int v_vec, int warp, void* stream);
-const char* hab_decode_launch_d256(const HabDecodeParams& p, int k_vec, int v_vec, int warp, void* stream);
+const char* hab_decode_launch_d64(const HabDecodeParams& p, hab_decode::Flags flags, int warp, void* stream);
+const char* hab_decode_launch_d128(const HabDecodeParams& p, hab_decode::Flags flags, int warp, void* stream);
+const char* hab_decode_launch_d256(const HabDecodeParams& p, hab_decode::Flags flags, int warp, void* stream);
 
 // CUDA has only 32-lane warps; HIP builds wave64 (gfx9) and wave32 (gfx10+) instantiations.
 #if defined(HAB_HIP)
@@ -444,9 +771,8 @@ const char* hab_decode_launch_d256(const HabDecodeParams& p, int k_vec, int v_ve
 #endif
 
 #define HAB_DEFINE_DECODE_LAUNCH(PAD)                                                                 \
-  const char* hab_decode_launch_d##PAD(const HabDecodeParams& p, int k_vec, int v_vec, int warp,      \
+  const char* hab_decode_launch_d##PAD(const HabDecodeParams& p, hab_decode::Flags flags, int warp,   \
                                        void* stream) {                                                \
-    const hab_decode::Flags flags{k_vec, v_vec};                                                      \
     hab_stream_t s = static_cast<hab_stream_t>(stream);                                               \
     if (warp != 32 && warp != 64) return "paged_decode: unsupported warp size";                       \
     if (p.q_dtype == HAB_BF16) {                                                                      \

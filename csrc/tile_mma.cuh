@@ -121,6 +121,22 @@ struct HabWarpTile<KIND, WARP, HAB_UNIT_MMA_SYNC> {
       hab_mma_m16n8k16<KIND>(*reinterpret_cast<float(*)[4]>(ch), a, b);
     }
   }
+
+  // C += A B with A already in registers in the m16n8k16 A layout (e.g. P built from an
+  // S fragment: the C layout of two n-halves is the A layout of one k-step) and B(k, n) =
+  // B[k * ldb_k + n] (n contiguous).
+  HAB_DEV static void mma_a_regs(float (&c)[kElems], const uint32_t (&a)[4], const uint16_t* B, int ldb_k,
+                                 int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = 8 * h + g;
+      uint32_t b[2];
+      b[0] = hab_pack2(B[(2 * t) * ldb_k + n], B[(2 * t + 1) * ldb_k + n]);
+      b[1] = hab_pack2(B[(2 * t + 8) * ldb_k + n], B[(2 * t + 9) * ldb_k + n]);
+      hab_mma_m16n8k16<KIND>(*reinterpret_cast<float(*)[4]>(c + 4 * h), a, b);
+    }
+  }
 };
 #endif  // HAB_HAS_MMA_SYNC
 

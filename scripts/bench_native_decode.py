@@ -4,7 +4,7 @@ Method (the project's): each op is captured in a CUDA graph and the graph replay
 with ``triton.testing.do_bench`` (median; it clears the L2 before every call), on a cache
 whose pages are a random permutation of its blocks; 100% is a device-to-device copy
 (bytes read + written) measured in the same run. KV bytes = 2 * sum(seq_len) * Hkv * D *
-elem_size. The split rule is the op's own (``tuning.decode_partition_size``) for both.
+elem_size. The split rule is the op's own (``tuning.decode_partition_size``) for all.
 
 Usage: python scripts/bench_native_decode.py [--rep-ms 200] [--json out.json]
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 import triton
@@ -22,6 +23,8 @@ from hygon_attn_backend.ops.decode import allocate_decode_workspace, paged_decod
 
 # (batch, context, Hq, Hkv): G = 1 (32/32), G = 8 (32/4), G = 16 (64/4)
 HEADS = ((32, 32), (32, 4), (64, 4))
+# native: the default loop (split-N where it applies); native_shared: HYGON_ATTN_NATIVE_SPLIT_N=0
+VARIANTS = ("triton", "native", "native_shared")
 SHAPES = [(b, c, hq, hkv) for b, c in ((64, 4096), (64, 16384), (256, 2048), (1, 32768))
           for hq, hkv in HEADS]
 
@@ -63,14 +66,16 @@ def run(rep_ms: float):
                                        device=q.device)
         row = {"batch": batch, "ctx": ctx, "hq": hq, "hkv": hkv, "group": hq // hkv}
         outs = {}
-        for impl in ("triton", "native"):
+        for variant in VARIANTS:
+            impl = "native" if variant.startswith("native") else variant
+            os.environ["HYGON_ATTN_NATIVE_SPLIT_N"] = "0" if variant == "native_shared" else "1"
             out = torch.empty_like(q)
-            outs[impl] = out
+            outs[variant] = out
             fn = lambda: paged_decode_attention(q, k, v, table, lens, out=out, workspace=ws,
                                                 impl=impl)
             ms = time_graph_replay(fn, rep_ms)
             gbps = nbytes / ms / 1e6
-            row[impl] = {"us": 1000 * ms, "gbps": gbps, "pct_copy": 100 * gbps / copy}
+            row[variant] = {"us": 1000 * ms, "gbps": gbps, "pct_copy": 100 * gbps / copy}
         row["native_over_triton"] = row["triton"]["us"] / row["native"]["us"]
         row["max_abs_diff"] = float((outs["native"].float() - outs["triton"].float()).abs().max())
         rows.append(row)
@@ -78,8 +83,9 @@ def run(rep_ms: float):
               f"{row['triton']['us']:8.1f} us {row['triton']['gbps']:6.0f} GB/s "
               f"{row['triton']['pct_copy']:5.1f}% | native {row['native']['us']:8.1f} us "
               f"{row['native']['gbps']:6.0f} GB/s {row['native']['pct_copy']:5.1f}% | "
-              f"native/triton speed {row['native_over_triton']:.2f}x | "
-              f"max|diff| {row['max_abs_diff']:.2e}", flush=True)
+              f"native/triton speed {row['native_over_triton']:.2f}x | shared-softmax loop "
+              f"{row['native_shared']['us']:8.1f} us | max|diff| {row['max_abs_diff']:.2e}",
+              flush=True)
         del q, k, v, table, lens, ws, outs
         torch.cuda.empty_cache()
     return {"copy_gbps": copy, "rows": rows, "device": torch.cuda.get_device_name(0),

@@ -66,6 +66,20 @@ def test_native_decode_layouts(layout, page_size, partition_size):
 
 
 @gpu
+@pytest.mark.parametrize("split_n", ["0", "1"])
+@pytest.mark.parametrize("partition_size", [None, 256])
+@pytest.mark.parametrize("head_dim,group", [(64, 1), (128, 8), (96, 16)])
+def test_native_decode_both_loops(monkeypatch, split_n, partition_size, head_dim, group):
+    """Groups up to 16 at head_dim <= 128 run the split-N loop on mma.sync GPUs;
+    HYGON_ATTN_NATIVE_SPLIT_N=0 runs the shared-softmax loop on the same cases."""
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_SPLIT_N", split_n)
+    _native_case(num_kv_heads=2, group=group, head_dim=head_dim, page_size=16,
+                 seq_lens=[1000, 1, 77, 0], layout="bshd", dtype=torch.bfloat16,
+                 partition_size=partition_size, sinks=torch.randn(2 * group, device="cuda"),
+                 sliding_window=500)
+
+
+@gpu
 @pytest.mark.parametrize("num_tokens,group", [(3, 4), (2, 5), (4, 1), (2, 64)])
 @pytest.mark.parametrize("partition_size", [None, 256])
 def test_native_decode_speculative_tokens(num_tokens, group, partition_size):
