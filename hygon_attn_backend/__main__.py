@@ -5,6 +5,7 @@
                                hygon beside vLLM's default backend) when vLLM is installed;
                                otherwise, or with --ops, the ops on a built-in problem
                                checked against the reference
+    hygon-attn build-native    build the native CUDA/HIP kernels now (GPU torch)
     hygon-attn bench decode    decode benchmark (GPU)
     hygon-attn bench prefill   prefix-prefill benchmark (GPU)
     hygon-attn bench cache     write_kv / copy_blocks bandwidth (GPU)
@@ -104,10 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ops", action="store_true",
                    help="check the ops against the reference instead of the engine run")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--impl", choices=["auto", "triton", "reference"], default=None,
+    p.add_argument("--impl", choices=["auto", "triton", "native", "reference"], default=None,
                    help="engine run: our Triton kernels (default; the interpreter on a CPU), "
                         "or the torch reference")
     p.set_defaults(func=cmd_demo)
+    from hygon_attn_backend import native
+
+    native.add_build_native_parser(sub)
     p = sub.add_parser("bench", help="benchmarks beside the peers (GPU)")
     bench_sub = p.add_subparsers(dest="bench", required=True)
     for name in ("decode", "prefill", "cache", "overhead"):

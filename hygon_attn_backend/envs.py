@@ -14,8 +14,8 @@ from typing import Optional, Tuple
 
 #: name -> one-line meaning (the README table is generated from the same facts).
 VARIABLES = {
-    "HYGON_ATTN_IMPL": "auto (default) / triton / reference: what the engine integrations "
-                       "ask the ops for",
+    "HYGON_ATTN_IMPL": "auto (default) / triton / native / reference: what the engine "
+                       "integrations ask the ops for",
     "HYGON_ATTN_DEBUG": "1: value checks that sync with the host (slot and block-id ranges) "
                         "before each launch",
     "HYGON_ATTN_PARTITION_SIZE": "force the decode split-KV partition size (tokens, a positive "
@@ -30,9 +30,15 @@ VARIABLES = {
     "HYGON_ATTN_WRITE_KV_BLOCK_H": "write_kv heads per program (a power of two)",
     "HYGON_ATTN_COPY_BLOCKS_BLOCK": "copy_blocks elements per program (a power of two)",
     "HYGON_SGLANG_CHECK_PAGES": "1: check page contiguity of every SGLang batch (debugging)",
+    "HYGON_ATTN_NATIVE_AUTO": "1: impl=auto takes the native kernels wherever they run; 0: "
+                              "never (default: the measured rule, tuning.native_preferred)",
+    "HYGON_ATTN_NATIVE_SPLIT_N": "0: the native decode's shared-softmax loop instead of the "
+                                 "split-N loop (read by the kernel's entry point)",
+    "HYGON_ATTN_CSRC": "the csrc/ folder the native extension is built from (default: beside "
+                       "the package in a source checkout)",
 }
 
-IMPLS = ("auto", "triton", "reference")
+IMPLS = ("auto", "triton", "native", "reference")
 _TRUE = ("1", "true", "True", "yes")
 
 
@@ -123,3 +129,18 @@ def copy_blocks_block() -> Optional[int]:
 
 def sglang_check_pages() -> bool:
     return _flag("HYGON_SGLANG_CHECK_PAGES")
+
+
+def native_auto() -> Optional[bool]:
+    """``HYGON_ATTN_NATIVE_AUTO``: ``True``/``False`` forced, ``None`` unset."""
+    raw = _raw("HYGON_ATTN_NATIVE_AUTO")
+    if raw is None:
+        return None
+    if raw not in ("0", "1"):
+        raise ValueError(f"HYGON_ATTN_NATIVE_AUTO must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+def csrc_dir() -> Optional[str]:
+    """``HYGON_ATTN_CSRC``: where the native sources are, or None."""
+    return _raw("HYGON_ATTN_CSRC")

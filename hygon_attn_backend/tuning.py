@@ -52,6 +52,38 @@ def copy_blocks_config(numel_per_block: int) -> tuple[int, int]:
     return block, num_warps
 
 
+# ----------------------------------------------------------------------------- native or Triton
+
+
+def native_preferred(op: str, *, is_hip: bool, group: int = 1) -> bool:
+    """Whether ``impl="auto"`` runs the native kernel (``csrc/``) of ``op`` (``"decode"``,
+    ``"write_kv"``, ``"copy_blocks"``) instead of the Triton one.
+
+    Reasoning: on AMD/Hygon GPUs (HIP) the native kernels are the DCU design itself:
+    hand-written for wave 64 and the 16x16x16 matrix instructions, where Triton spills
+    registers and misses peak (published DCU numbers: 1.5-4.3x faster kernels, TPOT 79 ->
+    35 ms); so HIP takes native for every op. On NVIDIA, Triton's kernels are tuned on the
+    H200, and native is taken only where it was measured faster there.
+    Measurement (H200, bf16, D=128, page 16, docs/native.md): none of the decode shapes
+    measured so far makes native the faster one on NVIDIA, so NVIDIA stays on Triton.
+    Override: ``HYGON_ATTN_NATIVE_AUTO=1`` (native wherever it runs) / ``0`` (never).
+    """
+    forced = envs.native_auto()
+    if forced is not None:
+        return forced
+    if op not in ("decode", "write_kv", "copy_blocks"):
+        raise ValueError(f"op must be 'decode', 'write_kv' or 'copy_blocks', got {op!r}")
+    del group  # NVIDIA: no group measured faster yet
+    return is_hip
+
+
+def gpu_is_hip() -> bool:
+    """True on ROCm/DTK torch (AMD and Hygon GPUs)."""
+    import torch
+
+    return bool(getattr(torch.version, "hip", None))
+
+
 # ----------------------------------------------------------------------------- paged decode
 
 DECODE_MIN_PARTITION = 256  # smallest partition the decode heuristics choose

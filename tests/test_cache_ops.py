@@ -136,7 +136,7 @@ def _seed(*parts) -> int:
 
 def _run_write_case(layout, dtype, page_size, head_dim, device, *, num_kv_heads=3,
                     num_blocks=5, num_tokens=11, seed=0, in_dtype=torch.float32,
-                    index_dtype=torch.int32, num_pad=2):
+                    index_dtype=torch.int32, num_pad=2, impl="triton"):
     gen = torch.Generator().manual_seed(seed)
     storages, views = _layout(layout, num_blocks, num_kv_heads, page_size, head_dim, dtype,
                               device)
@@ -152,7 +152,7 @@ def _run_write_case(layout, dtype, page_size, head_dim, device, *, num_kv_heads=
     ek, ev, _, _ = views(expected)
     reference.write_kv(k, v, ek, ev, slots, k_scale=k_scale, v_scale=v_scale)
     gk, gv, _, _ = views(storages)
-    write_kv(k, v, gk, gv, slots, k_scale=k_scale, v_scale=v_scale, impl="triton")
+    write_kv(k, v, gk, gv, slots, k_scale=k_scale, v_scale=v_scale, impl=impl)
     what = f"write_kv {layout} {dtype} P={page_size} D={head_dim}"
     _assert_storages_equal(storages, expected, what)
     changed = sum(int((_bytes(e) != _bytes(p)).sum()) for e, p in zip(expected, poisoned))
@@ -311,7 +311,7 @@ def test_write_kv_rejects_bad_arguments(name, bad, match, device):
 
 
 def _run_copy_case(layout, dtype, page_size, head_dim, device, pairs, *, num_blocks=7,
-                   num_kv_heads=3, seed=0):
+                   num_kv_heads=3, seed=0, impl="triton"):
     gen = torch.Generator().manual_seed(seed)
     storages, views = _layout(layout, num_blocks, num_kv_heads, page_size, head_dim, dtype,
                               device)
@@ -322,7 +322,7 @@ def _run_copy_case(layout, dtype, page_size, head_dim, device, pairs, *, num_blo
     _, _, ek, ev = views(expected)
     reference.copy_blocks(ek, ev, mapping)
     _, _, gk, gv = views(storages)
-    copy_blocks(gk, gv, mapping, impl="triton")
+    copy_blocks(gk, gv, mapping, impl=impl)
     what = f"copy_blocks {layout} {dtype} P={page_size} D={head_dim}"
     _assert_storages_equal(storages, expected, what)
     changed = sum(int((_bytes(e) != _bytes(p)).sum()) for e, p in zip(expected, poisoned))

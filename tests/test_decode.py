@@ -96,7 +96,7 @@ def blocks_needed(seq_lens, page_size):
 
 def run_case(*, num_kv_heads, group, head_dim, page_size, seq_lens, layout, dtype, device,
              num_tokens=None, partition_size=None, kv_dtype=None, scales=(1.0, 1.0),
-             mult=4.0, **options):
+             mult=4.0, impl="triton", **options):
     num_q_heads = num_kv_heads * group
     nb = blocks_needed(seq_lens, page_size)
     k, v = make_cache(nb, num_kv_heads, page_size, head_dim, layout, dtype, device,
@@ -111,7 +111,7 @@ def run_case(*, num_kv_heads, group, head_dim, page_size, seq_lens, layout, dtyp
         kw.update(k_scale=scales[0], v_scale=scales[1])
     out = torch.full_like(q, float("nan"))
     res = paged_decode_attention(q, k, v, table, lens, out=out, partition_size=partition_size,
-                                 impl="triton", **kw)
+                                 impl=impl, **kw)
     assert res is out
     ref_kw = {key: val for key, val in kw.items() if key not in ("kv_head_grid", "workspace")}
     ref64 = reference.paged_decode_attention(q, k, v, table, lens, **ref_kw,

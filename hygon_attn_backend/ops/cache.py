@@ -14,7 +14,7 @@ from typing import Optional, Union
 import torch
 
 from hygon_attn_backend import reference, tuning
-from hygon_attn_backend.ops import _checks
+from hygon_attn_backend.ops import _checks, _native
 from hygon_attn_backend.ops._dispatch import select_impl
 from hygon_attn_backend.ops.cache_plan import WritePlan, plan_write_kv
 
@@ -64,7 +64,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
        format's finite range. Ignored for other cache dtypes (plain cast).
     plan: a :func:`plan_write_kv` result for this batch's ``slot_mapping`` (built once per
        step, reused by every layer): only the shapes a layer can change are checked.
-    impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
+    impl: ``"auto"`` | ``"triton"`` | ``"native"`` | ``"reference"``.
 
     Distinct tokens must map to distinct slots (which one wins otherwise is undefined).
     """
@@ -150,7 +150,7 @@ def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, block_mapping: tor
     ``HYGON_ATTN_DEBUG=1`` this and the id range ``[0, num_blocks)`` are checked on the
     host before launch (``ValueError``); without it, out-of-range pairs are skipped by the
     kernel, never read or written, and overlapping src/dst sets give an undefined result.
-    impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
+    impl: ``"auto"`` | ``"triton"`` | ``"native"`` | ``"reference"``.
     """
     _checks.check_tensor("k_cache", k_cache, ndim=(2, 3, 4, 5), dtypes=_checks.KV_DTYPES)
     device = k_cache.device
@@ -170,9 +170,10 @@ def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, block_mapping: tor
     k_axes = _block_inner_axes("k_cache", k_cache)
     v_axes = _block_inner_axes("v_cache", v_cache)
     num_pairs = block_mapping.shape[0]
-    chosen = select_impl(impl, device)
+    chosen = select_impl(impl, device, native_preferred=tuning.native_preferred(
+        "copy_blocks", is_hip=tuning.gpu_is_hip()))
     if _checks.debug_enabled() and num_pairs:
-        _check_block_mapping(block_mapping, num_blocks, disjoint=chosen == "triton")
+        _check_block_mapping(block_mapping, num_blocks, disjoint=chosen != "reference")
 
     if chosen == "reference":
         reference.copy_blocks(k_cache, v_cache, block_mapping)
@@ -185,6 +186,9 @@ def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, block_mapping: tor
         for s in sizes:
             numel_inner *= s
         if numel_inner == 0:
+            continue
+        if chosen == "native":
+            _native.copy_blocks(cache, block_mapping, sizes, strides)
             continue
         block, num_warps = tuning.copy_blocks_config(numel_inner)
         bits = cache.view(_BITS_DTYPE[cache.element_size()])

@@ -13,7 +13,7 @@ from typing import Dict, Union
 import torch
 
 from hygon_attn_backend import reference, tuning
-from hygon_attn_backend.ops import _checks
+from hygon_attn_backend.ops import _checks, _native
 from hygon_attn_backend.ops._dispatch import select_impl
 
 __all__ = ["WritePlan", "plan_write_kv"]
@@ -53,7 +53,7 @@ class WritePlan:
 
     @property
     def num_launches(self) -> int:
-        return 1 if self.impl == "triton" and self.num_tokens else 0
+        return 1 if self.impl != "reference" and self.num_tokens else 0
 
     def check_call(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         """What a layer may get wrong against the plan (cheap: no tensor checks)."""
@@ -76,6 +76,12 @@ class WritePlan:
                                v_scale=v_scale)
             return
         if self.num_tokens == 0:
+            return
+        if self.impl == "native":
+            n = self.num_tokens
+            _native.write_kv(k[:n], v[:n], k_cache, v_cache, self.slot_mapping,
+                             k_scale=1.0 if k_scale is None else k_scale,
+                             v_scale=1.0 if v_scale is None else v_scale)
             return
         quant = k_cache.dtype in _checks.FP8_DTYPES
         from_ptr = quant and (isinstance(k_scale, torch.Tensor)
@@ -127,14 +133,16 @@ def plan_write_kv(slot_mapping: torch.Tensor, *, num_kv_heads: int, head_dim: in
     slot_mapping: ``[num_tokens]`` int32/int64 cache slot of each new token (``-1``:
     padding, skipped); the layers' calls pass this same tensor. num_kv_heads, head_dim,
     page_size: the caches' ``[num_blocks, num_kv_heads, page_size, head_dim]`` views every
-    layer will pass (rows of ``k``/``v`` past ``num_tokens`` are never read). impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
+    layer will pass (rows of ``k``/``v`` past ``num_tokens`` are never read).
+    impl may also be ``"native"`` (``csrc/``). impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
     """
     _checks.check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=_checks.INDEX_DTYPES)
     for name, value in (("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
                         ("page_size", page_size)):
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    chosen = select_impl(impl, slot_mapping.device)
+    chosen = select_impl(impl, slot_mapping.device, native_preferred=tuning.native_preferred(
+        "write_kv", is_hip=tuning.gpu_is_hip()))
     num_tokens = slot_mapping.shape[0] if num_kv_heads and head_dim else 0
     return WritePlan(impl=chosen, slot_mapping=slot_mapping, num_tokens=num_tokens,
                      num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,

@@ -70,7 +70,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
        dtype, the caches' shape and dtype, ``block_table``/``seq_lens`` must be the
        planned tensors) and launches; the batch-level options (partition_size, workspace,
        max_seq_len, kv_head_grid, impl) come from the plan.
-    impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
+    impl: ``"auto"`` | ``"triton"`` | ``"native"`` (``csrc/``; D in 64/80/96/128/192/256) |
+       ``"reference"``.
 
     Bad block ids (negative or >= num_blocks) and table entries past ``max_blocks`` are
     never read: those keys are skipped (``HYGON_ATTN_DEBUG=1`` raises instead).

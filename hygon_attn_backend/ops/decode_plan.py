@@ -17,7 +17,7 @@ from typing import Dict, Optional, Union
 import torch
 
 from hygon_attn_backend import reference, tuning
-from hygon_attn_backend.ops import _checks
+from hygon_attn_backend.ops import _checks, _native
 from hygon_attn_backend.ops._dispatch import select_impl
 
 __all__ = ["DecodePlan", "DecodeWorkspace", "DecodeConfig", "plan_paged_decode",
@@ -215,7 +215,7 @@ class DecodePlan:
     @property
     def num_launches(self) -> int:
         """Kernel launches per :meth:`run` (decode, plus the combine of a split launch)."""
-        if self.impl != "triton" or self.num_seqs == 0:
+        if self.impl == "reference" or self.num_seqs == 0:
             return 0
         return 2 if self.split else 1
 
@@ -261,6 +261,17 @@ class DecodePlan:
             return out
         if self.config is None:  # an empty block table: no key is readable
             return out.zero_()
+        if self.impl == "native":
+            cfg = self.config
+            _native.paged_decode(
+                out.unsqueeze(1) if out.dim() == 3 else out,
+                q.unsqueeze(1) if q.dim() == 3 else q, k_cache, v_cache, self.block_table,
+                self.seq_lens, scale=scale, k_scale=1.0 if k_scale is None else k_scale,
+                v_scale=1.0 if v_scale is None else v_scale, soft_cap=soft_cap,
+                sliding_window=sliding_window, sinks=sinks,
+                partition_size=cfg.partition_size if self.split else _WHOLE_SEQUENCE,
+                num_partitions=cfg.num_partitions, workspace=self.workspace)
+            return out
         k_ptr = isinstance(k_scale, torch.Tensor)
         v_ptr = isinstance(v_scale, torch.Tensor)
         key = (k_cache.dim(), k_ptr or v_ptr, sinks is not None, sliding_window, soft_cap,
@@ -387,7 +398,8 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
        :mod:`hygon_attn_backend.tuning` (environment overrides included).
     workspace: split-KV scratch (:func:`allocate_decode_workspace`) reused across steps;
        without it a split plan allocates its own here.
-    impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
+    impl: ``"auto"`` | ``"triton"`` | ``"native"`` (``csrc/``, see ``docs/native.md``) |
+       ``"reference"``; ``"auto"`` takes native where ``tuning.native_preferred`` says so.
     """
     device = block_table.device
     _checks.check_tensor("block_table", block_table, ndim=2, dtypes=_checks.INDEX_DTYPES)
@@ -414,15 +426,22 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                          f"{partition_size!r}")
     if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 0):
         raise ValueError(f"max_seq_len must be a non-negative int or None, got {max_seq_len!r}")
-    chosen = select_impl(impl, device)
     if q_dtype not in DECODE_Q_DTYPES:
-        if chosen == "triton" and impl == "triton":
-            raise ValueError(f"impl='triton' takes float16/bfloat16 queries, got {q_dtype}")
+        if impl in ("triton", "native"):
+            raise ValueError(f"impl={impl!r} takes float16/bfloat16 queries, got {q_dtype}")
+        chosen = select_impl(impl, device)
         chosen = "reference"
+    else:
+        chosen = select_impl(
+            impl, device, native_unsupported=_native.decode_unsupported(
+                head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                kv_head_grid=kv_head_grid),
+            native_preferred=tuning.native_preferred(
+                "decode", is_hip=tuning.gpu_is_hip(), group=num_q_heads // num_kv_heads))
     max_blocks = block_table.shape[1]
     sm_scale = float(scale) if scale is not None else head_dim ** -0.5
     config = None
-    if chosen == "triton" and num_seqs and max_blocks:
+    if chosen != "reference" and num_seqs and max_blocks:
         max_context = max_seq_len if max_seq_len is not None else max_blocks * page_size
         config = decode_launch_config(
             num_seqs=num_seqs, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,

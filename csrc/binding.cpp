@@ -1,0 +1,225 @@
+// torch binding of the native kernels: registers torch.ops.hygon_attn.* under the CUDA
+// dispatch key (ROCm torch dispatches HIP tensors there too).
+//
+// Device-agnostic on purpose: compiled by the host C++ compiler, no CUDA/HIP header, no
+// c10/cuda. The stream comes from the device guard implementation torch registered for
+// the tensor's device type; the kernels take it as void*. Arguments arrive validated by
+// hygon_attn_backend/ops/*.py; the checks here guard the raw-pointer contract only.
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "hab_ops.h"
+
+namespace {
+
+void* stream_of(const at::Tensor& t) {
+  const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(t.device().type());
+  return impl->getStream(t.device()).native_handle();
+}
+
+int dtype_code(const at::Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case at::kHalf: return HAB_F16;
+    case at::kBFloat16: return HAB_BF16;
+    case at::kFloat: return HAB_F32;
+    case at::kFloat8_e4m3fn: return HAB_FP8_E4M3;
+    case at::kFloat8_e5m2: return HAB_FP8_E5M2;
+    default: TORCH_CHECK(false, "hygon_attn native: unsupported dtype for ", name, ": ", t.scalar_type());
+  }
+  return -1;
+}
+
+int index_is_int64(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong,
+              "hygon_attn native: ", name, " must be int32 or int64, got ", t.scalar_type());
+  return t.scalar_type() == at::kLong ? 1 : 0;
+}
+
+const float* scale_ptr(const std::optional<at::Tensor>& s, const char* name) {
+  if (!s.has_value()) return nullptr;
+  TORCH_CHECK(s->scalar_type() == at::kFloat && s->numel() == 1, "hygon_attn native: ", name,
+              " must be a 1-element float32 tensor");
+  return s->data_ptr<float>();
+}
+
+void check(const char* err, const char* op) {
+  TORCH_CHECK(err == nullptr, "hygon_attn native ", op, ": ", err ? err : "");
+}
+
+void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+              const at::Tensor& slot_mapping, const std::optional<at::Tensor>& k_scale,
+              const std::optional<at::Tensor>& v_scale, double k_scale_value, double v_scale_value) {
+  TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes(), "write_kv: k, v must be [T, H, D]");
+  TORCH_CHECK(v_cache.dim() == 4 && (k_cache.dim() == 4 || k_cache.dim() == 5), "write_kv: cache ranks");
+  c10::OptionalDeviceGuard guard(k.device());
+  HabWriteKvParams p{};
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.k_cache = k_cache.data_ptr();
+  p.v_cache = v_cache.data_ptr();
+  p.slot_mapping = slot_mapping.data_ptr();
+  p.k_scale_ptr = scale_ptr(k_scale, "k_scale");
+  p.v_scale_ptr = scale_ptr(v_scale, "v_scale");
+  p.k_scale_value = float(k_scale_value);
+  p.v_scale_value = float(v_scale_value);
+  p.src_dtype = dtype_code(k, "k");
+  p.cache_dtype = dtype_code(k_cache, "k_cache");
+  TORCH_CHECK(v.scalar_type() == k.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type(),
+              "write_kv: k/v and the two caches must share dtypes");
+  p.slot_is_int64 = index_is_int64(slot_mapping, "slot_mapping");
+  p.num_tokens = k.size(0);
+  p.num_kv_heads = k.size(1);
+  p.head_dim = k.size(2);
+  p.num_blocks = v_cache.size(0);
+  p.page_size = v_cache.size(2);
+  p.slot_stride = slot_mapping.stride(0);
+  for (int i = 0; i < 3; ++i) {
+    p.k_stride[i] = k.stride(i);
+    p.v_stride[i] = v.stride(i);
+  }
+  p.kc_stride_b = k_cache.stride(0);
+  p.kc_stride_h = k_cache.stride(1);
+  if (k_cache.dim() == 5) {  // [N, H, D/x, P, x]
+    p.k_split_x = k_cache.size(4);
+    p.kc_stride_d = k_cache.stride(2);
+    p.kc_stride_s = k_cache.stride(3);
+    p.kc_stride_x = k_cache.stride(4);
+  } else {
+    p.kc_stride_s = k_cache.stride(2);
+    p.kc_stride_d = k_cache.stride(3);
+  }
+  p.vc_stride_b = v_cache.stride(0);
+  p.vc_stride_h = v_cache.stride(1);
+  p.vc_stride_s = v_cache.stride(2);
+  p.vc_stride_d = v_cache.stride(3);
+  check(hab_write_kv(&p, stream_of(k)), "write_kv");
+}
+
+void copy_blocks(at::Tensor& cache, const at::Tensor& block_mapping, at::IntArrayRef sizes,
+                 at::IntArrayRef strides) {
+  TORCH_CHECK(sizes.size() == 4 && strides.size() == 4, "copy_blocks: 4 inner sizes and strides");
+  TORCH_CHECK(block_mapping.dim() == 2 && block_mapping.size(1) == 2, "copy_blocks: block_mapping [n, 2]");
+  c10::OptionalDeviceGuard guard(cache.device());
+  HabCopyBlocksParams p{};
+  p.cache = cache.data_ptr();
+  p.block_mapping = block_mapping.data_ptr();
+  p.map_is_int64 = index_is_int64(block_mapping, "block_mapping");
+  p.elem_size = int(cache.element_size());
+  p.num_pairs = block_mapping.size(0);
+  p.num_blocks = cache.size(0);
+  p.block_stride = cache.stride(0);
+  p.map_stride_n = block_mapping.stride(0);
+  p.map_stride_c = block_mapping.stride(1);
+  for (int i = 0; i < 4; ++i) {
+    p.sizes[i] = sizes[i];
+    p.strides[i] = strides[i];
+  }
+  check(hab_copy_blocks(&p, stream_of(cache)), "copy_blocks");
+}
+
+void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                  const at::Tensor& block_table, const at::Tensor& seq_lens,
+                  const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& k_scale,
+                  const std::optional<at::Tensor>& v_scale, at::Tensor& max_logits, at::Tensor& exp_sums,
+                  at::Tensor& partial_out, double scale, double k_scale_value, double v_scale_value,
+                  double soft_cap, int64_t sliding_window, int64_t partition_size, int64_t num_partitions) {
+  TORCH_CHECK(q.dim() == 4 && out.sizes() == q.sizes(), "paged_decode: q, out must be [S, T, Hq, D]");
+  TORCH_CHECK(v_cache.dim() == 4 && (k_cache.dim() == 4 || k_cache.dim() == 5), "paged_decode: cache ranks");
+  TORCH_CHECK(partition_size > 0 && num_partitions >= 1, "paged_decode: partitions");
+  c10::OptionalDeviceGuard guard(q.device());
+  HabDecodeParams p{};
+  p.out = out.data_ptr();
+  p.q = q.data_ptr();
+  p.k_cache = k_cache.data_ptr();
+  p.v_cache = v_cache.data_ptr();
+  p.block_table = block_table.data_ptr();
+  p.seq_lens = seq_lens.data_ptr();
+  if (sinks.has_value()) {
+    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() && sinks->numel() == q.size(2),
+                "paged_decode: sinks must be contiguous float32 [Hq]");
+    p.sinks = sinks->data_ptr<float>();
+  }
+  p.k_scale_ptr = scale_ptr(k_scale, "k_scale");
+  p.v_scale_ptr = scale_ptr(v_scale, "v_scale");
+  const bool split = num_partitions > 1;
+  TORCH_CHECK(!split || (max_logits.scalar_type() == at::kFloat && exp_sums.scalar_type() == at::kFloat &&
+                         partial_out.scalar_type() == at::kFloat && max_logits.dim() == 2 &&
+                         exp_sums.dim() == 2 && partial_out.dim() == 3),
+              "paged_decode: workspace must be float32 [slots, rows] x2 and [slots, rows, D]");
+  if (split) {
+    p.max_logits = max_logits.data_ptr<float>();
+    p.exp_sums = exp_sums.data_ptr<float>();
+    p.partial_out = partial_out.data_ptr<float>();
+    TORCH_CHECK(exp_sums.stride(0) == max_logits.stride(0) && exp_sums.stride(1) == max_logits.stride(1),
+                "paged_decode: max_logits and exp_sums must share strides");
+    p.ml_stride[0] = max_logits.stride(0);
+    p.ml_stride[1] = max_logits.stride(1);
+    for (int i = 0; i < 3; ++i) p.po_stride[i] = partial_out.stride(i);
+  }
+  p.scale = float(scale);
+  p.k_scale_value = float(k_scale_value);
+  p.v_scale_value = float(v_scale_value);
+  p.soft_cap = float(soft_cap);
+  p.q_dtype = dtype_code(q, "q");
+  p.out_dtype = dtype_code(out, "out");
+  p.kv_dtype = dtype_code(k_cache, "k_cache");
+  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), "paged_decode: k/v cache dtypes differ");
+  p.table_is_int64 = index_is_int64(block_table, "block_table");
+  p.lens_is_int64 = index_is_int64(seq_lens, "seq_lens");
+  p.num_seqs = q.size(0);
+  p.num_tokens = q.size(1);
+  p.num_q_heads = q.size(2);
+  p.head_dim = q.size(3);
+  p.num_kv_heads = v_cache.size(1);
+  p.page_size = v_cache.size(2);
+  p.num_blocks = v_cache.size(0);
+  p.max_blocks_per_seq = block_table.size(1);
+  p.sliding_window = sliding_window;
+  p.partition_size = partition_size;
+  p.num_partitions = num_partitions;
+  for (int i = 0; i < 4; ++i) {
+    p.q_stride[i] = q.stride(i);
+    p.o_stride[i] = out.stride(i);
+    p.v_stride[i] = v_cache.stride(i);
+  }
+  if (k_cache.dim() == 5) {  // [N, H, D/x, P, x] -> (block, head, slot, chunk, x)
+    p.k_split_x = k_cache.size(4);
+    p.k_stride[0] = k_cache.stride(0);
+    p.k_stride[1] = k_cache.stride(1);
+    p.k_stride[2] = k_cache.stride(3);
+    p.k_stride[3] = k_cache.stride(2);
+    p.k_stride[4] = k_cache.stride(4);
+  } else {
+    for (int i = 0; i < 4; ++i) p.k_stride[i] = k_cache.stride(i);
+  }
+  p.bt_stride[0] = block_table.stride(0);
+  p.bt_stride[1] = block_table.stride(1);
+  p.lens_stride = seq_lens.stride(0);
+  check(hab_paged_decode(&p, stream_of(q)), "paged_decode");
+}
+
+int64_t warp_size() { return hab_runtime_warp_size(); }
+
+}  // namespace
+
+TORCH_LIBRARY(hygon_attn, m) {
+  m.def("write_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, "
+        "Tensor? k_scale, Tensor? v_scale, float k_scale_value, float v_scale_value) -> ()");
+  m.def("copy_blocks(Tensor(a!) cache, Tensor block_mapping, int[] sizes, int[] strides) -> ()");
+  m.def("paged_decode(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
+        "Tensor seq_lens, Tensor? sinks, Tensor? k_scale, Tensor? v_scale, Tensor(b!) max_logits, "
+        "Tensor(c!) exp_sums, Tensor(d!) partial_out, float scale, float k_scale_value, "
+        "float v_scale_value, float soft_cap, int sliding_window, int partition_size, "
+        "int num_partitions) -> ()");
+  m.def("warp_size() -> int", &warp_size);
+}
+
+TORCH_LIBRARY_IMPL(hygon_attn, CUDA, m) {
+  m.impl("write_kv", &write_kv);
+  m.impl("copy_blocks", &copy_blocks);
+  m.impl("paged_decode", &paged_decode);
+}

@@ -1,0 +1,130 @@
+// compat.h: one source for CUDA and HIP (no torch in here).
+//
+// What differs between the vendors, in one place:
+//   - HAB_WARP_SIZE: lanes per warp/wavefront, exact in the device pass (32 on NVIDIA, 64 on
+//     gfx9, 32 on gfx10+ unless -mwavefrontsize64). The HIP host pass always sees 64, so host
+//     code asks the device at run time (hab_runtime_warp_size in decode.cu) and picks the kernel
+//     instantiation; a kernel instantiated for the other warp size compiles to nothing.
+//   - shuffles: hab_shfl_xor (CUDA *_sync with a full mask, HIP without masks).
+//   - 16-bit float storage is raw uint16_t everywhere; HabHalf / HabBf16 convert explicitly,
+//     so torch's __*_NO_HALF_CONVERSIONS__ flags do not matter.
+//   - feature macros, device pass only: HAB_HAS_MMA_SYNC (sm_80+: mma.sync m16n8k16),
+//     HAB_HAS_MFMA (gfx908/gfx90a/gfx940..942: v_mfma_f32_16x16x16 f16), HAB_HAS_MFMA_BF16
+//     (gfx90a/gfx940..942: the bf16_1k form). Neither: plain FMAs.
+#pragma once
+
+#include <stdint.h>
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(USE_ROCM)
+#define HAB_HIP 1
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+typedef hipStream_t hab_stream_t;
+typedef hipError_t hab_error_t;
+#define hab_success hipSuccess
+#define hab_get_last_error hipGetLastError
+#define hab_error_string hipGetErrorString
+#define hab_func_set_max_dynamic_smem(f, bytes) \
+  hipFuncSetAttribute(reinterpret_cast<const void*>(f), hipFuncAttributeMaxDynamicSharedMemorySize, (bytes))
+#define hab_get_device hipGetDevice
+#else
+#define HAB_CUDA 1
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+typedef cudaStream_t hab_stream_t;
+typedef cudaError_t hab_error_t;
+#define hab_success cudaSuccess
+#define hab_get_last_error cudaGetLastError
+#define hab_error_string cudaGetErrorString
+#define hab_func_set_max_dynamic_smem(f, bytes) \
+  cudaFuncSetAttribute((f), cudaFuncAttributeMaxDynamicSharedMemorySize, (bytes))
+#define hab_get_device cudaGetDevice
+#endif
+
+// ------------------------------------------------------------------ warp size, features
+#if defined(HAB_HIP)
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+#define HAB_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE
+#else
+#define HAB_WARP_SIZE 64
+#endif
+#if defined(__HIP_DEVICE_COMPILE__)
+#define HAB_DEVICE_PASS 1
+#endif
+#if defined(__gfx908__) || defined(__gfx90a__) || defined(__gfx940__) || \
+    defined(__gfx941__) || defined(__gfx942__)
+#define HAB_HAS_MFMA 1
+#endif
+#if defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)
+#define HAB_HAS_MFMA_BF16 1
+#endif
+#else  // CUDA
+#define HAB_WARP_SIZE 32
+#if defined(__CUDA_ARCH__)
+#define HAB_DEVICE_PASS 1
+#if __CUDA_ARCH__ >= 800
+#define HAB_HAS_MMA_SYNC 1
+#endif
+#endif
+#endif
+
+#define HAB_HD __host__ __device__ __forceinline__
+#define HAB_DEV __device__ __forceinline__
+
+// ------------------------------------------------------------------ shuffles
+template <typename T>
+HAB_DEV T hab_shfl_xor(T v, int lane_mask) {
+#if defined(HAB_HIP)
+  return __shfl_xor(v, lane_mask);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+#endif
+}
+
+// Reductions over the WIDTH lanes of an aligned group (WIDTH a power of two <= WARP).
+template <int WIDTH>
+HAB_DEV float hab_group_max(float v) {
+#pragma unroll
+  for (int m = WIDTH / 2; m > 0; m >>= 1) v = fmaxf(v, hab_shfl_xor(v, m));
+  return v;
+}
+template <int WIDTH>
+HAB_DEV float hab_group_sum(float v) {
+#pragma unroll
+  for (int m = WIDTH / 2; m > 0; m >>= 1) v += hab_shfl_xor(v, m);
+  return v;
+}
+
+HAB_DEV void hab_syncwarp() {
+#if defined(HAB_HIP)
+  __builtin_amdgcn_wave_barrier();
+#else
+  __syncwarp();
+#endif
+}
+
+// ------------------------------------------------------------------ float bits
+HAB_DEV float hab_bits_to_float(uint32_t u) { return __uint_as_float(u); }
+HAB_DEV uint32_t hab_float_to_bits(float f) { return __float_as_uint(f); }
+
+// fp16 and bf16, both stored as raw uint16_t.
+struct HabHalf {
+  static constexpr int kCode = 0;
+  HAB_DEV static float to_float(uint16_t b) { return __half2float(__ushort_as_half(b)); }
+  HAB_DEV static uint16_t from_float(float f) { return __half_as_ushort(__float2half_rn(f)); }
+};
+
+struct HabBf16 {
+  static constexpr int kCode = 1;
+  HAB_DEV static float to_float(uint16_t b) { return hab_bits_to_float(uint32_t(b) << 16); }
+  // round to nearest even, NaN stays NaN (same as torch's float -> bfloat16)
+  HAB_DEV static uint16_t from_float(float f) {
+    uint32_t u = hab_float_to_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);
+    return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+};
+
+HAB_DEV uint32_t hab_pack2(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
+
+HAB_HD int64_t hab_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }

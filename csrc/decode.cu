@@ -1,0 +1,150 @@
+// Paged decode entry point: validates the launch, picks the instantiation (dtype, warp
+// size, head_dim, rows) and, for split-KV launches, runs the combine kernel.
+//
+// Combine: each partition p of a (sequence, row) left m_p (log2 units), l_p and
+// o_p = acc_p / l_p in the workspace. out = sum_p w_p o_p / sum_p w_p with
+// w_p = l_p 2^(m_p - M), M = max_p m_p, over the cdiv(seq_len, partition_size)
+// partitions that exist (later ones were never written). seq_len 0 gives zeros.
+#include <stdlib.h>
+
+#include "compat.h"
+#include "decode_kernel.cuh"
+#include "hab_ops.h"
+
+namespace {
+
+constexpr int kCombineThreads = 128;
+
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParams p) {
+  __shared__ float w_s[kCombineThreads];  // weights of a chunk of partitions
+  __shared__ float red_s[kCombineThreads];
+  const int64_t seq = blockIdx.x;
+  const int64_t row = blockIdx.y;  // t * Hq + h
+  const int64_t tok = row / p.num_q_heads, head = row % p.num_q_heads;
+  const int tid = threadIdx.x;
+  const int64_t seq_len = hab_decode::load_index(p.seq_lens, p.lens_is_int64, seq * p.lens_stride);
+  const int parts = int(min(hab_cdiv(seq_len, p.partition_size), p.num_partitions));
+  const int64_t slot0 = seq * p.num_partitions;
+  const float* ml = p.max_logits + slot0 * p.ml_stride[0] + row * p.ml_stride[1];
+  const float* es = p.exp_sums + slot0 * p.ml_stride[0] + row * p.ml_stride[1];
+  // pass 1: M = max_p m_p, one partition per thread, then a block reduction
+  float m = -INFINITY;
+  for (int q = tid; q < parts; q += kCombineThreads) m = fmaxf(m, ml[q * p.ml_stride[0]]);
+  red_s[tid] = m;
+  __syncthreads();
+  for (int s = kCombineThreads / 2; s > 0; s >>= 1) {
+    if (tid < s) red_s[tid] = fmaxf(red_s[tid], red_s[tid + s]);
+    __syncthreads();
+  }
+  const float big_m = red_s[0] == -INFINITY ? 0.f : red_s[0];
+  // pass 2: chunks of kCombineThreads partitions: weights by one thread each, then every
+  // thread sums its channels over the chunk (independent loads, several in flight)
+  const int dims_per_thread = int(hab_cdiv(p.head_dim, kCombineThreads));
+  float acc[2] = {0.f, 0.f};
+  float total = 0.f;
+  for (int c0 = 0; c0 < parts; c0 += kCombineThreads) {
+    const int q = c0 + tid;
+    float w = 0.f;
+    if (q < parts) {
+      const float l = es[q * p.ml_stride[0]];
+      w = l > 0.f ? l * exp2f(ml[q * p.ml_stride[0]] - big_m) : 0.f;
+    }
+    __syncthreads();  // the previous chunk's weights are read
+    w_s[tid] = w;
+    __syncthreads();
+    const int n = min(kCombineThreads, parts - c0);
+    for (int k = 0; k < dims_per_thread && k < 2; ++k) {
+      const int64_t d = tid + int64_t(k) * kCombineThreads;
+      if (d >= p.head_dim) break;
+      const float* po = p.partial_out + (slot0 + c0) * p.po_stride[0] + row * p.po_stride[1] + d * p.po_stride[2];
+      float a = 0.f;
+#pragma unroll 8
+      for (int j = 0; j < n; ++j) {
+        const float wj = w_s[j];
+        if (wj > 0.f) a += wj * po[j * p.po_stride[0]];
+      }
+      acc[k] += a;
+    }
+    for (int j = 0; j < n; ++j) total += w_s[j];
+  }
+  const float inv = 1.f / (total > 0.f ? total : 1.f);
+  for (int k = 0; k < dims_per_thread && k < 2; ++k) {
+    const int64_t d = tid + int64_t(k) * kCombineThreads;
+    if (d >= p.head_dim) break;
+    hab_decode::store_out(p, seq * p.o_stride[0] + tok * p.o_stride[1] + head * p.o_stride[2] + d * p.o_stride[3],
+                          acc[k] * inv);
+  }
+}
+
+bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
+// The 8-element chunks of a cache row are one vector load: contiguous along d (stride 1
+// inside each chunk) and every chunk start aligned to the vector.
+int chunks_are_vectors(const void* base, int elem_bytes, int64_t d_stride, int64_t chunk_mult,
+                       const int64_t* strides, int n) {
+  if (d_stride != 1 || chunk_mult % 8 != 0) return 0;
+  const int64_t vec = 8 * elem_bytes;
+  if (!aligned(base, vec)) return 0;
+  for (int i = 0; i < n; ++i)
+    if ((strides[i] * elem_bytes) % vec != 0) return 0;
+  return 1;
+}
+
+}  // namespace
+
+extern "C" int hab_runtime_warp_size(void) {
+  int dev = 0, warp = 0;
+  if (hab_get_device(&dev) != hab_success) return -1;
+#if defined(HAB_HIP)
+  if (hipDeviceGetAttribute(&warp, hipDeviceAttributeWarpSize, dev) != hipSuccess) return -1;
+#else
+  if (cudaDeviceGetAttribute(&warp, cudaDevAttrWarpSize, dev) != cudaSuccess) return -1;
+#endif
+  return warp;
+}
+
+extern "C" const char* hab_paged_decode(const HabDecodeParams* pp, void* stream) {
+  const HabDecodeParams& p = *pp;
+  if (p.num_seqs == 0) return nullptr;
+  if (p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads) return "paged_decode: bad head counts";
+  if (p.num_seqs > 65535 || p.num_partitions > 65535) return "paged_decode: too many sequences or partitions for one launch";
+  if (p.num_partitions > 1 && (!p.max_logits || !p.exp_sums || !p.partial_out))
+    return "paged_decode: a split launch needs the workspace";
+  const int kv_bytes = (p.kv_dtype == HAB_FP8_E4M3 || p.kv_dtype == HAB_FP8_E5M2) ? 1 : 2;
+  if (kv_bytes == 2 && p.kv_dtype != p.q_dtype) return "paged_decode: a 16-bit KV cache must have q's dtype";
+  const int warp = hab_runtime_warp_size();
+  if (warp < 0) return "paged_decode: no device";
+
+  // K: chunk of 8 channels d0..d0+7; 4-D: stride k_stride[3]; split-x: x (a multiple of 8)
+  // contiguous channels at stride k_stride[4], chunks of x at k_stride[3]
+  int k_vec;
+  if (p.k_split_x > 0) {
+    const int64_t others[3] = {p.k_stride[0], p.k_stride[1], p.k_stride[2]};
+    k_vec = chunks_are_vectors(p.k_cache, kv_bytes, p.k_stride[4], p.k_split_x, others, 3) &&
+            (p.k_stride[3] * kv_bytes) % (8 * kv_bytes) == 0;
+  } else {
+    k_vec = chunks_are_vectors(p.k_cache, kv_bytes, p.k_stride[3], 8, p.k_stride, 3);
+  }
+  const int v_vec = chunks_are_vectors(p.v_cache, kv_bytes, p.v_stride[3], 8, p.v_stride, 3);
+
+  // HYGON_ATTN_NATIVE_SPLIT_N=0 runs the shared-softmax loop where the split-N loop applies
+  const char* split_env = getenv("HYGON_ATTN_NATIVE_SPLIT_N");
+  const hab_decode::Flags flags{k_vec, v_vec, !(split_env && split_env[0] == '0')};
+  // head_dim padded to 64 / 128 / 256 (padded channels are zeros, never loaded or stored)
+  const char* err;
+  switch (p.head_dim) {
+    case 64: err = hab_decode_launch_d64(p, flags, warp, stream); break;
+    case 80: case 96: case 128: err = hab_decode_launch_d128(p, flags, warp, stream); break;
+    case 192: case 256: err = hab_decode_launch_d256(p, flags, warp, stream); break;
+    default: return "paged_decode: native head_dim must be 64, 80, 96, 128, 192 or 256";
+  }
+  if (err) return err;
+  if (p.num_partitions > 1) {
+    const int64_t rows = p.num_tokens * p.num_q_heads;
+    if (rows > 65535) return "paged_decode: too many query rows for the combine launch";
+    dim3 grid(unsigned(p.num_seqs), unsigned(rows));
+    combine_kernel<<<grid, kCombineThreads, 0, static_cast<hab_stream_t>(stream)>>>(p);
+  }
+  const hab_error_t e = hab_get_last_error();
+  return e == hab_success ? nullptr : hab_error_string(e);
+}

@@ -1,0 +1,218 @@
+// The split-N decode loop (mma.sync targets), included by decode_kernel.cuh after the
+// pieces it shares with the shared-softmax loop (Layout, StageGeometry, SplitN, store_out).
+#pragma once
+
+#include "compat.h"
+#include "tile_mma.cuh"
+
+namespace hab_decode {
+
+#if defined(HAB_HAS_MMA_SYNC)
+// Split-N decode loop (mma.sync, one 16-row tile): warp w owns tokens [16 w, 16 w + 16) of
+// every KV tile and keeps its own online-softmax state (m, l) and O accumulator for them,
+// all in registers: S = Q K_w^T is one 16x16 fragment, P is built from it in the A layout
+// of the P V product, so a tile needs no shared-memory round trip and no barrier beyond
+// the staging ones. The four warps' (m, l, O) are merged once at the end, through shared
+// memory (the K/V staging area, free by then).
+HAB_DEV void cp_async16(void* smem_dst, const void* gmem_src, bool fill) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  const int src_bytes = fill ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes));
+}
+HAB_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+HAB_DEV void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+template <typename KIND, int HEAD_DIM_PAD, int ITEMS, int STEP, typename Lookup>
+HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_start, int part_end, int seq_len,
+                            int rows, int row0, int group, int kv_head, int64_t seq, int part, int head_dim,
+                            float qk_scale, float sm_scale, float v_scale, bool use_cap, bool use_window,
+                            const uint16_t* q_s, uint8_t* stage_smem, const StageGeometry& geo,
+                            Lookup& lookup, int (&pg_next)[ITEMS]) {
+  typedef Layout<16, HEAD_DIM_PAD> L;
+  typedef HabWarpTile<KIND, 32> Tile;
+  constexpr int BLOCK_N = L::BLOCK_N, CT = HEAD_DIM_PAD / 16;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int d0 = 8 * (tid % L::CH);
+  // stage s: K [BLOCK_N][LDK], V [BLOCK_N][LDK], token flags [BLOCK_N]
+  constexpr int STAGE_BYTES = 2 * BLOCK_N * L::LDK * 2 + BLOCK_N * 4;
+  auto k_stage = [&](int s) { return reinterpret_cast<uint16_t*>(stage_smem + s * STAGE_BYTES); };
+  auto v_stage = [&](int s) { return k_stage(s) + BLOCK_N * L::LDK; };
+  auto ok_stage = [&](int s) { return reinterpret_cast<int*>(stage_smem + s * STAGE_BYTES + 2 * BLOCK_N * L::LDK * 2); };
+  // K/V chunks of a tile straight into shared memory (cp.async, no registers); bad
+  // tokens are zero-filled without a read
+  auto issue = [&](int tile) {
+    const int start = loop_start + tile * BLOCK_N, s = tile & 1;
+    int pg[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) pg[i] = pg_next[i];
+    lookup(tile + 1);  // read ahead
+    uint16_t* ks = k_stage(s);
+    uint16_t* vs = v_stage(s);
+    int* oks = ok_stage(s);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int n = geo.n0 + i * STEP;
+      const bool fill = pg[i] >= 0 && geo.d_ok;
+      const uint8_t* k_src = geo.k_base;
+      const uint8_t* v_src = geo.v_base;
+      if (fill) {
+        const int64_t slot = (start + n) % geo.page_size;
+        k_src += 2 * (int64_t(pg[i]) * p.k_stride[0] + slot * p.k_stride[2] + geo.k_doff);
+        v_src += 2 * (int64_t(pg[i]) * p.v_stride[0] + slot * p.v_stride[2] + geo.v_doff);
+      }
+      cp_async16(ks + n * L::LDK + d0, k_src, fill);
+      cp_async16(vs + n * L::LDK + d0, v_src, fill);
+      if (d0 == 0) oks[n] = pg[i] >= 0;
+    }
+    cp_async_commit();
+  };
+  // rows g and g + 8 of this lane: last visible key, validity
+  int pos[2];
+  bool row_ok[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int r = g + 8 * k;
+    row_ok[k] = r < rows;
+    pos[k] = seq_len - int(p.num_tokens) + (row0 + r) / group;
+  }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: this lane's partial sum
+  if (p.sinks && part == 0 && warp == 0) {  // the sink counts once: warp 0, one lane a quad
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      if (row_ok[k]) {
+        m[k] = p.sinks[kv_head * group + (row0 + g + 8 * k) % group] * LOG2E;
+        l[k] = t4 == 0 ? 1.f : 0.f;
+      }
+    }
+  }
+  float o[CT][8];
+#pragma unroll
+  for (int ct = 0; ct < CT; ++ct)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[ct][e] = 0.f;
+
+  if (num_tiles > 0) {
+    lookup(0);
+    issue(0);
+  }
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int start = loop_start + tile * BLOCK_N;
+    const uint16_t* k_s = k_stage(tile & 1);
+    const uint16_t* v_s = v_stage(tile & 1);
+    const int* ok_s = ok_stage(tile & 1);
+    cp_async_wait_all();  // this thread's copies of the tile landed
+    __syncthreads();      // everyone's did, and every warp is done with the other stage
+    if (tile + 1 < num_tiles) issue(tile + 1);  // in flight during this tile's math
+
+    // S = Q K_w^T: [16 rows, 16 tokens], element e of the lane: row g + 8 (e & 3) / 2,
+    // token 16 w + 8 (e / 4) + 2 t4 + (e & 1)
+    float c[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) c[e] = 0.f;
+    const uint16_t* k_w = k_s + warp * 16 * L::LDK;
+#pragma unroll 2
+    for (int kk = 0; kk < HEAD_DIM_PAD / 16; ++kk)
+      Tile::template mma<true>(c, q_s + kk * 16, L::LDK, k_w + kk * 16, 1, L::LDK, lane, 16);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int k = (e & 3) >> 1;
+      const int n = warp * 16 + Tile::col(lane, e), j = start + n;
+      bool vis = row_ok[k] && ok_s[n] && j <= pos[k];
+      if (use_window) vis = vis && j > pos[k] - int(p.sliding_window);
+      float sv = -INFINITY;
+      if (vis) {
+        if (use_cap) {
+          const float x = c[e] * sm_scale / p.soft_cap;
+          sv = p.soft_cap * (1.f - 2.f / (exp2f(x * (2.f * LOG2E)) + 1.f)) * LOG2E;
+        } else {
+          sv = c[e] * qk_scale;
+        }
+      }
+      c[e] = sv;
+      mx[k] = fmaxf(mx[k], sv);
+    }
+    float alpha[2], mu[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {  // the 4 lanes of a quad hold one row's 16 tokens
+      mx[k] = hab_group_max<4>(mx[k]);
+      const float m_new = fmaxf(m[k], mx[k]);
+      mu[k] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[k] = exp2f(m[k] - mu[k]);
+      m[k] = m_new;
+      l[k] *= alpha[k];
+    }
+    uint16_t pb[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int k = (e & 3) >> 1;
+      const float pv = exp2f(c[e] - mu[k]);
+      l[k] += pv;
+      pb[e] = KIND::from_float(pv);
+    }
+    // P in the A layout: a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..)
+    const uint32_t a[4] = {hab_pack2(pb[0], pb[1]), hab_pack2(pb[2], pb[3]), hab_pack2(pb[4], pb[5]),
+                           hab_pack2(pb[6], pb[7])};
+    const uint16_t* v_w = v_s + warp * 16 * L::LDK;
+#pragma unroll
+    for (int ct = 0; ct < CT; ++ct) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[ct][e] *= alpha[(e & 3) >> 1];
+      Tile::mma_a_regs(o[ct], a, v_w + ct * 16, L::LDK, lane);
+    }
+  }
+
+  // ---- merge the warps: m_w, l_w [NUM_WARPS][16], O_w [NUM_WARPS][16][HEAD_DIM_PAD] fp32
+#pragma unroll
+  for (int k = 0; k < 2; ++k) l[k] = hab_group_sum<4>(l[k]);
+  __syncthreads();  // the stages are free (no copy is outstanding after the last wait)
+  float* mw = reinterpret_cast<float*>(stage_smem);
+  float* lw = mw + NUM_WARPS * 16;
+  float* ow = lw + NUM_WARPS * 16;
+  if (t4 == 0) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      mw[warp * 16 + g + 8 * k] = m[k];
+      lw[warp * 16 + g + 8 * k] = l[k];
+    }
+  }
+#pragma unroll
+  for (int ct = 0; ct < CT; ++ct)
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      ow[(warp * 16 + Tile::row(lane, e)) * HEAD_DIM_PAD + ct * 16 + Tile::col(lane, e)] = o[ct][e];
+  __syncthreads();
+  const bool split = p.num_partitions > 1;
+  for (int i = tid; i < 16 * HEAD_DIM_PAD; i += NUM_WARPS * 32) {
+    const int r = i / HEAD_DIM_PAD, d = i % HEAD_DIM_PAD;
+    if (r >= rows || d >= head_dim) continue;
+    float big_m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) big_m = fmaxf(big_m, mw[w * 16 + r]);
+    const float mu = big_m == -INFINITY ? 0.f : big_m;
+    float lsum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) {
+      const float f = exp2f(mw[w * 16 + r] - mu);  // 0 for a warp that saw no key
+      lsum += lw[w * 16 + r] * f;
+      acc += ow[(w * 16 + r) * HEAD_DIM_PAD + d] * f;
+    }
+    const float val = acc * (v_scale / (lsum > 0.f ? lsum : 1.f));
+    const int gr = row0 + r, t = gr / group, h = kv_head * group + gr % group;
+    if (split) {
+      const int64_t slot = seq * p.num_partitions + part, row = int64_t(t) * p.num_q_heads + h;
+      p.partial_out[slot * p.po_stride[0] + row * p.po_stride[1] + d * p.po_stride[2]] = val;
+      if (d == 0) {
+        p.max_logits[slot * p.ml_stride[0] + row * p.ml_stride[1]] = big_m;
+        p.exp_sums[slot * p.ml_stride[0] + row * p.ml_stride[1]] = lsum;
+      }
+    } else {
+      store_out(p, seq * p.o_stride[0] + int64_t(t) * p.o_stride[1] + int64_t(h) * p.o_stride[2] + d * p.o_stride[3],
+                val);
+    }
+  }
+}
+#endif  // HAB_HAS_MMA_SYNC
+
+}  // namespace hab_decode

@@ -1,0 +1,106 @@
+// hab_ops.h: the native entry points, plain C++ (no torch, no CUDA/HIP headers).
+//
+// Every entry point takes raw device pointers, int64 sizes and strides in elements, and a
+// stream as void* (cudaStream_t / hipStream_t). It launches asynchronously on that stream
+// and returns nullptr on success or a static message naming what went wrong. Arguments
+// are validated by the caller (hygon_attn_backend/ops/*.py); the kernels still never
+// read or write outside the caches: bad slots and block ids are skipped.
+#pragma once
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// dtype codes shared with binding.cpp
+enum HabDtype {
+  HAB_F16 = 0,
+  HAB_BF16 = 1,
+  HAB_F32 = 2,
+  HAB_FP8_E4M3 = 3,  // float8_e4m3fn
+  HAB_FP8_E5M2 = 4,
+};
+
+// write_kv: k/v [num_tokens, H, D] -> caches. K cache: canonical [N, H, P, D] strides
+// (kc_stride_x = 0) or the split-x cache [N, H, D/x, P, x] (k_split_x = x, kc_stride_d is
+// the D/x chunk stride and kc_stride_x the innermost one).
+typedef struct HabWriteKvParams {
+  const void* k;
+  const void* v;
+  void* k_cache;
+  void* v_cache;
+  const void* slot_mapping;  // int32 or int64
+  const float* k_scale_ptr;  // fp8 scales as 1-element device tensors, or null
+  const float* v_scale_ptr;
+  float k_scale_value;  // used when the pointer is null
+  float v_scale_value;
+  int src_dtype;    // HabDtype: F16 / BF16 / F32
+  int cache_dtype;  // HabDtype: any
+  int slot_is_int64;
+  int64_t num_tokens, num_kv_heads, head_dim, page_size, num_blocks;
+  int64_t k_split_x;
+  int64_t slot_stride;
+  int64_t k_stride[3], v_stride[3];  // (token, head, dim)
+  int64_t kc_stride_b, kc_stride_h, kc_stride_s, kc_stride_d, kc_stride_x;
+  int64_t vc_stride_b, vc_stride_h, vc_stride_s, vc_stride_d;
+} HabWriteKvParams;
+
+const char* hab_write_kv(const HabWriteKvParams* p, void* stream);
+
+// copy_blocks on one cache: cache[dst] = cache[src] for each (src, dst) row, raw bits.
+// The inner index space of a block is up to 4 axes (sizes, strides), merged by the caller.
+typedef struct HabCopyBlocksParams {
+  void* cache;
+  const void* block_mapping;  // [num_pairs, 2] int32 / int64
+  int map_is_int64;
+  int elem_size;  // 1, 2, 4 or 8 bytes
+  int64_t num_pairs, num_blocks, block_stride;
+  int64_t map_stride_n, map_stride_c;
+  int64_t sizes[4], strides[4];
+} HabCopyBlocksParams;
+
+const char* hab_copy_blocks(const HabCopyBlocksParams* p, void* stream);
+
+// paged decode. q/out [S, T, Hq, D] (strides), caches canonical [N, Hkv, P, D] views
+// (k_split_x > 0: K is [N, Hkv, D/x, P, x]); block_table [S, max_blocks]; seq_lens [S].
+// num_partitions > 1: partitions of partition_size tokens write (m, l, o) into the
+// workspace at slot seq * num_partitions + part, row t * Hq + h, then a combine kernel
+// writes out. soft_cap <= 0: off; sliding_window <= 0: off; sinks null: off.
+typedef struct HabDecodeParams {
+  void* out;
+  const void* q;
+  const void* k_cache;
+  const void* v_cache;
+  const void* block_table;
+  const void* seq_lens;
+  const float* sinks;  // [Hq] float32 or null
+  const float* k_scale_ptr;
+  const float* v_scale_ptr;
+  float* max_logits;   // [slots, rows] float32
+  float* exp_sums;     // [slots, rows] float32
+  float* partial_out;  // [slots, rows, D] float32
+  float scale, k_scale_value, v_scale_value, soft_cap;
+  int q_dtype;    // F16 / BF16
+  int out_dtype;  // F16 / BF16 / F32
+  int kv_dtype;   // = q_dtype, or FP8_E4M3 / FP8_E5M2
+  int table_is_int64, lens_is_int64;
+  int64_t num_seqs, num_tokens, num_q_heads, num_kv_heads, head_dim;
+  int64_t page_size, num_blocks, max_blocks_per_seq, k_split_x;
+  int64_t sliding_window, partition_size, num_partitions;
+  int64_t q_stride[4], o_stride[4];  // (seq, token, head, dim)
+  int64_t k_stride[5];               // (block, head, slot, dim, chunk); chunk: split-x only
+  int64_t v_stride[4];               // (block, head, slot, dim)
+  int64_t bt_stride[2], lens_stride;
+  int64_t ml_stride[2];  // max_logits / exp_sums (slot, row)
+  int64_t po_stride[3];  // partial_out (slot, row, dim)
+} HabDecodeParams;
+
+const char* hab_paged_decode(const HabDecodeParams* p, void* stream);
+
+// Lanes per warp of the current device (32 on NVIDIA, 64 on gfx9), or -1 with no device.
+int hab_runtime_warp_size(void);
+
+#ifdef __cplusplus
+}
+#endif

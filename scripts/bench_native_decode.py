@@ -1,0 +1,107 @@
+"""Paged decode, Triton against native (csrc/), on a GPU: KV-read GB/s and % of copy.
+
+Method (the project's): each op is captured in a CUDA graph and the graph replay is timed
+with ``triton.testing.do_bench`` (median; it clears the L2 before every call), on a cache
+whose pages are a random permutation of its blocks; 100% is a device-to-device copy
+(bytes read + written) measured in the same run. KV bytes = 2 * sum(seq_len) * Hkv * D *
+elem_size. The split rule is the op's own (``tuning.decode_partition_size``) for all.
+
+Usage: python scripts/bench_native_decode.py [--rep-ms 200] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import triton
+
+from hygon_attn_backend.bench.decode import copy_gbps, kv_bytes
+from hygon_attn_backend.ops.decode import allocate_decode_workspace, paged_decode_attention
+
+# (batch, context, Hq, Hkv): G = 1 (32/32), G = 8 (32/4), G = 16 (64/4)
+HEADS = ((32, 32), (32, 4), (64, 4))
+# native: the default loop (split-N where it applies); native_shared: HYGON_ATTN_NATIVE_SPLIT_N=0
+VARIANTS = ("triton", "native", "native_shared")
+SHAPES = [(b, c, hq, hkv) for b, c in ((64, 4096), (64, 16384), (256, 2048), (1, 32768))
+          for hq, hkv in HEADS]
+
+
+def build(batch, ctx, hq, hkv, *, dim=128, page=16, dtype=torch.bfloat16, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    nb = batch * -(-ctx // page)
+    k = torch.randn(nb, page, hkv, dim, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(nb, page, hkv, dim, device="cuda", dtype=dtype, generator=gen)
+    table = torch.randperm(nb, device="cuda", generator=gen).reshape(batch, -1).to(torch.int32)
+    lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
+    q = torch.randn(batch, hq, dim, device="cuda", dtype=dtype, generator=gen)
+    return q, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), table, lens
+
+
+def time_graph_replay(fn, rep_ms):
+    """Median ms of a CUDA-graph replay of ``fn``, L2 cleared before each (do_bench)."""
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(graph.replay, warmup=max(10, rep_ms // 4), rep=rep_ms,
+                                   return_mode="median")
+
+
+def run(rep_ms: float):
+    copy, _ = copy_gbps(rep_ms)
+    rows = []
+    for batch, ctx, hq, hkv in SHAPES:
+        q, k, v, table, lens = build(batch, ctx, hq, hkv)
+        nbytes = kv_bytes([ctx] * batch, hkv, q.shape[-1], k.element_size())
+        ws = allocate_decode_workspace(max_num_seqs=batch, num_q_heads=hq, num_kv_heads=hkv,
+                                       head_dim=q.shape[-1], max_context_len=table.shape[1] * 16,
+                                       device=q.device)
+        row = {"batch": batch, "ctx": ctx, "hq": hq, "hkv": hkv, "group": hq // hkv}
+        outs = {}
+        for variant in VARIANTS:
+            impl = "native" if variant.startswith("native") else variant
+            os.environ["HYGON_ATTN_NATIVE_SPLIT_N"] = "0" if variant == "native_shared" else "1"
+            out = torch.empty_like(q)
+            outs[variant] = out
+            fn = lambda: paged_decode_attention(q, k, v, table, lens, out=out, workspace=ws,
+                                                impl=impl)
+            ms = time_graph_replay(fn, rep_ms)
+            gbps = nbytes / ms / 1e6
+            row[variant] = {"us": 1000 * ms, "gbps": gbps, "pct_copy": 100 * gbps / copy}
+        row["native_over_triton"] = row["triton"]["us"] / row["native"]["us"]
+        row["max_abs_diff"] = float((outs["native"].float() - outs["triton"].float()).abs().max())
+        rows.append(row)
+        print(f"B={batch:4d} ctx={ctx:6d} G={hq // hkv:2d} ({hq}/{hkv}) | triton "
+              f"{row['triton']['us']:8.1f} us {row['triton']['gbps']:6.0f} GB/s "
+              f"{row['triton']['pct_copy']:5.1f}% | native {row['native']['us']:8.1f} us "
+              f"{row['native']['gbps']:6.0f} GB/s {row['native']['pct_copy']:5.1f}% | "
+              f"native/triton speed {row['native_over_triton']:.2f}x | shared-softmax loop "
+              f"{row['native_shared']['us']:8.1f} us | max|diff| {row['max_abs_diff']:.2e}",
+              flush=True)
+        del q, k, v, table, lens, ws, outs
+        torch.cuda.empty_cache()
+    return {"copy_gbps": copy, "rows": rows, "device": torch.cuda.get_device_name(0),
+            "torch": torch.__version__, "triton": triton.__version__}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rep-ms", type=float, default=200)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    result = run(args.rep_ms)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Small native decode / write_kv / copy_blocks calls for compute-sanitizer (memcheck,
+racecheck): every staging path (16-byte vectors, fp8, strided V-transposed and split-x
+K), split and unsplit launches, row chunks, options, hostile block ids and slots.
+
+Usage (GPU): compute-sanitizer --tool memcheck python scripts/native_sanitize.py
+Prints one line per call and ``sanitize script done``; the sanitizer reports errors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hygon_attn_backend import reference
+from hygon_attn_backend.ops.cache import copy_blocks, write_kv
+from hygon_attn_backend.ops.decode import paged_decode_attention
+
+DEV = torch.device("cuda")
+
+
+def decode_case(name, *, hkv, group, d, p, lens, layout="bshd", dtype=torch.bfloat16,
+                kv_dtype=None, tokens=1, partition_size=None, bad_ids=False, **opts):
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    need = sum(-(-s // p) for s in lens) + 2
+    shape = {"bshd": (need, p, hkv, d), "bhsd": (need, hkv, p, d), "bhds": (need, hkv, d, p)}
+    perm = {"bshd": (0, 2, 1, 3), "bhsd": (0, 1, 2, 3), "bhds": (0, 1, 3, 2)}
+    kind = "bhsd" if layout == "split_x" else layout
+    k = torch.randn(shape[kind], device=DEV, generator=gen).to(kv_dtype or dtype).permute(*perm[kind])
+    v = torch.randn(shape[kind], device=DEV, generator=gen).to(kv_dtype or dtype).permute(*perm[kind])
+    if layout == "split_x":
+        x = 16 // k.element_size()
+        k = k.reshape(need, hkv, p, d // x, x).permute(0, 1, 3, 2, 4).contiguous()
+    cols = max(-(-s // p) for s in lens) + 1
+    table = torch.full((len(lens), cols), need + 1000, dtype=torch.int32)
+    order = torch.randperm(need)
+    used = 0
+    for i, s in enumerate(lens):
+        n = -(-s // p)
+        table[i, :n] = order[used:used + n]
+        used += n
+    if bad_ids:
+        table[0, 0] = -1
+    table = table.to(DEV)
+    q = torch.randn(len(lens), tokens, hkv * group, d, device=DEV, generator=gen).to(dtype)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    scales = dict(k_scale=0.5, v_scale=torch.tensor([0.25], device=DEV)) if kv_dtype else {}
+    out = paged_decode_attention(q, k, v, table, seq_lens, partition_size=partition_size,
+                                 impl="native", **scales, **opts)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out.float()).all(), name
+    if not bad_ids:
+        ref = reference.paged_decode_attention(q, k, v, table, seq_lens, **scales, **opts)
+        err = (out.float() - ref.float()).abs().max().item()
+        assert err < 0.1, f"{name}: max error {err}"
+    print(f"decode {name}: ok", flush=True)
+
+
+def main():
+    decode_case("bshd G8 unsplit", hkv=2, group=8, d=128, p=16, lens=[300, 17, 0])
+    decode_case("bshd G8 split", hkv=2, group=8, d=128, p=16, lens=[700, 17, 0],
+                partition_size=256)
+    decode_case("bhds strided V, G1, P1", hkv=2, group=1, d=64, p=1, lens=[90, 3],
+                layout="bhds", partition_size=32)
+    decode_case("split_x K fp16 D80", hkv=1, group=3, d=80, p=16, lens=[200], layout="split_x",
+                dtype=torch.float16)
+    decode_case("fp8 e4m3 D256 hostile ids", hkv=1, group=4, d=256, p=64, lens=[300, 64],
+                kv_dtype=torch.float8_e4m3fn, bad_ids=True, partition_size=128)
+    decode_case("row chunks T2 G64 + options", hkv=1, group=64, d=128, p=16, lens=[500, 40],
+                tokens=2, partition_size=256, sliding_window=100, soft_cap=20.0,
+                sinks=torch.randn(64, device=DEV))
+    k = torch.randn(9, 4, 128, device=DEV).to(torch.bfloat16)
+    slots = torch.tensor([-1, 3, 700, 5, 10 ** 9, -7, 0, 63, 64], device=DEV)
+    kc = torch.zeros(4, 16, 4, 128, device=DEV, dtype=torch.bfloat16).permute(0, 2, 1, 3)
+    vc = torch.zeros_like(kc)
+    write_kv(k, k, kc, vc, slots, impl="native")
+    xk = torch.zeros(4, 4, 16, 16, 8, device=DEV, dtype=torch.float16)  # split-x K
+    write_kv(k.half(), k.half(), xk, vc.half(), slots, impl="native")
+    f8 = torch.zeros(4, 4, 16, 128, device=DEV, dtype=torch.float8_e5m2)
+    write_kv(k, k, f8, f8.clone(), slots, k_scale=0.5, v_scale=2.0, impl="native")
+    torch.cuda.synchronize()
+    print("write_kv: ok", flush=True)
+    mapping = torch.tensor([[0, 2], [1, 3], [-1, 0], [0, 99]], device=DEV)
+    copy_blocks(kc, vc, mapping, impl="native")
+    copy_blocks(xk, f8, mapping, impl="native")
+    torch.cuda.synchronize()
+    print("copy_blocks: ok", flush=True)
+    print("sanitize script done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""The native kernels (csrc/, ``impl="native"``) against reference.py.
+
+GPU tests (``@pytest.mark.gpu``) build the extension on first use and run the same case
+grid as the Triton decode and cache tests: KV layouts, page sizes 1/16/64, GQA groups
+1/3/4/8/16/64, every head_dim, ragged batches, split and unsplit launches, hostile block
+ids, speculative tokens, window / soft cap / sinks, fp8 KV, CUDA-graph replay.
+CPU tests: the choice of implementation, the doctor line, and the libraries that
+``scripts/ci_native_compile.sh`` links (loaded into the CPU torch, every op registered).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hygon_attn_backend import native, reference, tuning
+from hygon_attn_backend.ops._dispatch import select_impl
+from hygon_attn_backend.ops.decode import allocate_decode_workspace, paged_decode_attention
+from tests._budget import assert_within_budget
+from tests.test_cache_ops import LAYOUT_NAMES, _run_copy_case, _run_write_case, _seed
+from tests.test_decode import make_cache, make_table, run_case
+
+HAS_CUDA = torch.cuda.is_available()
+CI_OUT = Path(__file__).resolve().parent.parent / "build" / "native-ci"
+gpu = pytest.mark.gpu
+
+
+def _native_case(**kw):
+    return run_case(device=torch.device("cuda"), impl="native", **kw)
+
+
+# ----------------------------------------------------------------------------- GPU: decode
+
+
+@gpu
+@pytest.mark.parametrize("partition_size", [None, 256])
+@pytest.mark.parametrize("group", [1, 3, 4, 8, 16, 64])
+def test_native_decode_groups(group, partition_size):
+    _native_case(num_kv_heads=max(1, 8 // group) if group < 16 else 1, group=group,
+                 head_dim=128, page_size=16, seq_lens=[1, 1000, 4097, 2053, 16, 0],
+                 layout="bshd", dtype=torch.bfloat16, partition_size=partition_size)
+
+
+@gpu
+@pytest.mark.parametrize("partition_size", [None, 256])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 192, 256])
+def test_native_decode_head_dims_pages(head_dim, page_size, partition_size):
+    _native_case(num_kv_heads=2, group=4, head_dim=head_dim, page_size=page_size,
+                 seq_lens=[700, 1, 333, 64], layout="bhsd", dtype=torch.float16,
+                 partition_size=partition_size)
+
+
+@gpu
+@pytest.mark.parametrize("partition_size", [None, 256])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("layout", ["bshd", "bhsd", "bhds", "split_x", "vllm"])
+def test_native_decode_layouts(layout, page_size, partition_size):
+    _native_case(num_kv_heads=4, group=3, head_dim=128, page_size=page_size,
+                 seq_lens=[1500, 31, 257], layout=layout, dtype=torch.bfloat16,
+                 partition_size=partition_size)
+
+
+@gpu
+@pytest.mark.parametrize("split_n", ["0", "1"])
+@pytest.mark.parametrize("partition_size", [None, 256])
+@pytest.mark.parametrize("head_dim,group", [(64, 1), (128, 8), (96, 16)])
+def test_native_decode_both_loops(monkeypatch, split_n, partition_size, head_dim, group):
+    """Groups up to 16 at head_dim <= 128 run the split-N loop on mma.sync GPUs;
+    HYGON_ATTN_NATIVE_SPLIT_N=0 runs the shared-softmax loop on the same cases."""
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_SPLIT_N", split_n)
+    _native_case(num_kv_heads=2, group=group, head_dim=head_dim, page_size=16,
+                 seq_lens=[1000, 1, 77, 0], layout="bshd", dtype=torch.bfloat16,
+                 partition_size=partition_size, sinks=torch.randn(2 * group, device="cuda"),
+                 sliding_window=500)
+
+
+@gpu
+@pytest.mark.parametrize("num_tokens,group", [(3, 4), (2, 5), (4, 1), (2, 64)])
+@pytest.mark.parametrize("partition_size", [None, 256])
+def test_native_decode_speculative_tokens(num_tokens, group, partition_size):
+    # (2, 64): 128 rows, two row chunks of 64
+    _native_case(num_kv_heads=1, group=group, head_dim=128, page_size=16,
+                 seq_lens=[900, 5, 2000], layout="bshd", dtype=torch.bfloat16,
+                 num_tokens=num_tokens, partition_size=partition_size)
+
+
+@gpu
+@pytest.mark.parametrize("partition_size", [None, 256])
+@pytest.mark.parametrize("option", ["window", "soft_cap", "sinks", "all"])
+def test_native_decode_options(option, partition_size):
+    kw = {}
+    if option in ("window", "all"):
+        kw["sliding_window"] = 300
+    if option in ("soft_cap", "all"):
+        kw.update(soft_cap=2.0, scale=0.5)
+    if option in ("sinks", "all"):
+        kw["sinks"] = torch.randn(10, dtype=torch.float32, device="cuda") * 2
+    _native_case(num_kv_heads=2, group=5, head_dim=128, page_size=16, seq_lens=[900, 5, 2000, 0],
+                 layout="bshd", dtype=torch.bfloat16, partition_size=partition_size,
+                 num_tokens=3 if option == "all" else None, **kw)
+
+
+@gpu
+@pytest.mark.parametrize("tensor_scales", [False, True])
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_native_decode_fp8(kv_dtype, tensor_scales):
+    scales = (0.02, 0.05)
+    if tensor_scales:
+        scales = tuple(torch.tensor([s], device="cuda") for s in scales)
+    _native_case(num_kv_heads=2, group=8, head_dim=128, page_size=16, seq_lens=[3000, 7],
+                 layout="bhsd", dtype=torch.bfloat16, kv_dtype=kv_dtype, scales=scales,
+                 partition_size=256)
+
+
+@gpu
+@pytest.mark.parametrize("partition_size", [None, 16])
+@pytest.mark.parametrize("bad_id", [-1, 10_000, "short_table"])
+def test_native_decode_hostile_block_ids(bad_id, partition_size):
+    """The third block of a 40-token sequence is unusable: the result must equal the
+    reference over its first 32 tokens (those keys skipped, never read)."""
+    dev = torch.device("cuda")
+    k, v = make_cache(8, 1, 16, 64, "bhsd", torch.float16, dev)
+    q = torch.randn(1, 4, 64, dtype=torch.float16, device=dev)
+    table = torch.tensor([[3, 5, 1]], dtype=torch.int32, device=dev)
+    if bad_id == "short_table":
+        table = table[:, :2].contiguous()
+    else:
+        table[0, 2] = bad_id
+    lens = torch.tensor([40], dtype=torch.int32, device=dev)
+    out = paged_decode_attention(q, k, v, table, lens, partition_size=partition_size,
+                                 impl="native")
+    good = (table[:, :2].contiguous(), torch.tensor([32], dtype=torch.int32, device=dev))
+    ref64 = reference.paged_decode_attention(q, k, v, *good, compute_dtype=torch.float64)
+    ref_lp = reference.paged_decode_attention(q, k, v, *good, compute_dtype=torch.float16)
+    assert_within_budget(out, ref64, ref_lp)
+
+
+@gpu
+def test_native_decode_zero_lengths_give_zeros():
+    out, _ = _native_case(num_kv_heads=1, group=4, head_dim=64, page_size=16, seq_lens=[0, 0],
+                          layout="bhsd", dtype=torch.float16, partition_size=16)
+    assert torch.count_nonzero(out) == 0
+
+
+@gpu
+@pytest.mark.parametrize("partition_size", [None, 256])
+def test_native_decode_cuda_graph_replay_equals_eager(partition_size):
+    dev = torch.device("cuda")
+    seq_lens, hkv, group, d, p = [1000, 77, 3000], 4, 8, 128, 16
+    nb = sum(-(-s // p) for s in seq_lens) + 3
+    k, v = make_cache(nb, hkv, p, d, "bshd", torch.bfloat16, dev)
+    table = make_table(seq_lens, p, nb, dev)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
+    q = torch.randn(len(seq_lens), hkv * group, d, dtype=torch.bfloat16, device=dev)
+    ws = allocate_decode_workspace(max_num_seqs=len(seq_lens), num_q_heads=hkv * group,
+                                   num_kv_heads=hkv, head_dim=d,
+                                   max_context_len=table.shape[1] * p, device=dev,
+                                   partition_size=partition_size)
+    kw = dict(partition_size=partition_size, workspace=ws, impl="native")
+    eager = paged_decode_attention(q, k, v, table, lens, **kw)
+    out = torch.full_like(q, float("nan"))
+    paged_decode_attention(q, k, v, table, lens, out=out, **kw)  # warm up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    out.fill_(float("nan"))
+    with torch.cuda.graph(graph):
+        paged_decode_attention(q, k, v, table, lens, out=out, **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    q.copy_(torch.randn_like(q))  # new inputs, same buffers: the replay follows them
+    graph.replay()
+    want = paged_decode_attention(q, k, v, table, lens, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+
+
+# ----------------------------------------------------------------------------- GPU: cache ops
+
+
+GPU_CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn,
+                    torch.float8_e5m2)
+
+
+@gpu
+@pytest.mark.parametrize("page_size,head_dim", [(16, 128), (1, 80), (64, 96)])
+@pytest.mark.parametrize("dtype", GPU_CACHE_DTYPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUT_NAMES)
+def test_native_write_kv_bit_exact(layout, dtype, page_size, head_dim):
+    _run_write_case(layout, dtype, page_size, head_dim, torch.device("cuda"), num_kv_heads=8,
+                    num_blocks=4096 // page_size, num_tokens=1000, num_pad=37,
+                    seed=_seed("native", layout, str(dtype), page_size, head_dim),
+                    in_dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float16,
+                    impl="native")
+
+
+@gpu
+def test_native_write_kv_skips_bad_slots():
+    dev = torch.device("cuda")
+    k_cache = torch.randn(4, 2, 16, 64, device=dev).half()
+    v_cache = torch.randn(4, 2, 16, 64, device=dev).half()
+    before = (k_cache.clone(), v_cache.clone())
+    k = torch.randn(5, 2, 64, device=dev).half()
+    slots = torch.tensor([-1, -1, 64, -7, 10 ** 9], dtype=torch.int64, device=dev)
+    from hygon_attn_backend.ops.cache import write_kv
+
+    write_kv(k, k, k_cache, v_cache, slots, impl="native")
+    torch.cuda.synchronize()
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e5m2, torch.float32], ids=str)
+@pytest.mark.parametrize("layout", LAYOUT_NAMES)
+def test_native_copy_blocks_bit_exact(layout, dtype):
+    num_blocks = 512
+    gen = torch.Generator().manual_seed(_seed("native-copy", layout, str(dtype)))
+    perm = torch.randperm(num_blocks, generator=gen)
+    src, dst = perm[:40], perm[40:120]
+    pairs = torch.stack([torch.cat([src, src]), dst], dim=1).tolist()
+    pairs += [[-1, 3], [num_blocks, 4], [5, num_blocks + 9]]  # skipped, never touched
+    _run_copy_case(layout, dtype, 16, 128, torch.device("cuda"), pairs[:-3],
+                   num_blocks=num_blocks, num_kv_heads=8, impl="native",
+                   seed=_seed("native-copy", layout, str(dtype)))
+
+
+# ----------------------------------------------------------------------------- CPU
+
+
+def test_native_choice_on_cpu():
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="impl='native' needs CUDA/HIP tensors"):
+        select_impl("native", cpu, native_preferred=False)
+    # ops without a native kernel (prefix prefill) run Triton under impl='native'
+    assert select_impl("native", torch.device("cuda")) == "triton"
+    # auto never takes native for CPU tensors
+    assert select_impl("auto", cpu, native_preferred=True) in ("triton", "reference")
+
+
+def test_native_preferred_rule(monkeypatch):
+    monkeypatch.delenv("HYGON_ATTN_NATIVE_AUTO", raising=False)
+    for op in ("decode", "write_kv", "copy_blocks"):
+        assert tuning.native_preferred(op, is_hip=True)
+        assert not tuning.native_preferred(op, is_hip=False, group=8)
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_AUTO", "1")
+    assert tuning.native_preferred("decode", is_hip=False)
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_AUTO", "yes")
+    with pytest.raises(ValueError, match="HYGON_ATTN_NATIVE_AUTO"):
+        tuning.native_preferred("decode", is_hip=False)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the CPU-torch message is checked on CPU torch only")
+def test_native_status_and_error_on_cpu_torch():
+    assert "CPU build" in native.status() or "no GPU" in native.status()
+    with pytest.raises(native.NativeUnavailable, match="Triton kernels still serve"):
+        native.load()
+
+
+@pytest.mark.parametrize("lib", ["_hab_cuda.so", "_hab_hip.so"])
+def test_compile_check_libraries_import(lib):
+    path = CI_OUT / lib
+    if not path.exists():
+        pytest.skip(f"{path} absent: run scripts/ci_native_compile.sh (nvcc/hipcc toolchain) "
+                    "first; CI does")
+    # a fresh process: TORCH_LIBRARY may register the namespace once per process
+    code = ("import sys, torch; torch.ops.load_library(sys.argv[1]); "
+            "from hygon_attn_backend.native import OPS; "
+            "print(','.join(op for op in OPS if hasattr(torch.ops.hygon_attn, op)))")
+    res = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().split(",") == list(native.OPS)
+    if not HAS_CUDA:  # on CPU torch the ops exist but have no CPU kernel
+        code2 = code + ("; x = torch.zeros(1, 1, 4)\n"
+                        "try:\n torch.ops.hygon_attn.write_kv(x, x, x.view(1, 1, 1, 4), "
+                        "x.view(1, 1, 1, 4), torch.zeros(1, dtype=torch.int32), None, None, 1., 1.)\n"
+                        "except NotImplementedError as e: print('no-cpu-kernel')")
+        res2 = subprocess.run([sys.executable, "-c", code2, str(path)], capture_output=True,
+                              text=True, cwd=Path(__file__).resolve().parent.parent, timeout=300)
+        assert "no-cpu-kernel" in res2.stdout, res2.stderr[-2000:]
