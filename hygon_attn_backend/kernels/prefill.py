@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 
 from hygon_attn_backend.kernels.paged_kv import lookup_tile_pages, tile_row_offsets
-from hygon_attn_backend.kernels.prefill_mask import tanh_f32, tile_visibility
+from hygon_attn_backend.kernels.prefill_mask import tile_visibility
+from hygon_attn_backend.kernels.softmax import tanh_f32
 
 
 @triton.jit

@@ -31,10 +31,3 @@ def tile_visibility(diag, kpos, n, n_limit, window,
     if WINDOW:
         vis = vis & (kpos[None, :] > diag[:, None] - window)
     return vis
-
-
-@triton.jit
-def tanh_f32(x):
-    """tanh in fp32 via exp2 (runs in the interpreter too); saturates without NaN."""
-    e = tl.exp2(x * 2.8853900817779268)  # 2 * log2(e)
-    return 1.0 - 2.0 / (e + 1.0)

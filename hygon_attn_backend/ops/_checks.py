@@ -8,7 +8,7 @@ tensors' values (slot ranges, block ids) force a host sync and run only in debug
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -18,6 +18,9 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32) + FP8_DTYPES
 INDEX_DTYPES = (torch.int32, torch.int64)
+
+#: a per-tensor fp8 scale: a float, or a 1-element float32 tensor read on the device
+ScaleLike = Union[None, float, torch.Tensor]
 
 
 def debug_enabled() -> bool:

@@ -9,7 +9,7 @@ to ``copy_blocks``.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 
@@ -20,7 +20,7 @@ from hygon_attn_backend.ops.cache_plan import WritePlan, plan_write_kv
 
 __all__ = ["write_kv", "copy_blocks", "plan_write_kv", "WritePlan"]
 
-ScaleLike = Union[None, float, torch.Tensor]
+ScaleLike = _checks.ScaleLike
 
 # copy_blocks moves raw bits: a same-width integer view of every cache dtype.
 _BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

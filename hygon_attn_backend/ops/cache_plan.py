@@ -8,7 +8,7 @@ vLLM writes the new tokens' K/V once per layer (``do_kv_cache_update``) with the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Union
+from typing import Dict
 
 import torch
 
@@ -18,7 +18,7 @@ from hygon_attn_backend.ops._dispatch import select_impl
 
 __all__ = ["WritePlan", "plan_write_kv"]
 
-ScaleLike = Union[None, float, torch.Tensor]
+ScaleLike = _checks.ScaleLike
 
 # fp8 formats: (mantissa bits, exponent bias).
 FP8_FORMAT = {torch.float8_e4m3fn: (3, 7), torch.float8_e5m2: (2, 15)}

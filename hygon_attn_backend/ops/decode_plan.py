@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Union
+from typing import Dict, Optional
 
 import torch
 
@@ -27,7 +27,7 @@ DECODE_Q_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 _WHOLE_SEQUENCE = 1 << 30  # partition size of the one-partition launch: covers any sequence
 
-ScaleLike = Union[None, float, torch.Tensor]
+ScaleLike = _checks.ScaleLike
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Sequence, Union
+from typing import Dict, Optional, Sequence
 
 import torch
 
@@ -25,7 +25,7 @@ from hygon_attn_backend.ops.decode_plan import next_pow2, num_sms_of
 
 __all__ = ["PrefillPlan", "plan_prefix_prefill", "check_host_lengths"]
 
-ScaleLike = Union[None, float, torch.Tensor]
+ScaleLike = _checks.ScaleLike
 PREFILL_Q_DTYPES = (torch.float16, torch.bfloat16)
 
 # Arguments of prefix_prefill_kernel that change per layer, in the order run() passes them.
