@@ -206,6 +206,22 @@ def test_write_kv_fp8_rounding_is_exact(dtype, device):
     assert torch.isnan(v_cache.float()).all(), "NaN input must give an fp8 NaN code"
 
 
+def test_write_kv_fp8_one_scale_tensor_other_default(device):
+    """k_scale left at its default (1) while v_scale is a device tensor: both caches hold
+    the reference's codes."""
+    g = torch.Generator().manual_seed(5)
+    k = (torch.randn(6, 2, 64, generator=g) * 3).to(device)
+    v = (torch.randn(6, 2, 64, generator=g) * 3).to(device)
+    caches = [torch.zeros(4, 2, 4, 64, dtype=torch.float8_e4m3fn, device=device)
+              for _ in range(4)]
+    slots = torch.tensor([0, 5, 9, 2, 15, 11], device=device)
+    v_scale = torch.tensor([0.5], device=device)
+    write_kv(k, v, caches[0], caches[1], slots, v_scale=v_scale, impl="triton")
+    reference.write_kv(k, v, caches[2], caches[3], slots, v_scale=v_scale)
+    for got, want in ((caches[0], caches[2]), (caches[1], caches[3])):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
 def test_write_kv_skips_padding_and_out_of_range_slots(monkeypatch, device):
     """Slot -1 (and, outside debug mode, any slot outside the cache) writes nothing."""
     monkeypatch.delenv("HYGON_ATTN_DEBUG", raising=False)

@@ -23,6 +23,15 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 ScaleLike = Union[None, float, torch.Tensor]
 
 
+def as_scale_tensor(scale: ScaleLike, device) -> torch.Tensor:
+    """A per-tensor scale as the 1-element float32 tensor kernels read on the device
+    (``None`` is 1)."""
+    if isinstance(scale, torch.Tensor):
+        return scale
+    return torch.full((1,), 1.0 if scale is None else float(scale), dtype=torch.float32,
+                      device=device)
+
+
 def debug_enabled() -> bool:
     """``HYGON_ATTN_DEBUG=1`` turns on value checks that sync with the host."""
     return envs.debug()

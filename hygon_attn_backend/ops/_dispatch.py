@@ -66,11 +66,3 @@ def select_impl(impl: str, device: torch.device, *, native_preferred: "bool | No
                          "or TRITON_INTERPRET=1 set before import for CPU tensors")
     return impl
 
-
-IMPL_ENV = "HYGON_ATTN_IMPL"
-
-
-def impl_from_env() -> str:
-    """The implementation the engine integrations ask the ops for: ``HYGON_ATTN_IMPL`` =
-    ``auto`` (default) | ``triton`` | ``native`` | ``reference``."""
-    return envs.impl()

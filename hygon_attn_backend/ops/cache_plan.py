@@ -32,12 +32,6 @@ _PER_CALL = (
     "stride_vc_b", "stride_vc_h", "stride_vc_s", "stride_vc_d")
 
 
-def as_scale_tensor(scale, device: torch.device) -> torch.Tensor:
-    if isinstance(scale, torch.Tensor):
-        return scale
-    return torch.full((1,), float(scale), dtype=torch.float32, device=device)
-
-
 @dataclass(eq=False)
 class WritePlan:
     """A ``write_kv`` launch planned for one batch's ``slot_mapping``; :meth:`run` per layer."""
@@ -92,7 +86,8 @@ class WritePlan:
             launch = self._variants[key] = self._make_launch(*key)
         if from_ptr:
             # One form for both scales keeps a single compiled variant per layout.
-            ksp, vsp = as_scale_tensor(k_scale, self.device), as_scale_tensor(v_scale, self.device)
+            ksp = _checks.as_scale_tensor(k_scale, self.device)
+            vsp = _checks.as_scale_tensor(v_scale, self.device)
             ksv = vsv = 1.0
         else:
             ksp = vsp = self.slot_mapping  # unused placeholders
@@ -118,7 +113,7 @@ class WritePlan:
             slot_mapping_ptr=self.slot_mapping, num_kv_heads=self.num_kv_heads, stride_slot=self.slot_mapping.stride(0),
             PAGE_SIZE=self.page_size, HEAD_DIM=self.head_dim,
             BLOCK_D=1 << max(0, (self.head_dim - 1).bit_length()), BLOCK_H=block_h,
-            SPLIT_X=16 // torch.empty((), dtype=kv_dtype).element_size() if k_ndim == 5 else 0,
+            SPLIT_X=16 // kv_dtype.itemsize if k_ndim == 5 else 0,
             QUANT=quant, FP8_MAX=float(torch.finfo(kv_dtype).max) if quant else 0.0,
             FP8_MANT=fp8_mant, FP8_BIAS=fp8_bias, SCALE_FROM_PTR=from_ptr)
         grid = (self.num_tokens, -(-self.num_kv_heads // block_h), 1)

@@ -281,10 +281,8 @@ class DecodePlan:
             launches = self._variants[key] = self._make_launches(*key)
         decode, combine = launches
         if k_ptr or v_ptr:
-            ks = k_scale if k_ptr else torch.full((1,), float(k_scale or 1.0),
-                                                  dtype=torch.float32, device=self.device)
-            vs = v_scale if v_ptr else torch.full((1,), float(v_scale or 1.0),
-                                                  dtype=torch.float32, device=self.device)
+            ks = _checks.as_scale_tensor(k_scale, self.device)
+            vs = _checks.as_scale_tensor(v_scale, self.device)
             ksv = vsv = 1.0
         else:
             ks = vs = q
@@ -332,8 +330,7 @@ class DecodePlan:
             scratch = dict(max_logits_ptr=self.seq_lens, exp_sums_ptr=self.seq_lens,
                            partial_out_ptr=self.seq_lens, stride_ml_slot=0, stride_ml_row=0,
                            stride_po_slot=0, stride_po_row=0, stride_po_dim=1)
-        split_x = 16 // torch.empty((), dtype=self.kv_dtype).element_size() \
-            if k_ndim == 5 else 0
+        split_x = 16 // self.kv_dtype.itemsize if k_ndim == 5 else 0
         fixed = dict(
             block_table_ptr=self.block_table, seq_lens_ptr=self.seq_lens,
             scale=float(scale),
@@ -426,10 +423,10 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                          f"{partition_size!r}")
     if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 0):
         raise ValueError(f"max_seq_len must be a non-negative int or None, got {max_seq_len!r}")
-    if q_dtype not in DECODE_Q_DTYPES:
+    if q_dtype not in DECODE_Q_DTYPES:  # float32 queries: the reference serves them
         if impl in ("triton", "native"):
             raise ValueError(f"impl={impl!r} takes float16/bfloat16 queries, got {q_dtype}")
-        chosen = select_impl(impl, device)
+        select_impl(impl, device)  # rejects an unknown impl name
         chosen = "reference"
     else:
         chosen = select_impl(
@@ -446,7 +443,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         config = decode_launch_config(
             num_seqs=num_seqs, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
             num_tokens=num_tokens, head_dim=head_dim, page_size=page_size,
-            kv_elem_size=torch.empty((), dtype=kv_dtype).element_size(),
+            kv_elem_size=kv_dtype.itemsize,
             max_context_len=max_context, num_sms=num_sms_of(device),
             partition_size=partition_size, kv_head_grid=kv_head_grid, tile=tile)
         if config.num_partitions > 1:

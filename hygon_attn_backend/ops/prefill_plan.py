@@ -194,12 +194,8 @@ class PrefillPlan:
             launch = self._variants[key] = self._make_launch(*key, cu_seqlens_q, seq_lens_k,
                                                              k_cache)
         if from_ptr:
-            ks = k_scale if isinstance(k_scale, torch.Tensor) else torch.full(
-                (1,), float(k_scale if k_scale is not None else 1.0), dtype=torch.float32,
-                device=q.device)
-            vs = v_scale if isinstance(v_scale, torch.Tensor) else torch.full(
-                (1,), float(v_scale if v_scale is not None else 1.0), dtype=torch.float32,
-                device=q.device)
+            ks = _checks.as_scale_tensor(k_scale, q.device)
+            vs = _checks.as_scale_tensor(v_scale, q.device)
             ksv = vsv = 1.0
         else:
             ks = vs = self.tile_req  # unused placeholders
