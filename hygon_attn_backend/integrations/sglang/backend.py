@@ -32,6 +32,7 @@ Environment: ``HYGON_ATTN_IMPL`` = ``auto`` (default) | ``triton`` | ``reference
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from typing import Optional
 
@@ -194,13 +195,14 @@ class HygonAttnBackend(AttentionBackend):
 
     # ------------------------------------------------------------------ metadata
 
-    def _max_seq_len(self, forward_batch) -> Optional[int]:
-        """Longest key length of the batch from the host copy of seq lens (no device
-        sync), or None when the batch carries none."""
+    @staticmethod
+    def _host_seq_lens(forward_batch) -> Optional[list]:
+        """The batch's key lengths from SGLang's host copy (no device sync), or None when
+        the batch carries none."""
         lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
-        if lens_cpu is None or forward_batch.batch_size == 0:
+        if lens_cpu is None:
             return None
-        return int(max(lens_cpu[: forward_batch.batch_size].tolist()))
+        return [int(x) for x in lens_cpu[: forward_batch.batch_size].tolist()]
 
     def init_forward_metadata(self, forward_batch):
         """Once per forward pass: block table, seq lens, (extend) packed-query offsets, and
@@ -212,7 +214,8 @@ class HygonAttnBackend(AttentionBackend):
         bs = forward_batch.batch_size
         rows = forward_batch.req_pool_indices[:bs]
         seq_lens = forward_batch.seq_lens[:bs].to(torch.int32)
-        max_seq_len = self._max_seq_len(forward_batch)
+        host_lens = self._host_seq_lens(forward_batch)
+        max_seq_len = max(host_lens) if host_lens else None
         num_blocks = self.max_blocks
         if max_seq_len is not None:
             num_blocks = min(self.max_blocks, max(1, -(-max_seq_len // self.page_size)))
@@ -221,20 +224,15 @@ class HygonAttnBackend(AttentionBackend):
         if self.check_pages and self.page_size > 1:
             shims.check_paged_rows(self.req_to_token, rows, seq_lens, page_size=self.page_size)
         meta = HygonForwardMetadata(block_table=block_table, seq_lens=seq_lens,
-                                    max_seq_len=max_seq_len)
+                                    max_seq_len=max_seq_len, host_seq_lens=host_lens)
         if not mode.is_decode_or_idle():
             extend_lens = forward_batch.extend_seq_lens[:bs]
             meta.cu_seqlens_q = torch.zeros(bs + 1, dtype=torch.int32, device=seq_lens.device)
             meta.cu_seqlens_q[1:] = torch.cumsum(extend_lens, 0)
             ext_cpu = getattr(forward_batch, "extend_seq_lens_cpu", None)
-            lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
             if ext_cpu is not None:
-                cu = [0]
-                for n in list(ext_cpu)[:bs]:
-                    cu.append(cu[-1] + int(n))
-                meta.host_cu_seqlens_q = cu
-            if lens_cpu is not None:
-                meta.host_seq_lens = [int(x) for x in lens_cpu[:bs].tolist()]
+                meta.host_cu_seqlens_q = [0] + list(itertools.accumulate(
+                    int(n) for n in list(ext_cpu)[:bs]))
         self.forward_metadata = meta
         if self._model_heads is not None:
             self._plan(meta, *self._model_heads, extend=not mode.is_decode_or_idle())
