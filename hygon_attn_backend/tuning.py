@@ -182,6 +182,37 @@ def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
     return int(block_n), int(num_warps), int(num_stages), bool(prefetch)
 
 
+def decode_fused_combine(*, num_partitions: int) -> bool:
+    """Whether a split decode merges its partitions inside the decode kernel by default.
+
+    Reasoning: with the combine as a second launch, every split step pays a kernel boundary
+    (the decode grid drains, then the combine launches and ramps up: a few microseconds in
+    a CUDA graph, plus a launch's host cost eagerly). Fused, the last program of each
+    (sequence, head group) merges the group's rows right after its own partition, while
+    other groups still stream KV: one launch. Its costs: one atomic per program on an int32
+    counter (``DecodeWorkspace.counters``, reset by the merging program, so CUDA-graph
+    replays need no memset); the merge's registers in the decode kernel; and the merge of
+    one group runs in one program (a serial tail when a group has many partitions, where
+    the second launch spreads it over every (sequence, row)).
+    Measurement (H200, bf16, D=128, docs/notes-decode.md v5): the first fused kernel (the
+    merge reading 16 partitions per step) ran 1.3-1.5x slower than the two launches at
+    every split shape ((1, 32k): 79.5 against 54.3 us; (64, 4k) G=16: 123 against 91 us):
+    the merge's tile and its pipelined loop cost the KV loop occupancy. Until the leaner
+    merge is measured ahead, the default stays the two-launch combine; ``fused_combine=True``
+    (plan) or ``--partitions auto-fused`` (bench) selects it.
+    """
+    del num_partitions  # the rule will depend on it once measured
+    return False
+
+
+def decode_combine_chunk(*, rows_pad: int, head_dim_pad: int, num_warps: int) -> int:
+    """Partitions the merge reads per step: a ``[chunk, rows_pad, head_dim_pad]`` fp32
+    tile of at most 16 values per thread (plus a 64-bit address each: ~48 registers), at
+    most 16 partitions."""
+    budget = 16 * 32 * max(1, num_warps)
+    return max(1, min(16, budget // max(1, rows_pad * head_dim_pad)))
+
+
 # ----------------------------------------------------------------------------- prefix prefill
 
 

@@ -31,13 +31,14 @@ def _parse_pairs(text: str):
 
 
 def _parse_partitions(text: str):
-    """``auto`` (shipped heuristic), ``dcu`` (baseline rule), ``none`` (one partition), or
-    an integer partition size."""
+    """``auto`` (shipped heuristic), ``auto-fused`` / ``auto-launch`` (its partition size
+    with the combine fused into the decode kernel / as a second launch), ``dcu`` (baseline
+    rule), ``none`` (one partition), or an integer partition size."""
     items = []
     for part in text.split(","):
         part = part.strip()
         if part:
-            items.append(part if part in ("auto", "dcu", "none") else int(part))
+            items.append(part if part in ("auto", "auto-fused", "auto-launch", "dcu", "none") else int(part))
     return items
 
 
@@ -52,7 +53,8 @@ def add_decode_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--partitions", default="auto,dcu",
-                   help="comma list: auto, dcu, none or a partition size")
+                   help="comma list: auto, auto-fused / auto-launch (auto's partition size "
+                        "with the combine fused / a second launch), dcu, none or a size")
     p.add_argument("--group-shape", default="64,4096", help="B,ctx of the G sweep")
     p.add_argument("--groups", default="1,8,16",
                    help="GQA groups of the G sweep (Hq fixed, Hkv = Hq / G); '' skips it")
@@ -85,7 +87,7 @@ def _partition_size(choice, prob, device):
     """The partition size our op gets for ``choice`` (passed as an argument)."""
     from hygon_attn_backend import tuning
     from hygon_attn_backend.ops.decode import num_sms_of
-    if choice in ("auto", "dcu"):
+    if choice in ("auto", "auto-fused", "auto-launch", "dcu"):
         return tuning.decode_partition_size(
             num_seqs=prob.batch, num_kv_heads=prob.num_kv_heads,
             group=prob.num_q_heads // prob.num_kv_heads, max_context_len=prob.ctx,
@@ -96,8 +98,9 @@ def _partition_size(choice, prob, device):
 
 
 def _our_label(choice) -> str:
-    return {"auto": "hygon", "dcu": "hygon (dcu rule)", "none": "hygon (1 partition)"}.get(
-        choice, "hygon (forced)")
+    return {"auto": "hygon", "auto-fused": "hygon (fused combine)",
+            "auto-launch": "hygon (combine launch)", "dcu": "hygon (dcu rule)",
+            "none": "hygon (1 partition)"}.get(choice, "hygon (forced)")
 
 
 def run_decode_bench(args) -> dict:
@@ -137,9 +140,10 @@ def run_decode_bench(args) -> dict:
             made = []
             for choice in partitions:
                 size = _partition_size(choice, prob, device)
-                made.append(_make(lambda: ours_decode(prob, partition_size=size,
-                                                      label=_our_label(choice)),
-                                  _our_label(choice)))
+                made.append(_make(lambda: ours_decode(
+                    prob, partition_size=size,
+                    fused_combine={"auto-fused": True, "auto-launch": False}.get(choice),
+                    label=_our_label(choice)), _our_label(choice)))
             if hq // hkv in per_head_groups:
                 size = _partition_size("auto", prob, device)
                 made.append(_make(lambda: ours_decode(prob, partition_size=size,

@@ -46,9 +46,11 @@ def parse_compare(text: str) -> list:
 # ----------------------------------------------------------------------------- ours
 
 def ours_decode(prob, *, partition_size: Optional[int], kv_head_grid: bool = True,
-                tile=None, label: str = "hygon") -> Runner:
+                tile=None, fused_combine: Optional[bool] = None,
+                label: str = "hygon") -> Runner:
     """Our paged decode planned once (``plan_paged_decode`` with a workspace, the host-known
-    ``max_seq_len`` and optional ``partition_size`` / ``tile``), launched per call."""
+    ``max_seq_len`` and optional ``partition_size`` / ``tile`` / ``fused_combine``),
+    launched per call."""
     import torch
     from hygon_attn_backend.ops.decode import allocate_decode_workspace, plan_paged_decode
     kview, vview = prob.kv_views()
@@ -60,12 +62,15 @@ def ours_decode(prob, *, partition_size: Optional[int], kv_head_grid: bool = Tru
         prob.block_table, prob.seq_lens, num_q_heads=prob.num_q_heads,
         num_kv_heads=prob.num_kv_heads, head_dim=prob.head_dim, page_size=kview.shape[2],
         q_dtype=prob.q.dtype, kv_dtype=kview.dtype, max_seq_len=prob.ctx,
-        partition_size=partition_size, workspace=ws, kv_head_grid=kv_head_grid, tile=tile)
+        partition_size=partition_size, workspace=ws, kv_head_grid=kv_head_grid, tile=tile,
+        fused_combine=fused_combine)
     out = torch.empty_like(prob.q)
     fn = lambda: plan.run(prob.q, kview, vview, out=out)
     note = ""
     if partition_size:
         note = f"partition {partition_size} (x{-(-prob.ctx // partition_size)})"
+        if plan.split:
+            note += ", fused combine" if plan.fused_combine else ", combine launch"
     return Runner(label, fn, out, note=note, keep=[ws, plan])
 
 

@@ -6,12 +6,76 @@ Each partition ``p`` of a (sequence, query row) left ``m_p`` (running max, log2 
 
     out = sum_p w_p o_p,   w_p = l_p 2^(m_p - M) / sum_q l_q 2^(m_q - M),   M = max_p m_p
 
-over the partitions that exist for this sequence, ``cdiv(seq_len, partition_size)``
-(later ones were never written). A sequence of length 0 gets zeros.
+over the partitions that exist for this sequence (later ones were never written). A row
+whose partitions are all empty (``l_p = 0``) gets zeros.
+
+:func:`merge_partitions` does it for a group of rows; two callers:
+- the decode kernel itself (``FUSED_COMBINE``): the last program of each
+  (sequence, head group) to finish merges the group's rows, so a split launch is one
+  kernel;
+- :func:`combine_partitions_kernel`, a second launch over (sequence, row): the
+  two-launch form, kept as the baseline and for workspaces without counters.
 """
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def merge_partitions(out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
+                     seq, num_parts, num_partitions, num_q_heads, tok0, head0,
+                     stride_o_seq, stride_o_tok, stride_o_head, stride_o_dim,
+                     stride_ml_slot, stride_ml_row,
+                     stride_po_slot, stride_po_row, stride_po_dim,
+                     ROWS: tl.constexpr,       # real rows: tokens x heads of the group
+                     ROWS_PAD: tl.constexpr,   # next power of two of ROWS
+                     HEADS: tl.constexpr,      # heads per token in the group
+                     HEAD_DIM: tl.constexpr,
+                     HEAD_DIM_PAD: tl.constexpr,
+                     PART_CHUNK: tl.constexpr):  # partitions read per step
+    """Merge partitions ``[0, num_parts)`` of rows ``r < ROWS``: token
+    ``tok0 + r // HEADS``, query head ``head0 + r % HEADS``; one pass, online rescale."""
+    offs_p = tl.arange(0, PART_CHUNK)
+    offs_r = tl.arange(0, ROWS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    r_ok = offs_r < ROWS
+    d_ok = offs_d < HEAD_DIM
+    tok_r = tok0 + offs_r // HEADS  # [ROWS_PAD]
+    head_r = head0 + offs_r % HEADS  # [ROWS_PAD]
+    srow = tok_r.to(tl.int64) * num_q_heads + head_r  # scratch row = t * Hq + h
+    slot0 = seq * num_partitions
+
+    big_m = tl.full([ROWS_PAD], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([ROWS_PAD], dtype=tl.float32)
+    acc = tl.zeros([ROWS_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+    # one stage: a pipelined loop would hold a shared-memory ring of o tiles for the whole
+    # kernel, which (fused into decode) costs occupancy in the KV loop
+    for c in tl.range(0, num_parts, PART_CHUNK, num_stages=1):
+        p_ok = (c + offs_p) < num_parts
+        slots = slot0 + c + offs_p  # [PART_CHUNK]
+        ok = p_ok[:, None] & r_ok[None, :]  # [PART_CHUNK, ROWS_PAD]
+        ml_offs = slots[:, None] * stride_ml_slot + srow[None, :] * stride_ml_row
+        m = tl.load(max_logits_ptr + ml_offs, mask=ok, other=float("-inf"))
+        l = tl.load(exp_sums_ptr + ml_offs, mask=ok, other=0.0)
+        o = tl.load(partial_out_ptr + slots[:, None, None] * stride_po_slot
+                    + srow[None, :, None] * stride_po_row
+                    + offs_d[None, None, :].to(tl.int64) * stride_po_dim,
+                    mask=ok[:, :, None] & d_ok[None, None, :], other=0.0)
+        # o: [PART_CHUNK, ROWS_PAD, HEAD_DIM_PAD]
+        m_new = tl.maximum(big_m, tl.max(m, 0))  # [ROWS_PAD]
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(big_m - m_ref)
+        w = tl.where(l > 0.0, l * tl.exp2(m - m_ref[None, :]), 0.0)  # [PART_CHUNK, ROWS_PAD]
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 0)
+        total = total * alpha + tl.sum(w, 0)
+        big_m = m_new
+    total = tl.where(total > 0.0, total, 1.0)
+    result = acc / total[:, None]  # [ROWS_PAD, HEAD_DIM_PAD]
+    o_offs = (seq * stride_o_seq + tok_r[:, None].to(tl.int64) * stride_o_tok
+              + head_r[:, None].to(tl.int64) * stride_o_head
+              + offs_d[None, :].to(tl.int64) * stride_o_dim)
+    tl.store(out_ptr + o_offs, result.to(out_ptr.dtype.element_ty),
+             mask=r_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["partition_size", "num_partitions"])
@@ -26,48 +90,13 @@ def combine_partitions_kernel(
     PART_CHUNK: tl.constexpr,  # partitions read per step
 ):
     seq = tl.program_id(0).to(tl.int64)
-    row = tl.program_id(1).to(tl.int64)  # t * num_q_heads + h
-    tok = row // num_q_heads
-    head = row % num_q_heads
-
+    row = tl.program_id(1)  # t * num_q_heads + h
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     parts = tl.minimum(tl.cdiv(seq_len, partition_size), num_partitions)
-    offs_p = tl.arange(0, PART_CHUNK)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    d_ok = offs_d < HEAD_DIM
-    slot0 = seq * num_partitions
-    ml_row_ptr = row * stride_ml_row
-
-    # pass 1: the global max M
-    m_max = tl.full([PART_CHUNK], float("-inf"), dtype=tl.float32)
-    for c in range(0, parts, PART_CHUNK):
-        p_ok = (c + offs_p) < parts
-        slots = slot0 + c + offs_p  # [PART_CHUNK]
-        m = tl.load(max_logits_ptr + slots * stride_ml_slot + ml_row_ptr, mask=p_ok,
-                    other=float("-inf"))
-        m_max = tl.maximum(m_max, m)
-    big_m = tl.max(m_max, 0)
-    big_m = tl.where(big_m == float("-inf"), 0.0, big_m)
-
-    # pass 2: weights and the weighted sum of partial outputs
-    w_sum = tl.zeros([PART_CHUNK], dtype=tl.float32)
-    acc = tl.zeros([HEAD_DIM_PAD], dtype=tl.float32)
-    for c in range(0, parts, PART_CHUNK):
-        p_ok = (c + offs_p) < parts
-        slots = slot0 + c + offs_p  # [PART_CHUNK]
-        m = tl.load(max_logits_ptr + slots * stride_ml_slot + ml_row_ptr, mask=p_ok,
-                    other=float("-inf"))
-        l = tl.load(exp_sums_ptr + slots * stride_ml_slot + ml_row_ptr, mask=p_ok, other=0.0)
-        w = tl.where(l > 0.0, l * tl.exp2(m - big_m), 0.0)  # [PART_CHUNK]
-        o = tl.load(partial_out_ptr + slots[:, None] * stride_po_slot + row * stride_po_row
-                    + offs_d[None, :].to(tl.int64) * stride_po_dim,
-                    mask=p_ok[:, None] & d_ok[None, :], other=0.0)
-        # o: [PART_CHUNK, HEAD_DIM_PAD]
-        acc += tl.sum(w[:, None] * o, 0)
-        w_sum += w
-    total = tl.sum(w_sum, 0)
-    total = tl.where(total > 0.0, total, 1.0)
-    result = acc / total  # [HEAD_DIM_PAD]
-    o_offs = (seq * stride_o_seq + tok * stride_o_tok + head * stride_o_head
-              + offs_d.to(tl.int64) * stride_o_dim)
-    tl.store(out_ptr + o_offs, result.to(out_ptr.dtype.element_ty), mask=d_ok)
+    merge_partitions(out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
+                     seq, parts, num_partitions, num_q_heads,
+                     row // num_q_heads, row % num_q_heads,
+                     stride_o_seq, stride_o_tok, stride_o_head, stride_o_dim,
+                     stride_ml_slot, stride_ml_row, stride_po_slot, stride_po_row,
+                     stride_po_dim, ROWS=1, ROWS_PAD=1, HEADS=1, HEAD_DIM=HEAD_DIM,
+                     HEAD_DIM_PAD=HEAD_DIM_PAD, PART_CHUNK=PART_CHUNK)

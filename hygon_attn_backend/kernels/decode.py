@@ -15,13 +15,19 @@ head ``head0 + r % HEADS_PER_PROG``; token ``t`` sits at position
 
 SPLIT=False: the program covers the whole sequence and writes the output.
 SPLIT=True: it covers ``[part * partition_size, (part + 1) * partition_size)`` and
-writes ``(m, l, acc / l)`` to the scratch slot ``seq * num_partitions + part`` for
-``kernels/combine.py``; partitions that start past ``seq_len`` exit at once.
+writes ``(m, l, acc / l)`` to the scratch slot ``seq * num_partitions + part``;
+partitions that start past ``seq_len`` exit at once. Then either a second launch merges
+the partitions (``kernels/combine.py``), or, with FUSED_COMBINE, the kernel does: each
+program bumps the counter of its (sequence, head group) after its scratch is written; the
+one that sees ``num_parts - 1`` (the last to finish) resets the counter to 0 for the next
+launch and merges the group's rows (``merge_partitions``). Partition 0 always runs, so a
+sequence of length 0 still gets its (zero) output written.
 """
 
 import triton
 import triton.language as tl
 
+from hygon_attn_backend.kernels.combine import merge_partitions
 from hygon_attn_backend.kernels.paged_kv import lookup_tile_pages, tile_row_offsets
 from hygon_attn_backend.kernels.softmax import online_softmax_step, soft_cap_log2
 
@@ -31,7 +37,7 @@ from hygon_attn_backend.kernels.softmax import online_softmax_step, soft_cap_log
                                "max_blocks_per_seq", "partition_size", "num_partitions"])
 def paged_decode_kernel(
     out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, sinks_ptr,
-    k_scale_ptr, v_scale_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
+    k_scale_ptr, v_scale_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr, counters_ptr,
     scale, k_scale_value, v_scale_value, soft_cap, sliding_window,
     num_blocks, max_blocks_per_seq, partition_size, num_partitions, num_q_heads,
     stride_q_seq, stride_q_tok, stride_q_head, stride_q_dim,
@@ -56,6 +62,9 @@ def paged_decode_kernel(
     USE_WINDOW: tl.constexpr,
     USE_SINKS: tl.constexpr,
     PAGE_PREFETCH: tl.constexpr,    # read the next tile's block ids one iteration ahead
+    FUSED_COMBINE: tl.constexpr,    # SPLIT only: the last program of a group merges it
+    COMBINE_ROWS_PAD: tl.constexpr,  # next power of two of NUM_TOKENS * HEADS_PER_PROG
+    COMBINE_CHUNK: tl.constexpr,    # partitions the merge reads per step
 ):
     head_prog = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
@@ -64,7 +73,8 @@ def paged_decode_kernel(
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     part_start = part * partition_size
     if SPLIT:
-        if part_start >= seq_len:
+        num_parts = tl.maximum(tl.minimum(tl.cdiv(seq_len, partition_size), num_partitions), 1)
+        if part >= num_parts:
             return
     part_end = tl.minimum(part_start + partition_size, seq_len)
 
@@ -186,6 +196,22 @@ def paged_decode_kernel(
         po_offs = (slot_id * stride_po_slot + row[:, None] * stride_po_row
                    + offs_d[None, :].to(tl.int64) * stride_po_dim)
         tl.store(partial_out_ptr + po_offs, result, mask=row_ok[:, None] & d_ok[None, :])
+        if FUSED_COMBINE:
+            # every thread's scratch stores precede the counter bump (CTA barrier, then a
+            # gpu-scope acq_rel atomic); the last program's reads follow its acquire
+            tl.debug_barrier()
+            counter = counters_ptr + seq * tl.num_programs(0) + head_prog
+            done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if done == num_parts - 1:
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+                merge_partitions(out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
+                                 seq, num_parts, num_partitions, num_q_heads, 0, head0,
+                                 stride_o_seq, stride_o_tok, stride_o_head, stride_o_dim,
+                                 stride_ml_slot, stride_ml_row,
+                                 stride_po_slot, stride_po_row, stride_po_dim,
+                                 ROWS=NUM_TOKENS * HEADS_PER_PROG, ROWS_PAD=COMBINE_ROWS_PAD,
+                                 HEADS=HEADS_PER_PROG, HEAD_DIM=HEAD_DIM,
+                                 HEAD_DIM_PAD=HEAD_DIM_PAD, PART_CHUNK=COMBINE_CHUNK)
     else:
         o_offs = (seq * stride_o_seq + tok_m[:, None].to(tl.int64) * stride_o_tok
                   + head_m[:, None].to(tl.int64) * stride_o_head

@@ -40,11 +40,14 @@ class DecodeWorkspace:
     max_logits: ``[num_slots, num_rows]`` float32, running max in log2 units.
     exp_sums: ``[num_slots, num_rows]`` float32, running sum (0: empty partition).
     partial_out: ``[num_slots, num_rows, head_dim]`` float32, ``acc / l`` of the partition.
+    counters: ``[num_counters]`` int32, all zero between launches: one per (sequence,
+       head group) of the fused combine (``None``: the two-launch combine is used).
     """
 
     max_logits: torch.Tensor
     exp_sums: torch.Tensor
     partial_out: torch.Tensor
+    counters: Optional[torch.Tensor] = None
 
     @property
     def num_slots(self) -> int:
@@ -99,7 +102,9 @@ def allocate_decode_workspace(*, max_num_seqs: int, num_q_heads: int, num_kv_hea
     f32 = dict(dtype=torch.float32, device=device)
     return DecodeWorkspace(max_logits=torch.empty((num_slots, rows), **f32),
                            exp_sums=torch.empty((num_slots, rows), **f32),
-                           partial_out=torch.empty((num_slots, rows, head_dim), **f32))
+                           partial_out=torch.empty((num_slots, rows, head_dim), **f32),
+                           counters=torch.zeros(max(1, max_num_seqs) * num_q_heads,
+                                                dtype=torch.int32, device=device))
 
 
 @dataclass
@@ -138,7 +143,8 @@ def decode_launch_config(*, num_seqs: int, num_q_heads: int, num_kv_heads: int,
                         prefetch)
 
 
-def check_workspace(ws: DecodeWorkspace, slots: int, rows: int, head_dim: int, device):
+def check_workspace(ws: DecodeWorkspace, slots: int, rows: int, head_dim: int, device,
+                    counters: int = 0):
     if not isinstance(ws, DecodeWorkspace):
         raise ValueError(f"workspace must be a DecodeWorkspace, got {type(ws).__name__}")
     for name in ("max_logits", "exp_sums", "partial_out"):
@@ -153,6 +159,12 @@ def check_workspace(ws: DecodeWorkspace, slots: int, rows: int, head_dim: int, d
         raise ValueError(f"workspace too small: this call needs {slots} slots x {rows} rows x "
                          f"{head_dim} dims, got max_logits {tuple(ws.max_logits.shape)}, "
                          f"partial_out {tuple(ws.partial_out.shape)} (allocate_decode_workspace)")
+    if counters and ws.counters is not None:
+        c = ws.counters
+        if c.dtype != torch.int32 or c.device != device or c.dim() != 1 or \
+                c.shape[0] < counters:
+            raise ValueError(f"workspace.counters must be int32 [>= {counters}] on {device}, "
+                             f"got {_checks.describe(c)}")
 
 
 def check_layer_options(*, num_q_heads: int, device, sliding_window, soft_cap, sinks) -> None:
@@ -206,6 +218,7 @@ class DecodePlan:
     config: Optional[DecodeConfig]
     workspace: Optional[DecodeWorkspace]
     kv_head_grid: bool = True
+    fused_combine: bool = False
     _variants: Dict[tuple, tuple] = field(default_factory=dict, repr=False)
 
     @property
@@ -214,10 +227,11 @@ class DecodePlan:
 
     @property
     def num_launches(self) -> int:
-        """Kernel launches per :meth:`run` (decode, plus the combine of a split launch)."""
+        """Kernel launches per :meth:`run` (decode, plus the combine of a split launch
+        unless the decode kernel merges the partitions itself)."""
         if self.impl == "reference" or self.num_seqs == 0:
             return 0
-        return 2 if self.split else 1
+        return 2 if self.split and not self.fused_combine else 1
 
     def check_call(self, q, k_cache, v_cache, block_table, seq_lens, out) -> None:
         """What a layer may get wrong against the plan (cheap: no tensor checks)."""
@@ -318,9 +332,12 @@ class DecodePlan:
         heads_per_prog = group if self.kv_head_grid else 1
         head_dim_pad = next_pow2(max(self.head_dim, 16))
         ws = self.workspace
+        fused = split and self.fused_combine
+        rows_pad = next_pow2(self.num_tokens * heads_per_prog)
         if split:
             scratch = dict(max_logits_ptr=ws.max_logits, exp_sums_ptr=ws.exp_sums,
                            partial_out_ptr=ws.partial_out,
+                           counters_ptr=ws.counters if fused else self.seq_lens,
                            stride_ml_slot=ws.max_logits.stride(0),
                            stride_ml_row=ws.max_logits.stride(1),
                            stride_po_slot=ws.partial_out.stride(0),
@@ -328,7 +345,8 @@ class DecodePlan:
                            stride_po_dim=ws.partial_out.stride(2))
         else:  # scratch pointers are unused by the one-partition launch
             scratch = dict(max_logits_ptr=self.seq_lens, exp_sums_ptr=self.seq_lens,
-                           partial_out_ptr=self.seq_lens, stride_ml_slot=0, stride_ml_row=0,
+                           partial_out_ptr=self.seq_lens, counters_ptr=self.seq_lens,
+                           stride_ml_slot=0, stride_ml_row=0,
                            stride_po_slot=0, stride_po_row=0, stride_po_dim=1)
         split_x = 16 // self.kv_dtype.itemsize if k_ndim == 5 else 0
         fixed = dict(
@@ -346,12 +364,17 @@ class DecodePlan:
             HEAD_DIM_PAD=head_dim_pad, PAGE_SIZE=self.page_size, K_SPLIT_X=split_x,
             SPLIT=split, SCALES_FROM_PTR=scales_from_ptr,
             USE_SOFT_CAP=soft_cap is not None, USE_WINDOW=sliding_window is not None,
-            USE_SINKS=use_sinks, PAGE_PREFETCH=cfg.page_prefetch, **scratch)
+            USE_SINKS=use_sinks, PAGE_PREFETCH=cfg.page_prefetch, FUSED_COMBINE=fused,
+            COMBINE_ROWS_PAD=rows_pad,
+            COMBINE_CHUNK=tuning.decode_combine_chunk(rows_pad=rows_pad,
+                                                      head_dim_pad=head_dim_pad,
+                                                      num_warps=cfg.num_warps),
+            **scratch)
         grid = (self.num_q_heads // heads_per_prog, self.num_seqs, cfg.num_partitions)
         decode = Launch(paged_decode_kernel, grid, fixed, _DECODE_PER_CALL,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         combine = None
-        if split:
+        if split and not fused:
             rows = self.num_tokens * self.num_q_heads
             cfixed = dict(
                 max_logits_ptr=ws.max_logits, exp_sums_ptr=ws.exp_sums,
@@ -375,7 +398,8 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                       max_seq_len: Optional[int] = None,
                       partition_size: Optional[int] = None,
                       workspace: Optional[DecodeWorkspace] = None, kv_head_grid: bool = True,
-                      tile=None, impl: str = "auto") -> DecodePlan:
+                      tile=None, fused_combine: Optional[bool] = None,
+                      impl: str = "auto") -> DecodePlan:
     """Plan paged decode for one batch (once per step; every layer reuses the plan).
 
     block_table: ``[num_seqs, max_blocks]`` int32/int64; seq_lens: ``[num_seqs]``
@@ -395,6 +419,9 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
        :mod:`hygon_attn_backend.tuning` (environment overrides included).
     workspace: split-KV scratch (:func:`allocate_decode_workspace`) reused across steps;
        without it a split plan allocates its own here.
+    fused_combine: merge the partitions of a split launch inside the decode kernel (one
+       launch; needs ``workspace.counters``) or in a second kernel (``False``); default
+       :func:`tuning.decode_fused_combine`. Triton only (native has its own combine).
     impl: ``"auto"`` | ``"triton"`` | ``"native"`` (``csrc/``, see ``docs/native.md``) |
        ``"reference"``; ``"auto"`` takes native where ``tuning.native_preferred`` says so.
     """
@@ -438,6 +465,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
     max_blocks = block_table.shape[1]
     sm_scale = float(scale) if scale is not None else head_dim ** -0.5
     config = None
+    fused = False
     if chosen != "reference" and num_seqs and max_blocks:
         max_context = max_seq_len if max_seq_len is not None else max_blocks * page_size
         config = decode_launch_config(
@@ -454,12 +482,18 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                     num_kv_heads=num_kv_heads, head_dim=head_dim,
                     max_context_len=max_context, device=device, num_tokens=num_tokens,
                     num_slots=slots)
-            check_workspace(workspace, slots, rows, head_dim, device)
+            fused = chosen == "triton" and workspace.counters is not None and (
+                fused_combine if fused_combine is not None
+                else tuning.decode_fused_combine(num_partitions=config.num_partitions))
+            groups = num_q_heads // (num_q_heads // num_kv_heads if kv_head_grid else 1)
+            check_workspace(workspace, slots, rows, head_dim, device,
+                            counters=num_seqs * groups if fused else 0)
     return DecodePlan(
         impl=chosen, block_table=block_table, seq_lens=seq_lens, num_seqs=num_seqs,
         num_tokens=num_tokens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
         head_dim=head_dim, page_size=page_size, q_dtype=q_dtype,
         kv_dtype=kv_dtype, device=device,
         max_seq_len=max_seq_len if max_seq_len is not None else max_blocks * page_size,
-        scale=sm_scale, config=config, workspace=workspace, kv_head_grid=kv_head_grid)
+        scale=sm_scale, config=config, workspace=workspace, kv_head_grid=kv_head_grid,
+        fused_combine=fused)
 
