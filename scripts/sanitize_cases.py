@@ -1,7 +1,8 @@
 """Driver for scripts/sanitize.sh: every Triton kernel of the package on in-range and
 hostile inputs, small enough to run under compute-sanitizer (10-100x slower).
 
-Kernels: paged decode (one partition, split + combine, speculative tokens, split-x K),
+Kernels: paged decode (one partition, split + combine kernel, split + fused combine,
+speculative tokens, split-x K),
 prefix prefill (cache only, with k_new), write_kv, copy_blocks. Inputs: the reported
 prefill case (block ids -5 and 1000 inside the used part of every row), bad ids in
 decode tables, slots -1 / past the end / int32 max, copy pairs past the end, empty
@@ -87,6 +88,7 @@ def decode(name, *, dim=128, page=16, hkv=2, group=4, tokens=1, dtype=torch.bflo
     out = torch.full_like(q, float("nan"))
     paged_decode_attention(*args, out=out, impl="triton", **kw)
     kw.pop("partition_size", None)
+    kw.pop("fused_combine", None)
     args, kw = _cpu(args), _cpu(kw)
     _check(name, out, reference.paged_decode_attention(*args, compute_dtype=torch.float64, **kw),
            reference.paged_decode_attention(*args, compute_dtype=dtype, **kw))
@@ -127,6 +129,11 @@ def main() -> None:
            [4, 5, 6]], lens=(40, 0, 33))
     decode("decode split + combine, bad ids", table=[[0, -5, 1000], [1, 2, 3], [4, 5, 6]],
            lens=(40, 0, 33), partition_size=16)
+    decode("decode split + fused combine, bad ids", table=[[0, -5, 1000], [1, 2, 3],
+           [4, 5, 6]], lens=(40, 0, 33), partition_size=16, fused_combine=True)
+    decode("decode fused combine, D=96 T=3 G=6 sinks", dim=96, group=6, hkv=1, tokens=3,
+           num_blocks=12, table=[list(range(12))], lens=(190,), partition_size=32,
+           fused_combine=True, sinks=torch.randn(6, device=DEV))
     decode("decode split-x K, D=80, T=2, page 1", dim=80, page=1, layout="split_x",
            tokens=2, num_blocks=80, table=[list(range(40)) + [-1] * 4, list(range(40, 80))
                                            + [99] * 4], lens=(44, 37), partition_size=16)

@@ -32,6 +32,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            workspace: Optional[DecodeWorkspace] = None,
                            max_seq_len: Optional[int] = None,
                            kv_head_grid: bool = True,
+                           fused_combine: Optional[bool] = None,
                            plan: Optional[DecodePlan] = None,
                            impl: str = "auto") -> torch.Tensor:
     """Paged decode attention: each query token attends to its sequence's cached keys.
@@ -65,11 +66,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
        ``max_blocks * P``, the table's capacity). A split launch does not read keys past
        ``num_partitions * partition_size``, so it must be >= every ``seq_len``.
     kv_head_grid: False runs the per-query-head variant (benchmark baseline).
+    fused_combine: a split launch merges its partitions inside the decode kernel (one
+       launch) instead of a second kernel; default :func:`tuning.decode_fused_combine`.
     plan: a :func:`plan_paged_decode` result for this batch (built once per step, reused by
        every layer): the call then checks only what a layer can change (q's shape and
        dtype, the caches' shape and dtype, ``block_table``/``seq_lens`` must be the
        planned tensors) and launches; the batch-level options (partition_size, workspace,
-       max_seq_len, kv_head_grid, impl) come from the plan.
+       max_seq_len, kv_head_grid, fused_combine, impl) come from the plan.
     impl: ``"auto"`` | ``"triton"`` | ``"native"`` (``csrc/``; D in 64/80/96/128/192/256) |
        ``"reference"``.
 
@@ -118,7 +121,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         head_dim=head_dim, page_size=page_size, q_dtype=q.dtype,
         kv_dtype=k_cache.dtype, num_tokens=num_tokens, scale=scale, max_seq_len=max_seq_len,
         partition_size=partition_size, workspace=workspace, kv_head_grid=kv_head_grid,
-        impl=impl)
+        fused_combine=fused_combine, impl=impl)
     return plan.run(q, k_cache, v_cache, out=out, k_scale=k_scale, v_scale=v_scale,
                     sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks)
 
