@@ -139,14 +139,12 @@ def test_backend_hands_the_models_attention_layers_to_the_warm_up(monkeypatch):
 
     monkeypatch.setattr(warmup, "warm_up_prefill", fake)
     backend = srv.backend
-    backend._model_heads = (8, 2, 32, torch.float16)
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ModuleList([srv.layer]))
-    backend._warm_up_prefill(model)
+    backend._warm_up_prefill(model, torch.float16)
     assert seen["layers"] == [srv.layer]
     assert seen["max_blocks"] == backend.max_blocks and seen["page_size"] == 16
     seen.clear()
-    backend._model_heads = (8, 2, 32, torch.float32)  # the reference serves fp32: no warm-up
-    backend._warm_up_prefill(model)
+    backend._warm_up_prefill(model, torch.float32)  # the reference serves fp32: no warm-up
     assert not seen
 
 
@@ -170,8 +168,7 @@ def test_no_prefill_compile_after_warm_up():
                       device="cuda")
     srv = Server(model, page_size=16, max_context=256)
     backend = srv.backend
-    backend._model_heads = (8, 2, 32, torch.float16)
-    backend._warm_up_prefill(torch.nn.ModuleList([srv.layer]))
+    backend._warm_up_prefill(torch.nn.ModuleList([srv.layer]), torch.float16)
     loads = []
     hook = triton.knobs.runtime.kernel_load_start_hook
 

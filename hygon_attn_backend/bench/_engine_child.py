@@ -223,6 +223,9 @@ def top2_of(meta: dict) -> list:
 
 
 def run_tokens(spec: dict) -> int:
+    # SGLang's Rust radix-tree core rejects its own insert on the H200 image ("insert value
+    # must be an int64 tensor, got Uint8", both backends): its Python core instead
+    os.environ.setdefault("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python")
     from sglang.srt.plugins import load_plugins
 
     load_plugins()

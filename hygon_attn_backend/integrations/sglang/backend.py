@@ -194,13 +194,15 @@ class HygonAttnBackend(AttentionBackend):
         logger.info("hygon attention backend: page_size=%d layout=%s impl=%s (%s)",
                     self.page_size, layout, self.impl,
                     "Triton kernels" if self._triton_here else "torch reference")
-        if self._triton_here and self.device.type == "cuda" and self._model_heads is not None:
-            self._warm_up_prefill(getattr(model_runner, "model", None))
+        if self._triton_here and self.device.type == "cuda":
+            self._warm_up_prefill(getattr(model_runner, "model", None),
+                                  getattr(model_runner, "dtype", None))
 
-    def _warm_up_prefill(self, model) -> None:
+    def _warm_up_prefill(self, model, dtype) -> None:
         """Compile every prefill specialization this model can reach, at start-up
-        (``warmup.py``); the model's attention layers give the per-layer options."""
-        if model is None or self._model_heads[3] not in (torch.float16, torch.bfloat16):
+        (``warmup.py``); the model's attention layers give heads and per-layer options,
+        ``dtype`` the queries' dtype."""
+        if model is None or dtype not in (torch.float16, torch.bfloat16):
             return
         states = []
         for module in model.modules():
@@ -209,7 +211,7 @@ class HygonAttnBackend(AttentionBackend):
                     states.append(self._layer(module, None))
                 except NotImplementedError:  # refused at its first forward, as before
                     continue
-        warmup.warm_up_prefill(states, q_dtype=self._model_heads[3], page_size=self.page_size,
+        warmup.warm_up_prefill(states, q_dtype=dtype, page_size=self.page_size,
                                max_blocks=self.max_blocks, device=self.device,
                                num_sms=num_sms_of(self.device), impl=self.impl)
 
