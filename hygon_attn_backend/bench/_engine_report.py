@@ -83,6 +83,10 @@ def format_table(pairs: List[dict], *, ours: str = "hygon", peer: str = "triton"
              "|---|---|---|---|---|---|---|---|---|"]
     for p in pairs:
         o, t = p["ours"], p["peer"]
+        if o and t and o.get("status") != "ok" and o.get("status") == t.get("status"):
+            lines.append(f"| {p['head_dim']} | {p['page']} | {_k(p['ctx'])} | {p['batch']} | "
+                         f"{o['status']} (both) | | | | |")
+            continue
         lines.append(
             f"| {p['head_dim']} | {p['page']} | {_k(p['ctx'])} | {p['batch']} | "
             f"{_ms(o, 'prefill_s')} / {_ms(t, 'prefill_s')} | {_ratio(p['prefill_ratio'])} | "
