@@ -21,6 +21,9 @@ seq-len buffer; ``init_forward_metadata_out_graph`` points the metadata at them;
 Padded graph rows use seq len 1 on row 0 of ``req_to_token`` (SGLang's padding row,
 pointing at the padding slot 0).
 
+Start-up: every prefix-prefill kernel specialization the model can reach is compiled
+when the backend is built (``warmup.py``), so no extend compiles after serving starts.
+
 Not supported (a clear error, never a wrong answer): speculative verify / draft-extend
 and dLLM modes, cross-attention, different QK and V head dims, SWA hybrid pools,
 quantized (fp4 / custom-method) pools, score mods.
