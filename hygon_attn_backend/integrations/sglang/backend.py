@@ -21,6 +21,9 @@ seq-len buffer; ``init_forward_metadata_out_graph`` points the metadata at them;
 Padded graph rows use seq len 1 on row 0 of ``req_to_token`` (SGLang's padding row,
 pointing at the padding slot 0).
 
+Start-up: every prefix-prefill kernel specialization the model can reach is compiled
+when the backend is built (``warmup.py``), so no extend compiles after serving starts.
+
 Not supported (a clear error, never a wrong answer): speculative verify / draft-extend
 and dLLM modes, cross-attention, different QK and V head dims, SWA hybrid pools,
 quantized (fp4 / custom-method) pools, score mods.
@@ -39,13 +42,15 @@ from typing import Optional
 import torch
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
 from hygon_attn_backend import envs
 from hygon_attn_backend.ops._dispatch import select_impl
+from hygon_attn_backend.integrations.sglang import warmup
 from hygon_attn_backend.ops.decode import allocate_decode_workspace, plan_paged_decode
+from hygon_attn_backend.ops.decode_plan import num_sms_of
 from hygon_attn_backend.ops.prefill import plan_prefix_prefill
 from hygon_attn_backend.shims import sglang as shims
 
@@ -192,6 +197,26 @@ class HygonAttnBackend(AttentionBackend):
         logger.info("hygon attention backend: page_size=%d layout=%s impl=%s (%s)",
                     self.page_size, layout, self.impl,
                     "Triton kernels" if self._triton_here else "torch reference")
+        if self._triton_here and self.device.type == "cuda":
+            self._warm_up_prefill(getattr(model_runner, "model", None),
+                                  getattr(model_runner, "dtype", None))
+
+    def _warm_up_prefill(self, model, dtype) -> None:
+        """Compile every prefill specialization this model can reach, at start-up
+        (``warmup.py``); the model's attention layers give heads and per-layer options,
+        ``dtype`` the queries' dtype."""
+        if model is None or dtype not in (torch.float16, torch.bfloat16):
+            return
+        states = []
+        for module in model.modules():
+            if isinstance(module, RadixAttention):
+                try:
+                    states.append(self._layer(module, None))
+                except NotImplementedError:  # refused at its first forward, as before
+                    continue
+        warmup.warm_up_prefill(states, q_dtype=dtype, page_size=self.page_size,
+                               max_blocks=self.max_blocks, device=self.device,
+                               num_sms=num_sms_of(self.device), impl=self.impl)
 
     # ------------------------------------------------------------------ metadata
 
@@ -217,8 +242,9 @@ class HygonAttnBackend(AttentionBackend):
         host_lens = self._host_seq_lens(forward_batch)
         max_seq_len = max(host_lens) if host_lens else None
         num_blocks = self.max_blocks
-        if max_seq_len is not None:
-            num_blocks = min(self.max_blocks, max(1, -(-max_seq_len // self.page_size)))
+        if max_seq_len is not None:  # width rounded up: few Triton specializations
+            num_blocks = warmup.aligned_table_width(-(-max_seq_len // self.page_size),
+                                                    self.max_blocks)
         block_table = shims.req_to_token_table(self.req_to_token, rows,
                                                page_size=self.page_size, num_blocks=num_blocks)
         if self.check_pages and self.page_size > 1:

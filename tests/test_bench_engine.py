@@ -1,0 +1,258 @@
+"""``hygon-attn bench engine`` on a CPU: arguments, the planned matrix, the tool's command
+line (parsed by SGLang's own parser), the built model, the warm-pass wrapper around
+one_batch's per-point function, the lock-serialized child launcher, and the reports."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from hygon_attn_backend.__main__ import build_parser
+from hygon_attn_backend.bench import _engine_child as child
+from hygon_attn_backend.bench import _engine_report as report
+from hygon_attn_backend.bench import engine
+
+
+def _args(*argv):
+    return build_parser().parse_args(["bench", "engine", *argv])
+
+
+def test_defaults_quick_and_overrides():
+    cfg = engine.resolve(_args())
+    assert cfg["head_dims"] == [64, 128] and cfg["pages"] == [16] and cfg["layers"] == 8
+    assert cfg["contexts"] == [4096, 16384, 32768] and cfg["batches"] == [1, 8, 32, 64]
+    q = engine.resolve(_args("--quick", "--batches", "8", "1", "8"))
+    assert q["head_dims"] == [64] and q["batches"] == [1, 8] and q["contexts"] == [1024]
+    assert q["check_head_dim"] == 64
+    pts = engine.planned_points(cfg)
+    assert (64, 4096) in pts and (8, 32768) in pts and (64, 16384) not in pts
+    assert all(b * c <= cfg["max_prefill_tokens"] for b, c in pts)
+    pool = engine.pool_tokens(cfg, 16)
+    assert pool % 16 == 0 and pool >= max(b * (c + cfg["decode_steps"]) for b, c in pts)
+
+
+def test_specs_and_tool_command_line_parse_with_sglang(tmp_path):
+    pytest.importorskip("sglang.benchmark.one_batch")
+    args = _args("--head-dims", "128", "--pages", "1", "16")
+    specs = engine.plan_specs(engine.resolve(args), args, str(tmp_path))
+    bench = [s for s in specs if s["mode"] == "onebatch"]
+    assert [(s["backend"], s["page"]) for s in bench] == [
+        ("hygon", 1), ("triton", 1), ("hygon", 16), ("triton", 16)]
+    assert {s["lock_path"] for s in specs} == {str(tmp_path / "gpu.lock")}
+    assert [s["backend"] for s in specs if s["mode"] == "tokens"] == ["hygon", "triton"]
+    import argparse
+
+    import sglang.benchmark.one_batch as ob
+    from sglang.srt.server_args import ServerArgs
+
+    from hygon_attn_backend.integrations.sglang import register
+    assert register()
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ob.BenchArgs.add_cli_args(parser)
+    ns = parser.parse_args(child.onebatch_argv(bench[0]))
+    assert ns.attention_backend == "hygon" and ns.page_size == 1
+    assert ns.batch_size == [1, 8, 32, 64] and ns.input_len == [4096, 16384, 32768]
+    assert ns.load_format == "dummy" and ns.max_total_tokens == bench[0]["max_total_tokens"]
+    assert ns.disable_prefill_cuda_graph and ns.skip_tokenizer_init
+
+
+def test_built_model_matches_transformers_llama(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from safetensors.torch import load_file
+
+    cfg = engine.llama_config(head_dim=64, layers=2, max_positions=512)
+    cfg.update(hidden_size=128, intermediate_size=256, num_attention_heads=2,
+               num_key_value_heads=1, vocab_size=300)
+    engine.write_model(str(tmp_path), cfg, weights=True)
+    ours = load_file(str(tmp_path / "model.safetensors"))
+    hf_cfg = transformers.LlamaConfig.from_pretrained(str(tmp_path))
+    with torch.device("meta"):
+        ref = transformers.LlamaForCausalLM(hf_cfg).state_dict()
+    assert {k: tuple(v.shape) for k, v in ours.items()} == {
+        k: tuple(v.shape) for k, v in ref.items() if "rotary" not in k}
+    assert all(v.dtype == torch.float16 for v in ours.values())
+    again = engine.random_llama_weights(cfg, seed=0)
+    assert torch.equal(again["lm_head.weight"], ours["lm_head.weight"])  # seeded
+
+
+class _Watch(child.CompileWatch):
+    """Compiles appear when the fake run first sees a (batch, ctx) shape."""
+
+
+def _fake_tool(watch, seen_shapes):
+    calls = []
+
+    def run_once(run_name, model_runner, rank_print, reqs, batch_size, input_len, output_len,
+                 log_decode_step, profile, profile_record_shapes, profile_activities,
+                 profile_prefix, profile_stage, tp_rank, profile_start_step=None,
+                 profile_steps=None):
+        calls.append((watch.phase, batch_size, input_len, output_len, reqs))
+        if (batch_size, input_len) not in seen_shapes:
+            seen_shapes.add((batch_size, input_len))
+            watch.events.append((watch.phase, "compile", f"k{batch_size}_{input_len}", 1.0))
+        return {"prefill_latency": 0.001 * batch_size, "median_decode_latency": 0.0005}
+
+    return run_once, calls
+
+
+def test_wrapper_warms_each_point_once_and_times_without_compiles():
+    watch, rows, gate_calls = _Watch(), [], []
+    run_once, calls = _fake_tool(watch, set())
+    wrapped = child.wrap_run_once(
+        run_once, make_reqs=lambda b, c: f"fresh-{b}-{c}",
+        skip=lambda b, c: "too big" if b * c > 100 else None, record=rows.append,
+        gate=lambda: gate_calls.append(1), watch=watch)
+    # the tool: its warm-up (keywords), then the sweep (positional)
+    wrapped("r", None, print, "tool-warm", 1, 10, 8, log_decode_step=0, profile=False,
+            profile_record_shapes=False, profile_activities=("CPU",), profile_prefix="",
+            profile_stage="all", tp_rank=0)
+    for b, c in ((1, 10), (8, 10), (64, 10), (8, 10)):
+        wrapped("r", None, print, f"timed-{b}", b, c, 16, 0, False, False, ("CPU",),
+                "profile", "all", 0, None, None)
+    assert len(gate_calls) == 5
+    # (1,10): warmed by the tool's warm-up; (8,10): one warm pass (fresh prompts, 2 steps),
+    # then timed; (64,10) skipped; the repeated (8,10) is not warmed again
+    assert [(p, b, o, r) for p, b, _, o, r in calls] == [
+        ("warm", 1, 8, "tool-warm"), ("timed", 1, 16, "timed-1"),
+        ("warm", 8, 2, "fresh-8-10"), ("timed", 8, 16, "timed-8"), ("timed", 8, 16, "timed-8")]
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert len(ok) == 3 and all(r["compiles_timed"] == [] for r in ok)
+    assert ok[1]["warm_compiles"] == ["k8_10"] and ok[1]["prefill_s"] == pytest.approx(0.008)
+    assert [r["status"] for r in rows if r["status"] != "ok"] == ["skipped (too big)"]
+
+
+def test_wrapper_reports_a_compile_inside_a_timed_point():
+    watch, rows = _Watch(), []
+    shapes = set()
+    run_once, _ = _fake_tool(watch, shapes)
+
+    def make_reqs(b, c):
+        shapes.add((b, c))  # the warm pass "misses" this shape: the timed run compiles
+        return "fresh"
+
+    wrapped = child.wrap_run_once(run_once, make_reqs=make_reqs, skip=lambda b, c: None,
+                                  record=rows.append, gate=lambda: None, watch=watch)
+    wrapped("r", None, print, "w", 1, 10, 4, 0, False, False, (), "", "all", 0)
+    shapes.discard((2, 10))
+    wrapped("r", None, print, "t", 2, 10, 4, 0, False, False, (), "profile", "all", 0)
+    assert rows[-1]["compiles_timed"] == []  # the fake compiles on first sight only
+    watch.events.append(("x", "compile", "late", 1.0))
+    assert watch.since(0, "compile")[-1] == "late"
+
+
+def test_launcher_serializes_gpu_work_after_every_start(tmp_path):
+    """Fake children: each sleeps (start-up), takes the gate, records its lock window."""
+    script = tmp_path / "fake_child.py"
+    script.write_text(
+        "import json, sys, time\n"
+        f"sys.path.insert(0, {os.getcwd()!r})\n"
+        "from hygon_attn_backend.bench._engine_child import Gate\n"
+        "spec = json.load(open(sys.argv[1]))\n"
+        "time.sleep(spec['startup'])\n"
+        "Gate(spec['ready_path'], spec['lock_path'])()\n"
+        "t0 = time.time(); time.sleep(0.3)\n"
+        "open(spec['result_path'], 'w').write(json.dumps([t0, time.time()]))\n")
+    specs = []
+    for i, startup in enumerate((0.6, 0.0, 0.2)):
+        specs.append({"name": f"c{i}", "mode": "tokens", "startup": startup,
+                      "ready_path": str(tmp_path / f"c{i}.ready"),
+                      "result_path": str(tmp_path / f"c{i}.json"),
+                      "lock_path": str(tmp_path / "gpu.lock")})
+    t_launch = __import__("time").time()
+    codes = engine.launch(specs, work=str(tmp_path), env=dict(os.environ), child_timeout=30,
+                          deadline=None, command=lambda p: [sys.executable, str(script), p],
+                          poll_s=0.05)
+    assert codes == {"c0": 0, "c1": 0, "c2": 0}
+    windows = sorted(json.loads((tmp_path / f"c{i}.json").read_text()) for i in range(3))
+    assert windows[0][0] >= t_launch + 0.6  # nobody ran before the slowest start-up
+    for a, b in zip(windows, windows[1:]):
+        assert b[0] >= a[1] - 0.01  # never two at once
+
+
+def test_launcher_kills_a_child_past_its_time(tmp_path):
+    specs = [{"name": "slow", "mode": "tokens", "ready_path": str(tmp_path / "r"),
+              "result_path": str(tmp_path / "x"), "lock_path": str(tmp_path / "l")}]
+    codes = engine.launch(specs, work=str(tmp_path), env=dict(os.environ), child_timeout=0.5,
+                          deadline=None, poll_s=0.05,
+                          command=lambda p: [sys.executable, "-c", "import time; time.sleep(30)"])
+    assert codes == {"slow": None}
+
+
+def _row(backend, hd, b, ctx, pre, dec, **kw):
+    return {"backend": backend, "head_dim": hd, "page": 16, "batch": b, "ctx": ctx,
+            "status": "ok", "prefill_s": pre, "decode_s": dec, "compiles_timed": [],
+            "loads_timed": [], **kw}
+
+
+def test_table_csv_and_ratios(tmp_path):
+    rows = [_row("hygon", 128, 8, 16384, 0.8, 0.004), _row("triton", 128, 8, 16384, 1.0, 0.005),
+            _row("hygon", 64, 1, 4096, 0.1, 0.002, loads_timed=["prefix_prefill_kernel"]),
+            {"backend": "triton", "head_dim": 64, "page": 16, "batch": 1, "ctx": 4096,
+             "status": "skipped (big)"},
+            {"backend": "hygon", "head_dim": 64, "page": 16, "batch": 0, "ctx": 0,
+             "status": "startup", "startup_compiles": []}]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pairs = report.pair_rows(report.read_rows([str(path), str(tmp_path / "missing")]))
+    assert [(p["head_dim"], p["batch"]) for p in pairs] == [(64, 1), (128, 8)]
+    assert pairs[1]["prefill_ratio"] == pytest.approx(0.8)
+    assert pairs[1]["decode_ratio"] == pytest.approx(0.8) and pairs[0]["decode_ratio"] is None
+    text = report.format_table(pairs)
+    assert "| 128 | 16 | 16k | 8 | 800.00 / 1000.00 | 0.80x | 4.00 / 5.00 | 0.80x | 0 / 0 |" \
+        in text
+    assert "skipped (big)" in text and "| 1 / 0 |" in text
+    report.write_csv(str(tmp_path / "t.csv"), pairs)
+    lines = (tmp_path / "t.csv").read_text().splitlines()
+    assert lines[0].split(",") == list(report.CSV_FIELDS) and len(lines) == 5
+    assert "128,16,16384,8,hygon,ok,800.0000,4.0000,0.8000,0.8000,0,0" in lines
+
+
+def _out(ids, gaps, cached=0):
+    return {"output_ids": ids, "cached_tokens": cached,
+            "top2": [[[-0.1, t], [-0.1 - g, t + 1]] for t, g in zip(ids, gaps)]}
+
+
+def test_token_comparison_gaps_and_cache_hits():
+    a = {"scenarios": {"distinct": [_out([1, 2, 3], [1, 1, 1]), _out([4, 5, 6], [1, 0.01, 1])],
+                       "shared_prefix": [_out([7], [1]), _out([8], [1], cached=992)]}}
+    b = {"scenarios": {"distinct": [_out([1, 2, 3], [1, 1, 1]), _out([4, 9, 6], [1, 0.02, 1])],
+                       "shared_prefix": [_out([7], [1]), _out([8], [1], cached=992)]}}
+    rep = report.compare_tokens(a, b)
+    d = rep["scenarios"]["distinct"]
+    assert d["identical"] == 1 and d["diffs"][0]["index"] == 1
+    assert d["diffs"][0]["gap_a"] == pytest.approx(0.01) and rep["ok"]
+    assert rep["scenarios"]["shared_prefix"]["cached_a"] == 992
+    a["scenarios"]["distinct"][1]["top2"][1][1][0] = -5.0  # a real disagreement
+    b["scenarios"]["distinct"][1]["top2"][1][1][0] = -5.0
+    assert not report.compare_tokens(a, b)["ok"]
+    for side in (a, b):
+        side["scenarios"]["shared_prefix"][1]["cached_tokens"] = 0
+    rep = report.compare_tokens(a, a)
+    assert not rep["scenarios"]["shared_prefix"]["ok"] and rep["scenarios"]["distinct"]["ok"]
+    assert "| shared_prefix | 2 | 1 | 2 | 0 / 0 | none | NO |" in report.format_tokens(
+        rep, label="x")
+
+
+def test_top2_and_prompts():
+    meta = {"output_top_logprobs": [[(-0.5, 11, None), (-0.9, 12, None), (-3, 1, None)]]}
+    assert child.top2_of(meta) == [[[-0.5, 11], [-0.9, 12]]]
+    p = engine.check_prompts(quick=True)
+    first, second = p["shared_prefix"]
+    assert len(first) == 1 and all(x[:300] == first[0][:300] for x in second)
+    assert all(3 <= t < engine.VOCAB for batch in p["distinct"] for x in batch for t in x)
+    assert p == engine.check_prompts(quick=True)
+
+
+def test_entry_point_dist_info(tmp_path, monkeypatch):
+    import importlib.metadata as md
+
+    monkeypatch.setattr(md, "entry_points", lambda group=None: [])
+    site = engine.entry_point_dir(str(tmp_path))
+    monkeypatch.undo()
+    found = [ep for d in md.distributions(path=[site])
+             for ep in d.entry_points if ep.group == "sglang.srt.plugins"]
+    assert [(ep.name, ep.value) for ep in found] == [
+        ("hygon", "hygon_attn_backend.integrations.sglang:register")]
