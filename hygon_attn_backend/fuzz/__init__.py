@@ -41,13 +41,14 @@ def _op_functions(op: str):
     }[op]
 
 
-def run_case(op: str, seed: int, index: int, device, profiles: list):
+def run_case(op: str, seed: int, index: int, device, profiles: list, tiny=None):
     """Run case ``index``; returns ``(problem or None, description)``. An exception is a
-    failure too (its type and message are the problem)."""
+    failure too (its type and message are the problem). tiny: CPU-sized shapes (default:
+    on a CPU device)."""
     import torch
 
     _, case_fn = _op_functions(op)
-    tiny = device.type == "cpu"
+    tiny = device.type == "cpu" if tiny is None else tiny
     rng = random.Random(f"{op}:{seed}:{index}")
     torch.manual_seed(rng.getrandbits(62))
     prof = profiles[index % len(profiles)]
