@@ -10,7 +10,8 @@ module checks that it does.
 :func:`count_keys` draws the GPU-sized cases of a seed (``tiny=False``) on CPU tensors with
 every kernel launch intercepted: the key is recorded through Triton's own argument
 specialisation (``native_specialize_impl``) and the kernel does not run; the attention
-references do not run either (a case stops at its first reference call). Needs
+references do not run either (a case stops at its first reference call, recording the
+fp64 work it would do), and random fills are skipped (values do not enter a key). Needs
 ``TRITON_INTERPRET=1`` set before the kernels are imported (as on any CPU).
 
     python -m hygon_attn_backend.fuzz.speckeys --op decode --cases 10000 --shards 8
@@ -34,14 +35,27 @@ class _StopCase(Exception):
 
 
 def _specialise(arg, do_not_specialize: bool) -> tuple:
-    from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import BaseBackend
-
+    """Triton's specialisation of one non-constexpr argument (its own function where this
+    Triton has it, else the same rules written out)."""
     try:
-        return tuple(native_specialize_impl(BaseBackend, arg, False, not do_not_specialize,
-                                            True))
-    except Exception:  # a value Triton's specialiser does not take (e.g. a torch dtype)
-        return ("value", repr(arg))
+        from triton._C.libtriton import native_specialize_impl
+        from triton.backends.compiler import BaseBackend
+    except ImportError:
+        native_specialize_impl = None
+    if native_specialize_impl is not None:
+        try:
+            return tuple(native_specialize_impl(BaseBackend, arg, False,
+                                                not do_not_specialize, True))
+        except Exception:  # a value Triton's specialiser does not take (a torch dtype)
+            return ("value", repr(arg))
+    if hasattr(arg, "data_ptr"):
+        return (str(arg.dtype), arg.data_ptr() % 16 == 0)
+    if isinstance(arg, bool) or not isinstance(arg, int):
+        return (type(arg).__name__,) if arg is not None else ("constexpr", None)
+    width = "i32" if -2**31 <= arg < 2**31 else "i64"
+    if do_not_specialize:
+        return (width,)
+    return ("constexpr", 1) if arg == 1 else (width, arg % 16 == 0)
 
 
 def launch_key(fn, args: tuple, kwargs: dict, *, do_not_specialize=()) -> tuple:
