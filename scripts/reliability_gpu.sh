@@ -15,7 +15,8 @@ mkdir -p "$OUT" /tmp/hygon-fuzz
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 start=$(date +%s)
-# shards per op: each divides the op's profile count (fuzz.NUM_PROFILES)
+# shards per op: each divides the op's profile count (fuzz.NUM_PROFILES: 32, 32, 24, 24), so a
+# shard compiles only its own profiles' kernels (12 decode or 4 prefill for seed 1)
 declare -A SHARDS=([decode]=8 [prefill]=8 [write_kv]=2 [copy_blocks]=1)
 for op in ${FUZZ_OPS:-decode prefill write_kv copy_blocks}; do
     n=${SHARDS[$op]}

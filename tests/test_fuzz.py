@@ -63,3 +63,86 @@ def test_cli_registers_fuzz():
                                                                          (1, 4), "cpu")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["fuzz", "--op", "nope"])
+
+
+# ----------------------------------------------------------------------------- compile budget
+
+# kernels one profile may compile: decode one-partition, split and combine; prefill one
+KEYS_PER_PROFILE = {"decode": 3, "prefill": 1}
+
+
+@pytest.mark.parametrize("op", ["decode", "prefill"])
+def test_a_gpu_run_compiles_a_bounded_number_of_kernels(op):
+    """The GPU-sized cases (4 per profile here) launch at most KEYS_PER_PROFILE distinct
+    Triton specialisations per profile: a case that changes a stride's class, a dtype or
+    a constexpr would make a 10,000-case run compile-bound again."""
+    from hygon_attn_backend.fuzz import speckeys
+
+    cases = 4 * fuzz.NUM_PROFILES[op]
+    res = speckeys.count_keys(op, cases=cases, seed=20261130, shards=8)
+    assert res["per_profile"] <= KEYS_PER_PROFILE[op], res
+    assert res["total"] <= KEYS_PER_PROFILE[op] * fuzz.NUM_PROFILES[op], res
+    assert res["launches"] >= cases * 0.9, res  # the cases did launch their kernels
+    assert 0 < res["work_max"] <= 8 * 2e8, res  # the reference's fp64 work stays bounded
+
+
+def test_table_width_keeps_its_class():
+    import random
+
+    from hygon_attn_backend.fuzz.problems import table_width
+
+    rng = random.Random(0)
+    for needed in (0, 1, 2, 15, 16, 17, 31, 32, 100):
+        for _ in range(5):
+            wide, narrow = (table_width(rng, needed, x16=c) for c in (True, False))
+            assert wide % 16 == 0 and wide >= max(needed, 1)
+            assert narrow % 16 != 0 and narrow >= max(needed, 2)
+
+
+def test_speckeys_follow_tritons_specialisation():
+    """Keys change with a constexpr, a dtype, an integer's ``== 1`` / ``% 16`` class and a
+    pointer's 16-byte alignment; not with an integer in ``do_not_specialize`` or within a
+    class."""
+    import triton
+    import triton.language as tl
+
+    from hygon_attn_backend.fuzz.speckeys import launch_key
+
+    @triton.jit(do_not_specialize=["n"])
+    def kern(x_ptr, stride, n, BLOCK: tl.constexpr):
+        pass
+
+    fn = kern.fn if hasattr(kern, "fn") else kern
+    no_spec = ("n",)
+    x = torch.zeros(64, dtype=torch.float16)
+
+    def key(t=x, stride=32, n=5, block=16, **opts):
+        return launch_key(fn, (t, stride, n), dict(BLOCK=block, **opts),
+                          do_not_specialize=no_spec)
+
+    assert key() == key(stride=48) == key(n=1) == key(n=32)
+    for other in (key(stride=33), key(stride=1), key(block=32), key(t=x[1:]),
+                  key(t=x.to(torch.bfloat16)), key(num_warps=8)):
+        assert other != key()
+
+
+def test_profiles_cover_every_listed_value():
+    """Over one seed's profiles (GPU sizes) every layout, page size, group, head_dim, cache
+    dtype and flag of the issue's list appears."""
+    from hygon_attn_backend.fuzz import problems as pb
+
+    for op, layouts in (("decode", pb.ALL_LAYOUTS), ("prefill", pb.ATTN_LAYOUTS)):
+        profs = fuzz.profiles_for(op, 3, tiny=False)
+        seen = {name: {p[name] for p in profs} for name in profs[0]}
+        assert seen["layout"] == set(layouts)
+        assert seen["page"] == set(pb.PAGES) and seen["head_dim"] == set(pb.HEAD_DIMS)
+        assert seen["group"] == set(pb.GROUPS)
+        assert {torch.float16, torch.bfloat16, *pb.FP8} <= seen["kv_dtype"]
+        for flag in ("window", "soft_cap", "sinks", "scale_tensors", "table_x16"):
+            assert seen[flag] == {False, True}, flag
+        if op == "decode":
+            assert seen["tokens"] == {1, 2, 4}
+            assert seen["partition_size"] == {None, 16, 64, 256, 512}
+        else:
+            assert seen["k_new"] == seen["causal"] == seen["lse"] == {False, True}
+            assert len(seen["tile"]) >= 3

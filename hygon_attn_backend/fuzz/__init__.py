@@ -5,9 +5,11 @@
 
 Case ``K`` of seed ``S`` is a pure function of ``(op, S, K, device kind)``: its host
 choices come from ``random.Random(f"{op}:{S}:{K}")`` and torch's generator is seeded from
-it. The compile-time part of a case (dtypes, head_dim, page size, layout, flags) comes
-from profile ``K % NUM_PROFILES``, drawn once per seed, so a run compiles a bounded number
-of kernel specialisations. A failing case prints the line that reruns it alone.
+it. Everything a kernel specialises on (dtypes, head_dim, page size, heads, layout,
+flags, tile, the class of every stride) comes from profile ``K % NUM_PROFILES``, drawn
+once per seed, and a case draws only the batch, so a run compiles a bounded number of
+kernel specialisations (``fuzz/speckeys.py`` counts them on a CPU). A failing case prints
+the line that reruns it alone.
 
 On a CPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set here before
 the kernels are imported): tiny shapes and fp16 only (the interpreter's bf16 ``tl.dot``
@@ -26,9 +28,11 @@ import time
 import traceback
 
 OPS = ("decode", "prefill", "write_kv", "copy_blocks")
-# profiles per seed: >= the largest stratified value set (12 layouts, 12 page sizes);
-# each costs a few kernel compiles
-NUM_PROFILES = {"decode": 24, "prefill": 24, "write_kv": 24, "copy_blocks": 24}
+# profiles per seed: each value of every stratified set (12 layouts, 12 page sizes, 12
+# groups, 6 head_dims, ...) appears in at least NUM // len(set) of them; each profile costs
+# its kernels' compiles (decode <= 3: one-partition, split, combine; prefill 1), so a run
+# compiles <= 96 decode and 32 prefill kernels, 12 and 4 per shard of 8 (fuzz/speckeys.py)
+NUM_PROFILES = {"decode": 32, "prefill": 32, "write_kv": 24, "copy_blocks": 24}
 
 
 def _op_functions(op: str):
@@ -41,13 +45,14 @@ def _op_functions(op: str):
     }[op]
 
 
-def run_case(op: str, seed: int, index: int, device, profiles: list):
+def run_case(op: str, seed: int, index: int, device, profiles: list, tiny=None):
     """Run case ``index``; returns ``(problem or None, description)``. An exception is a
-    failure too (its type and message are the problem)."""
+    failure too (its type and message are the problem). tiny: CPU-sized shapes (default:
+    on a CPU device)."""
     import torch
 
     _, case_fn = _op_functions(op)
-    tiny = device.type == "cpu"
+    tiny = device.type == "cpu" if tiny is None else tiny
     rng = random.Random(f"{op}:{seed}:{index}")
     torch.manual_seed(rng.getrandbits(62))
     prof = profiles[index % len(profiles)]
@@ -63,8 +68,9 @@ def profiles_for(op: str, seed: int, tiny: bool) -> list:
     from hygon_attn_backend.fuzz.problems import Strata
 
     profile_fn, _ = _op_functions(op)
+    count = NUM_PROFILES[op]
     return [profile_fn(random.Random(f"{op}:{seed}:profile:{i}"), tiny,
-                       Strata(f"{op}:{seed}", i)) for i in range(NUM_PROFILES[op])]
+                       Strata(f"{op}:{seed}", i, count)) for i in range(count)]
 
 
 def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,

@@ -1,10 +1,11 @@
 """Fuzz cases of the attention ops: ``paged_decode_attention`` and
 ``prefix_prefill_attention`` against the fp64 reference, within the error budget.
 
-A profile fixes what Triton compiles for (dtypes, head_dim, page size, group, layout,
-flags, tile); a case draws the batch (ragged lengths 0..64k, prefixes 0 and > 0, extends
-of one token, empty requests), the block table (a share with bad ids: absent keys),
-scales, windows, soft caps, sinks, and speculative tokens.
+A profile fixes what Triton compiles for (dtypes, head_dim, page size, heads, layout,
+which of window / soft cap / sinks / lse / k_new are on, speculative tokens, partition
+size, tile, the block table's width class); a case draws the batch (ragged lengths
+0..64k, prefixes 0 and > 0, extends of one token, empty requests), the block table (a
+share with bad ids: absent keys), scales, window sizes, soft caps and sink values.
 """
 
 from __future__ import annotations
@@ -28,25 +29,31 @@ MAX_PREFILL_Q = 8192  # new tokens per case
 MAX_SCORE_ELEMS = 6e7  # Hq * Lq * Lk of one request (the reference's fp64 score matrix)
 
 
-def _heads(rng: random.Random, tiny: bool) -> "tuple[int, int]":
-    group = rng.choice(pb.GROUPS_TINY if tiny else pb.GROUPS)
-    kv_heads = rng.choice((1, 2) if tiny or group > 16 else (1, 2, 4, 8))
+def _heads(strata: pb.Strata, tiny: bool) -> "tuple[int, int]":
+    group = strata.pick("group", pb.GROUPS_TINY if tiny else pb.GROUPS)
+    kv_heads = strata.pick("kv_heads", (1, 2) if tiny or group > 16 else (1, 2, 4, 8))
     return group, kv_heads
 
 
-def _common_profile(rng: random.Random, tiny: bool, strata: pb.Strata,
-                    layouts_: tuple) -> dict:
-    dtype = torch.float16 if tiny else rng.choice((torch.float16, torch.bfloat16))
-    group, kv_heads = _heads(rng, tiny)
+def _common_profile(tiny: bool, strata: pb.Strata, layouts_: tuple) -> dict:
+    """Everything a kernel specialises on is fixed here (stratified over the profiles):
+    dtypes, head_dim, page size, heads, layout, flags, the index dtype, whether scales
+    are tensors, the class of the block table's width. A case varies only what Triton
+    does not specialise on (``do_not_specialize`` sizes, values, lengths, ids)."""
+    dtype = torch.float16 if tiny else strata.pick("dtype", (torch.float16, torch.bfloat16))
+    group, kv_heads = _heads(strata, tiny)
     return dict(
         dtype=dtype,
-        kv_dtype=rng.choices((dtype,) + pb.FP8, weights=(6, 1, 1))[0],
+        kv_dtype=strata.pick("kv_dtype", (dtype,) * 6 + pb.FP8),
         head_dim=strata.pick("head_dim", pb.HEAD_DIMS_TINY if tiny else pb.HEAD_DIMS),
         page=strata.pick("page", pb.PAGES_TINY if tiny else pb.PAGES),
         group=group, kv_heads=kv_heads, layout=strata.pick("layout", layouts_),
-        window=rng.random() < 0.2, soft_cap=rng.random() < 0.2, sinks=rng.random() < 0.2,
-        index_dtype=rng.choice((torch.int32, torch.int64)),
-        scale_tensors=rng.random() < 0.5)
+        window=strata.pick("window", (False,) * 4 + (True,)),
+        soft_cap=strata.pick("soft_cap", (False,) * 4 + (True,)),
+        sinks=strata.pick("sinks", (False,) * 4 + (True,)),
+        index_dtype=strata.pick("index_dtype", (torch.int32, torch.int64)),
+        scale_tensors=strata.pick("scale_tensors", (False, True)),
+        table_x16=strata.pick("table_x16", (False, True)))
 
 
 def _options(rng: random.Random, prof: dict, num_q_heads: int, max_len: int, device) -> dict:
@@ -82,9 +89,10 @@ def _describe(prof: dict, **extra) -> str:
 
 
 def decode_profile(rng: random.Random, tiny: bool, strata: pb.Strata) -> dict:
-    prof = _common_profile(rng, tiny, strata, pb.ALL_LAYOUTS)
-    prof["tokens"] = rng.choice((1, 1, 1, 2, 4) if not tiny else (1, 1, 2))
-    prof["partition_size"] = rng.choice((None, 16) if tiny else (None, None, 16, 64, 256, 512))
+    prof = _common_profile(tiny, strata, pb.ALL_LAYOUTS)
+    prof["tokens"] = strata.pick("tokens", (1, 1, 1, 2, 4) if not tiny else (1, 1, 2))
+    prof["partition_size"] = strata.pick(
+        "partition_size", (None, 16) if tiny else (None, None, 16, 64, 256, 512))
     return prof
 
 
@@ -98,7 +106,7 @@ def decode_case(rng: random.Random, prof: dict, device, tiny: bool):
     lens = [0 if n == 0 else max(n, t) for n in _shrink(lens, int(MAX_KV_ELEMS / (hkv * dim)))]
     hostile = rng.random() < HOSTILE_SHARE
     tbl = pb.build_table(rng, [pb.cdiv(n, page) for n in lens], index_dtype=prof["index_dtype"],
-                         device=device, hostile=hostile)
+                         device=device, hostile=hostile, width_x16=prof["table_x16"])
     cache = pb.build_cache(prof["layout"], num_blocks=tbl.num_blocks, page=page,
                            kv_heads=hkv, head_dim=dim, dtype=prof["kv_dtype"], device=device)
     shape = (num_seqs, hq, dim) if t == 1 else (num_seqs, t, hq, dim)
@@ -128,15 +136,16 @@ def decode_case(rng: random.Random, prof: dict, device, tiny: bool):
 
 
 def prefill_profile(rng: random.Random, tiny: bool, strata: pb.Strata) -> dict:
-    prof = _common_profile(rng, tiny, strata, pb.ATTN_LAYOUTS)
-    prof.update(k_new=rng.random() < 0.4, causal=rng.random() < 0.85,
-                lse=rng.random() < 0.5)
+    prof = _common_profile(tiny, strata, pb.ATTN_LAYOUTS)
+    prof.update(k_new=strata.pick("k_new", (False, False, False, True, True)),
+                causal=strata.pick("causal", (True,) * 6 + (False,)),
+                lse=strata.pick("lse", (False, True)))
     prof["window"] = prof["window"] and prof["causal"]  # a window is causal only
     prof["tile"] = None
     if not tiny:  # one of the tiles the heuristic picks (small or large grids)
         prof["tile"] = tuning.prefill_tile_config(
             head_dim_pad=max(16, 1 << (prof["head_dim"] - 1).bit_length()),
-            group=prof["group"], total_q=rng.choice((16, 100_000)),
+            group=prof["group"], total_q=strata.pick("tile", (16, 100_000)),
             num_kv_heads=prof["kv_heads"], num_seqs=1, num_sms=132)
     return prof
 
@@ -170,7 +179,8 @@ def prefill_case(rng: random.Random, prof: dict, device, tiny: bool):
     paged = pre if prof["k_new"] else lens_k
     hostile = rng.random() < HOSTILE_SHARE
     tbl = pb.build_table(rng, [pb.cdiv(n, page) for n in paged],
-                         index_dtype=prof["index_dtype"], device=device, hostile=hostile)
+                         index_dtype=prof["index_dtype"], device=device, hostile=hostile,
+                         width_x16=prof["table_x16"])
     cache = pb.build_cache(prof["layout"], num_blocks=tbl.num_blocks, page=page,
                            kv_heads=hkv, head_dim=dim, dtype=prof["kv_dtype"], device=device)
     total_q = sum(ext)

@@ -5,9 +5,11 @@ Every draw takes a ``random.Random`` (host choices) and uses torch's global gene
 tensor contents; the runner seeds both per case, so ``(seed, case)`` reproduces a case.
 
 Kernel specialisations are bounded on purpose: Triton compiles once per combination of
-compile-time values (head_dim, page size, flags, dtypes, stride patterns), so the
-compile-time part of a case comes from a small *profile* (drawn once per seed, reused
-by every ``NUM_PROFILES``-th case) and only sizes, lengths and ids vary freely.
+compile-time values (head_dim, page size, flags, dtypes) and of each integer argument's
+``== 1`` / ``% 16 == 0`` (strides among them), so the compile-time part of a case comes
+from a *profile* (drawn once per seed, reused by every ``NUM_PROFILES``-th case), strides
+that depend on the batch keep the profile's class (:func:`table_width`), and only sizes
+Triton does not specialise on, lengths, ids and values vary freely.
 """
 
 from __future__ import annotations
@@ -33,17 +35,18 @@ ALL_LAYOUTS = ATTN_LAYOUTS + ("split_x",)
 
 
 class Strata:
-    """Stratified choice of compile-time values over a seed's profiles: profile ``index``
-    takes entry ``index % len(values)`` of a per-seed shuffle of each value set, so any
-    ``len(values)`` consecutive profiles cover every value (a plain draw would miss some
-    of 12 layouts in 24 profiles)."""
+    """Stratified choice of compile-time values over a seed's ``count`` profiles: for each
+    value set, profile ``index`` takes entry ``perm[index] % len(values)`` of a per-seed
+    permutation ``perm`` of the profiles, so every value appears in ``count // len(values)``
+    or one more profiles (a plain draw would miss some of 12 layouts), and the sets are
+    combined at random (a shared period would pair page size ``p`` with one layout)."""
 
-    def __init__(self, key: str, index: int):
-        self.key, self.index = key, index
+    def __init__(self, key: str, index: int, count: int):
+        self.key, self.index, self.count = key, index, count
 
     def pick(self, name: str, values: tuple):
-        order = random.Random(f"{self.key}:{name}").sample(range(len(values)), len(values))
-        return values[order[self.index % len(values)]]
+        perm = random.Random(f"{self.key}:{name}").sample(range(self.count), self.count)
+        return values[perm[self.index] % len(values)]
 
 
 def bad_block_ids(num_blocks: int, index_dtype: torch.dtype) -> tuple:
@@ -149,11 +152,24 @@ class Table:
     hostile: int
 
 
+def table_width(rng: random.Random, needed: int, *, x16: bool) -> int:
+    """Columns of a block table with at least ``needed`` used ones: a multiple of 16 with
+    ``x16``, else >= 2 and not a multiple of 16. The row stride is a kernel argument that
+    Triton specialises on (``== 1``, ``% 16 == 0``), so a profile fixes its class and the
+    cases of a profile share one kernel."""
+    width = needed + rng.randint(0, 2)
+    if x16:
+        return -(-max(width, 1) // 16) * 16 + 16 * rng.randint(0, 1)
+    width = max(width, 2)
+    return width + 1 if width % 16 == 0 else width
+
+
 def build_table(rng: random.Random, cols_needed: list, *, index_dtype: torch.dtype, device,
-                hostile: bool) -> Table:
+                hostile: bool, width_x16: bool) -> Table:
     """Distinct physical blocks for every used entry (a random permutation), garbage in the
-    unused columns, and with ``hostile`` 1-3 used entries replaced by bad ids."""
-    width = max(cols_needed + [0]) + rng.randint(0, 2)
+    unused columns (:func:`table_width` columns), and with ``hostile`` 1-3 used entries
+    replaced by bad ids."""
+    width = table_width(rng, max(cols_needed + [0]), x16=width_x16)
     num_used = sum(cols_needed)
     num_blocks = num_used + rng.randint(1, 8)
     table = torch.randint(-3, num_blocks + 4, (len(cols_needed), width), dtype=torch.int64)
