@@ -93,6 +93,8 @@ def decode_profile(rng: random.Random, tiny: bool, strata: pb.Strata) -> dict:
     prof["tokens"] = strata.pick("tokens", (1, 1, 1, 2, 4) if not tiny else (1, 1, 2))
     prof["partition_size"] = strata.pick(
         "partition_size", (None, 16) if tiny else (None, None, 16, 64, 256, 512))
+    # a split launch merges in the decode kernel or in a second kernel
+    prof["fused_combine"] = strata.pick("fused_combine", (False, True))
     return prof
 
 
@@ -113,7 +115,7 @@ def decode_case(rng: random.Random, prof: dict, device, tiny: bool):
     q = torch.randn(shape, device=device).to(prof["dtype"])
     seq_lens = torch.tensor(lens, dtype=prof["index_dtype"], device=device)
     kw = _options(rng, prof, hq, max(lens), device)
-    call = dict(kw, partition_size=prof["partition_size"])
+    call = dict(kw, partition_size=prof["partition_size"], fused_combine=prof["fused_combine"])
     if rng.random() < 0.3:
         call["max_seq_len"] = max(lens)
     if prof["partition_size"] and rng.random() < 0.3:
