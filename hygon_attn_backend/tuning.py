@@ -194,15 +194,18 @@ def decode_fused_combine(*, num_partitions: int) -> bool:
     replays need no memset); the merge's registers in the decode kernel; and the merge of
     one group runs in one program (a serial tail when a group has many partitions, where
     the second launch spreads it over every (sequence, row)).
-    Measurement (H200, bf16, D=128, docs/notes-decode.md v5): the first fused kernel (the
-    merge reading 16 partitions per step) ran 1.3-1.5x slower than the two launches at
-    every split shape ((1, 32k): 79.5 against 54.3 us; (64, 4k) G=16: 123 against 91 us):
-    the merge's tile and its pipelined loop cost the KV loop occupancy. Until the leaner
-    merge is measured ahead, the default stays the two-launch combine; ``fused_combine=True``
-    (plan) or ``--partitions auto-fused`` (bench) selects it.
+    Measurement (H200, bf16, D=128, page 16, graph replay with the L2 cleared,
+    docs/notes-decode.md v5/v6): with the lean merge (16 values per thread per step, one
+    stage), fused against two launches: 4 partitions ((64, 4k) G=16) 85.4 against 91.5 us
+    (+7%); 8 partitions ((8, 8k)) 87.6 against 84.7 us (-3%); 64 partitions ((1, 32k))
+    78.6 against 54.5 us (one program merging 64 partitions serially is the tail). Hence:
+    fused up to ``DECODE_FUSED_MAX_PARTITIONS`` partitions. ``fused_combine=`` (plan / op)
+    or ``--partitions auto-fused|auto-launch`` (bench) force either form.
     """
-    del num_partitions  # the rule will depend on it once measured
-    return False
+    return 1 < num_partitions <= DECODE_FUSED_MAX_PARTITIONS
+
+
+DECODE_FUSED_MAX_PARTITIONS = 4  # measured: a gain at 4 partitions, a loss from 8
 
 
 def decode_combine_chunk(*, rows_pad: int, head_dim_pad: int, num_warps: int) -> int:

@@ -110,8 +110,14 @@ def test_fused_combine_default_and_fallbacks():
                                        device=DEV)
     kw = dict(num_q_heads=4, num_kv_heads=1, head_dim=64, page_size=16, q_dtype=q.dtype,
               kv_dtype=v.dtype, impl="triton")
-    default = tuning.decode_fused_combine(num_partitions=4)
-    assert plan_paged_decode(table, lens, partition_size=16, **kw).fused_combine is default
+    assert tuning.decode_fused_combine(num_partitions=tuning.DECODE_FUSED_MAX_PARTITIONS)
+    assert not tuning.decode_fused_combine(num_partitions=64)
+    assert not tuning.decode_fused_combine(num_partitions=1)
+    plan = plan_paged_decode(table, lens, partition_size=16, **kw)
+    assert plan.fused_combine is tuning.decode_fused_combine(
+        num_partitions=plan.config.num_partitions)
+    plan = plan_paged_decode(table, lens, partition_size=32, **kw)  # 3 partitions
+    assert plan.config.num_partitions == 3 and plan.fused_combine
     assert plan_paged_decode(table, lens, partition_size=16, fused_combine=True,
                              **kw).fused_combine
     assert not plan_paged_decode(table, lens, partition_size=16, fused_combine=False,

@@ -56,6 +56,24 @@ def test_shards_partition_the_cases():
     assert "2 cases, 0 failures" in logs[1].getvalue()
 
 
+def test_skip_resumes_a_shard_after_its_first_cases(monkeypatch):
+    """--skip N leaves out exactly the shard's first N cases (the ones a stopped run did)."""
+    from hygon_attn_backend.fuzz import cache
+    seen = []
+
+    def record(rng, prof, device, tiny):
+        seen.append(rng.random())
+        return None, ""
+    monkeypatch.setattr(cache, "copy_blocks_case", record)
+    fuzz.fuzz("copy_blocks", cases=9, seed=3, device="cpu", shard=(1, 2), out=io.StringIO())
+    whole = list(seen)
+    seen.clear()
+    log = io.StringIO()
+    fuzz.fuzz("copy_blocks", cases=9, seed=3, device="cpu", shard=(1, 2), skip=3, out=log)
+    assert len(whole) == 4 and seen == whole[3:]
+    assert "1 cases, 0 failures" in log.getvalue() and "first 3 skipped" in log.getvalue()
+
+
 def test_cli_registers_fuzz():
     args = build_parser().parse_args(["fuzz", "--op", "prefill", "--cases", "3", "--seed",
                                       "9", "--shard", "1/4", "--device", "cpu"])

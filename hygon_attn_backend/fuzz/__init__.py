@@ -74,14 +74,17 @@ def profiles_for(op: str, seed: int, tiny: bool) -> list:
 
 
 def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
-         shard: "tuple[int, int]" = (0, 1), out=sys.stdout, max_failures: int = 20) -> int:
-    """Run the cases; print each failure and a summary line. Returns the failure count."""
+         shard: "tuple[int, int]" = (0, 1), skip: int = 0, out=sys.stdout,
+         max_failures: int = 20) -> int:
+    """Run the cases; print each failure and a summary line. Returns the failure count.
+    ``skip``: leave out this shard's first ``skip`` cases (resume a run that was stopped
+    after them)."""
     import torch
 
     dev = torch.device(device)
     profiles = profiles_for(op, seed, dev.type == "cpu")
     indices = [only] if only is not None else [k for k in range(cases)
-                                               if k % shard[1] == shard[0]]
+                                               if k % shard[1] == shard[0]][skip:]
     failures, done, start = 0, 0, time.perf_counter()
     stopped = ""
     try:
@@ -102,6 +105,8 @@ def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
         stopped = f" (stopped after {done} of {len(indices)})"
     took = time.perf_counter() - start
     part = "" if shard[1] == 1 else f" shard {shard[0]}/{shard[1]}"
+    if skip:
+        part += f", its first {skip} skipped"
     print(f"fuzz {op}: {done} cases, {failures} failures, {took:.1f} s (seed {seed}, "
           f"{device}{part}, {len(profiles)} profiles){stopped}", file=out, flush=True)
     return failures
@@ -123,6 +128,8 @@ def add_fuzz_parser(sub) -> None:
                    help="default: cuda when available, else cpu (Triton's interpreter)")
     p.add_argument("--case", type=int, default=None, help="rerun one case by its index")
     p.add_argument("--shard", type=_shard, default=(0, 1), help="I/N: cases with K %% N == I")
+    p.add_argument("--skip", type=int, default=0,
+                   help="leave out the shard's first SKIP cases (resume a stopped run)")
     p.set_defaults(func=cmd_fuzz)
 
 
@@ -139,5 +146,5 @@ def cmd_fuzz(args) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
     signal.signal(signal.SIGTERM, _interrupt)  # `timeout`: print the summary of what ran
     failures = fuzz(args.op, cases=args.cases, seed=args.seed, device=device, only=args.case,
-                    shard=args.shard)
+                    shard=args.shard, skip=args.skip)
     return 1 if failures else 0
