@@ -185,3 +185,44 @@ def test_no_prefill_compile_after_warm_up():
         hook.remove(on_load)
     assert not [n for n in loads if "prefix_prefill" in n], loads
     assert isinstance(backend, HygonAttnBackend)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU form of the GPU test above: "
+                    "Triton's specialization keys read from the interpreter's launches")
+def test_warm_up_keys_cover_real_extends_on_cpu(monkeypatch):
+    """Every prefix_prefill_kernel launch of real extends (3, 40 and 130 new tokens) has
+    the specialization key of a warm-up launch: Triton's own argument specialization
+    (pointer alignment, ``== 1`` / ``% 16`` integers, constexprs, launch options), with
+    the tiles the GPU rule picks (the interpreter's own small tile is patched out)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from hygon_attn_backend.fuzz.speckeys import launch_key
+
+    rule = tuning.prefill_tile_config
+    monkeypatch.setattr(tuning, "prefill_tile_config",
+                        lambda **kw: rule(**dict(kw, interpreter=False)))
+    keys = []
+    original = InterpretedFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        if self.fn.__name__ == "prefix_prefill_kernel":
+            keys.append(launch_key(self.fn, args, kwargs, do_not_specialize=self.kwargs.get(
+                "do_not_specialize") or ()))
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", run)
+    model = TinyModel(num_heads=8, num_kv_heads=2, head_dim=32, dtype=torch.float16,
+                      device="cpu")
+    srv = Server(model, page_size=16, max_context=256)
+    backend = srv.backend
+    warmup.warm_up_prefill([backend._layer(srv.layer, {})], q_dtype=torch.float16,
+                           page_size=16, max_blocks=backend.max_blocks,
+                           device=torch.device("cpu"), num_sms=132)
+    warmed = set(keys)
+    keys.clear()
+    for n in (3, 40, 130):
+        req = srv.start(list(range(1, n + 1)))
+        srv.extend([req], mode=ForwardMode.EXTEND)
+        srv.finish(req)
+    assert len(keys) == 3
+    assert not [k for k in keys if k not in warmed]

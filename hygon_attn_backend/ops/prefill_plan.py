@@ -296,8 +296,11 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
         if host_seq_lens_k is not None:
             check_host_lengths(cu, _host_list(host_seq_lens_k), total_q=total_q,
                                capacity=capacity, has_k_new=has_k_new)
-        both = _tile_map_host(cu, tok_m, max_tiles)
-        tile_req, tile_mblock = both.to(device, non_blocking=True).unbind(0)
+        # one transfer for both rows; the row length rounded up to 4 int32 keeps the second
+        # row 16-byte aligned, so Triton compiles the same kernel for every tile count
+        row = -(-max_tiles // 4) * 4
+        both = _tile_map_host(cu, tok_m, row)
+        tile_req, tile_mblock = both.to(device, non_blocking=True)[:, :max_tiles].unbind(0)
     else:
         tile_req, tile_mblock = _tile_map(cu_seqlens_q.to(torch.int64), num_seqs, tok_m,
                                           max_tiles)
