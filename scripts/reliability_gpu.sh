@@ -4,7 +4,10 @@
 # scripts/sanitize.sh, side by side. Writes fuzz.log, pytest.log, sanitize.log and
 # summary.txt under ${OUT:-/tmp/hygon-reliability}.
 # Usage: scripts/reliability_gpu.sh [CASES] [SEED] [LIMIT_S]
-#   FUZZ_OPS="decode prefill" (default: all four), SKIP_TESTS=1, SKIP_SANITIZE=1
+#   FUZZ_OPS="decode prefill" (default: all four), SKIP_TESTS=1, SKIP_SANITIZE=1,
+#   MPS=1 (start CUDA MPS first, so the shards' kernels share the GPU instead of
+#   time-slicing it; falls back to plain processes if it does not start; not tried with
+#   the sanitizer: pair it with SKIP_SANITIZE=1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CASES=${1:-10000}
@@ -15,6 +18,16 @@ mkdir -p "$OUT" /tmp/hygon-fuzz
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 start=$(date +%s)
+if [ -n "${MPS:-}" ] && command -v nvidia-cuda-mps-control >/dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/hygon-mps CUDA_MPS_LOG_DIRECTORY=/tmp/hygon-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if ! { nvidia-cuda-mps-control -d && timeout 60 "$PY" -c \
+            "import torch; torch.ones(1, device='cuda').sum().item()"; }; then
+        echo quit | nvidia-cuda-mps-control 2>/dev/null
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+        echo "MPS did not start: plain processes"
+    fi
+fi
 # shards per op: each divides the op's profile count (fuzz.NUM_PROFILES: 32, 32, 24, 24), so a
 # shard compiles only its own profiles' kernels (12 decode or 4 prefill for seed 1)
 declare -A SHARDS=([decode]=8 [prefill]=8 [write_kv]=2 [copy_blocks]=1)

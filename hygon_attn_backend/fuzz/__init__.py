@@ -1,7 +1,7 @@
 """Seeded, reproducible fuzzer of the public ops against ``reference.py``.
 
     hygon-attn fuzz --op decode|prefill|write_kv|copy_blocks --cases N --seed S
-                    [--device cuda|cpu] [--case K] [--shard I/N]
+                    [--device cuda|cpu] [--case K] [--shard I/N] [--skip M]
 
 Case ``K`` of seed ``S`` is a pure function of ``(op, S, K, device kind)``: its host
 choices come from ``random.Random(f"{op}:{S}:{K}")`` and torch's generator is seeded from
