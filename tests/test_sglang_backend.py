@@ -140,3 +140,57 @@ def test_refuses_what_it_cannot_serve(device):
     srv.layer.is_cross_attention = True
     with pytest.raises(NotImplementedError, match="cross-attention"):
         srv.extend([req])
+
+
+def test_model_heads_follow_the_attention_tp_size(monkeypatch):
+    """The per-pass plans are built in init_forward_metadata from the model config's heads
+    divided over this rank's attention-TP size (SGLang 0.5.23's runtime context)."""
+    import types
+
+    from sglang.srt import runtime_context
+
+    from hygon_attn_backend.integrations.sglang import backend as sgl_backend
+
+    class Config:
+        num_attention_heads, head_dim = 32, 128
+
+        def get_num_kv_heads(self, tp, dcp=1):
+            return max(1, 8 // tp)
+
+    runner = types.SimpleNamespace(model_config=Config(), dtype=torch.bfloat16)
+    monkeypatch.setattr(runtime_context, "get_parallel",
+                        lambda: types.SimpleNamespace(attn_tp_size=2))
+    assert sgl_backend._model_heads(runner) == (16, 4, 128, torch.bfloat16)
+    monkeypatch.setattr(runtime_context, "get_parallel", lambda: None)  # not initialised
+    monkeypatch.setattr(sgl_backend, "_attention_tp_size", lambda: None)
+    assert sgl_backend._model_heads(runner) is None
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_plans_built_in_init_forward_metadata(page_size, device):
+    """With the model's heads known (a real runner's config), init_forward_metadata plans
+    the pass before any layer runs; eager extend / decode and the graph hooks give the
+    same answers as the recompute."""
+    rng = random.Random(16)
+    srv = Server(TinyModel(dtype=torch.float16, seed=16, device=device, **HEADS),
+                 page_size=page_size, seed=16)
+    srv.backend._model_heads = (HEADS["num_heads"], HEADS["num_kv_heads"], HEADS["head_dim"],
+                                torch.float16)
+    calls = []
+    init = srv.backend.init_forward_metadata
+
+    def spy(batch):
+        init(batch)
+        calls.append(dict(srv.backend.forward_metadata.plans))
+    srv.backend.init_forward_metadata = spy
+    _chat(srv, rng)
+    assert calls and all(len(plans) == 1 for plans in calls)
+    reqs = [srv.start(_tokens(rng, n)) for n in (21, 40, 5)]
+    srv.extend(reqs)
+    state = {}
+    for step in range(2):
+        outs = srv.decode_graph(reqs, [rng.randrange(1, 1000) for _ in reqs], graph_bs=4,
+                                state=state)
+        for r, out in zip(reqs, outs):
+            _check(srv, r, out, [r.kv_len - 1], f"graph decode step {step}")
+    assert len(srv.backend.forward_metadata.plans) == 1

@@ -95,20 +95,39 @@ def _unsupported_mode(mode) -> Optional[str]:
     return None
 
 
+def _attention_tp_size() -> Optional[int]:
+    """This rank's attention tensor-parallel size, as SGLang's Triton backend reads it:
+    ``runtime_context.get_parallel().attn_tp_size`` (SGLang 0.5.23,
+    ``sglang/srt/layers/attention/triton_backend.py``), else the older
+    ``dp_attention.get_attention_tp_size()``; None when neither answers."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        size = getattr(get_parallel(), "attn_tp_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
+    except Exception:  # nothing published yet (RuntimeError / ValueError), an older SGLang
+        pass
+    try:
+        from sglang.srt.layers.dp_attention import get_attention_tp_size
+
+        return int(get_attention_tp_size())
+    except (AssertionError, AttributeError, ImportError, TypeError, ValueError):
+        return None
+
+
 def _model_heads(model_runner):
     """``(Hq, Hkv, D, dtype)`` of the model's attention layers on this attention-TP rank, read
     as SGLang's own Triton backend reads them, or None when the runner does not say (the
     plans are then built by the first layer of each pass)."""
     mc = getattr(model_runner, "model_config", None)
     dtype = getattr(model_runner, "dtype", None)
-    if mc is None or dtype is None:
+    tp = _attention_tp_size()
+    if mc is None or dtype is None or tp is None:
         return None
     try:
-        from sglang.srt.layers.dp_attention import get_attention_tp_size
-
-        tp = get_attention_tp_size()
         return (mc.num_attention_heads // tp, mc.get_num_kv_heads(tp), mc.head_dim, dtype)
-    except (AssertionError, AttributeError, ImportError, TypeError):
+    except (AttributeError, TypeError, ZeroDivisionError):
         return None
 
 
