@@ -130,7 +130,6 @@ def write_model(path: str, config: dict, *, weights: bool, seed: int = 0,
     with open(os.path.join(path, "config.json"), "w") as fh:
         json.dump(config, fh, indent=1)
     if weights:
-        import torch
         from safetensors.torch import save_file
 
         save_file(random_llama_weights(config, seed=seed, std=std),
