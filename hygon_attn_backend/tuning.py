@@ -124,6 +124,12 @@ def decode_partition_size(*, num_seqs: int, num_kv_heads: int, group: int,
     ctx 4k with 8 KV heads 4480 GB/s against 4081 for the DCU rule's 8 partitions.
     Override: ``HYGON_ATTN_PARTITION_SIZE`` / ``PA_PARTITION_SIZE`` (checked first);
     ``rule="dcu"`` gives :func:`decode_partition_size_dcu`.
+    The size returned here fixes the partition *count* of a launch (the grid), computed
+    from the launch's context bound. With this rule (no override), each sequence then
+    splits its own length over that count on the device (``kernels/combine.py:
+    seq_partitions``, at least ``DECODE_MIN_PARTITION`` tokens each): a bound far above
+    the actual lengths (a CUDA graph planned for the cache's capacity, a ragged batch)
+    would otherwise leave most partitions empty and the grid under-filled.
     """
     env = decode_partition_size_env()
     if env is not None:

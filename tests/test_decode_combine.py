@@ -208,3 +208,57 @@ def test_gpu_fused_combine_graph_replays_are_all_right():
                          for i in range(qs.shape[0])])
     assert torch.equal(eager, outs)
     assert int(ws.counters.abs().sum()) == 0
+
+
+# ----------------------------------------------------------------------------- per-sequence split
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_per_sequence_split_spreads_short_sequences(monkeypatch, fused):
+    """The measured rule fixes the partition count from the grid's context bound; each
+    sequence then splits its own length: a short sequence in a grid sized for a long one
+    (a CUDA graph sized for the cache) still uses several partitions. Checked through the
+    scratch each partition writes, against the host mirror, and against the reference."""
+    from hygon_attn_backend.ops.decode_plan import seq_partitions
+
+    monkeypatch.setattr(tuning, "DECODE_MIN_PARTITION", 16)
+    monkeypatch.delenv("HYGON_ATTN_PARTITION_SIZE", raising=False)
+    monkeypatch.delenv("PA_PARTITION_SIZE", raising=False)
+    seq_lens = [900, 37, 0, 300]
+    q, k, v, table, lens, _ = _problem(hkv=8, group=1, head_dim=64, page=16,
+                                       seq_lens=seq_lens, num_tokens=1, dtype=CPU_DTYPE,
+                                       device=DEV)
+    capacity = 1024  # the bound a graph would be planned with, far above the lengths
+    table = torch.cat([table, torch.full((table.shape[0], capacity // 16 - table.shape[1]),
+                                         10**6, dtype=table.dtype, device=DEV)], dim=1)
+    plan = plan_paged_decode(table, lens, num_q_heads=8, num_kv_heads=8, head_dim=64,
+                             page_size=16, q_dtype=q.dtype, kv_dtype=v.dtype,
+                             fused_combine=fused, impl="triton")
+    cfg = plan.config
+    assert cfg.seq_split and cfg.num_partitions > 4 and plan.fused_combine is fused
+    plan.workspace.exp_sums.fill_(float("nan"))
+    out = paged_decode_attention(q, k, v, table, lens, plan=plan)
+    _check(out, q, k, v, table, lens)
+    written = ~torch.isnan(plan.workspace.exp_sums[:, 0].view(len(seq_lens), -1)).cpu()
+    for s, n in enumerate(seq_lens):
+        size, parts = seq_partitions(n, cfg)
+        assert written[s].tolist() == [p < parts for p in range(cfg.num_partitions)]
+        assert size % cfg.block_n == 0 and (parts - 1) * size < max(n, 1) <= parts * size
+    # the long sequence's partitions grow past the floor to cover it with the grid's count;
+    # a shorter one still uses several partitions (of at least the floor, a whole tile)
+    assert seq_partitions(900, cfg)[0] > 16 and seq_partitions(300, cfg)[1] > 1
+
+
+def test_forced_partition_size_keeps_fixed_partitions(monkeypatch):
+    monkeypatch.delenv("HYGON_ATTN_PARTITION_SIZE", raising=False)
+    q, k, v, table, lens, _ = _problem(hkv=1, group=4, head_dim=64, page=16,
+                                       seq_lens=[60, 20], num_tokens=1, dtype=CPU_DTYPE,
+                                       device=DEV)
+    plan = plan_paged_decode(table, lens, num_q_heads=4, num_kv_heads=1, head_dim=64,
+                             page_size=16, q_dtype=q.dtype, kv_dtype=v.dtype,
+                             partition_size=16, impl="triton")
+    assert plan.split and not plan.config.seq_split
+    monkeypatch.setenv("HYGON_ATTN_PARTITION_SIZE", "16")
+    plan = plan_paged_decode(table, lens, num_q_heads=4, num_kv_heads=1, head_dim=64,
+                             page_size=16, q_dtype=q.dtype, kv_dtype=v.dtype, impl="triton")
+    assert plan.split and not plan.config.seq_split

@@ -139,7 +139,9 @@ def run_decode_bench(args) -> dict:
                         head_dim=dim, page=page)
             made = []
             for choice in partitions:
-                size = _partition_size(choice, prob, device)
+                # the shipped rule is planned by the op itself (per-sequence split)
+                auto = isinstance(choice, str) and choice.startswith("auto")
+                size = None if auto else _partition_size(choice, prob, device)
                 made.append(_make(lambda: ours_decode(
                     prob, partition_size=size,
                     fused_combine={"auto-fused": True, "auto-launch": False}.get(choice),

@@ -67,9 +67,11 @@ def ours_decode(prob, *, partition_size: Optional[int], kv_head_grid: bool = Tru
     out = torch.empty_like(prob.q)
     fn = lambda: plan.run(prob.q, kview, vview, out=out)
     note = ""
-    if partition_size:
-        note = f"partition {partition_size} (x{-(-prob.ctx // partition_size)})"
+    cfg = plan.config
+    if cfg is not None:
+        note = f"partition {cfg.partition_size} (x{cfg.num_partitions})"
         if plan.split:
+            note += ", per-sequence" if cfg.seq_split else ""
             note += ", fused combine" if plan.fused_combine else ", combine launch"
     return Runner(label, fn, out, note=note, keep=[ws, plan])
 

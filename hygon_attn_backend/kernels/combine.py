@@ -22,6 +22,30 @@ import triton.language as tl
 
 
 @triton.jit
+def seq_partitions(seq_len, partition_size, num_partitions, SEQ_SPLIT: tl.constexpr,
+                   ALIGN: tl.constexpr):
+    """``(part_size, num_parts)`` of one sequence in a split launch of ``num_partitions``
+    partitions (the grid's third axis); ``num_parts >= 1`` (partition 0 always runs).
+
+    SEQ_SPLIT=False: fixed partitions of ``partition_size`` tokens (the forced size).
+    SEQ_SPLIT=True: the sequence's own length over the grid's partitions, at least
+    ``partition_size`` tokens each (the floor), rounded up to ``ALIGN`` (BLOCK_N, so a
+    tile never straddles two partitions or, for pages of >= BLOCK_N slots, two pages).
+    A short sequence in a grid sized for a long one (a ragged batch, a CUDA graph sized
+    for the cache's capacity) then still spreads over several partitions.
+    Mirrored on the host by ``ops.decode_plan.seq_partitions``.
+    """
+    if SEQ_SPLIT:
+        size = tl.maximum(tl.cdiv(seq_len, num_partitions), partition_size)
+        size = tl.cdiv(size, ALIGN) * ALIGN
+        parts = tl.cdiv(seq_len, size)
+    else:
+        size = partition_size
+        parts = tl.minimum(tl.cdiv(seq_len, size), num_partitions)
+    return size, tl.maximum(parts, 1)
+
+
+@triton.jit
 def merge_partitions(out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
                      seq, num_parts, num_partitions, num_q_heads, tok0, head0,
                      stride_o_seq, stride_o_tok, stride_o_head, stride_o_dim,
@@ -88,11 +112,13 @@ def combine_partitions_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     PART_CHUNK: tl.constexpr,  # partitions read per step
+    SEQ_SPLIT: tl.constexpr,   # the decode launch's partitioning (seq_partitions)
+    ALIGN: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     row = tl.program_id(1)  # t * num_q_heads + h
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-    parts = tl.minimum(tl.cdiv(seq_len, partition_size), num_partitions)
+    _, parts = seq_partitions(seq_len, partition_size, num_partitions, SEQ_SPLIT, ALIGN)
     merge_partitions(out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
                      seq, parts, num_partitions, num_q_heads,
                      row // num_q_heads, row % num_q_heads,

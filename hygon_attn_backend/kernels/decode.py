@@ -14,7 +14,9 @@ head ``head0 + r % HEADS_PER_PROG``; token ``t`` sits at position
 ``seq_len - NUM_TOKENS + t`` and sees keys ``j <= seq_len - NUM_TOKENS + t``.
 
 SPLIT=False: the program covers the whole sequence and writes the output.
-SPLIT=True: it covers ``[part * partition_size, (part + 1) * partition_size)`` and
+SPLIT=True: it covers ``[part * size, (part + 1) * size)`` (``kernels/combine.py:
+seq_partitions``: ``size`` = ``partition_size``, or with SEQ_SPLIT the sequence's own
+length over the grid's partitions, ``partition_size`` the floor) and
 writes ``(m, l, acc / l)`` to the scratch slot ``seq * num_partitions + part``;
 partitions that start past ``seq_len`` exit at once. Then either a second launch merges
 the partitions (``kernels/combine.py``), or, with FUSED_COMBINE, the kernel does: each
@@ -27,7 +29,7 @@ sequence of length 0 still gets its (zero) output written.
 import triton
 import triton.language as tl
 
-from hygon_attn_backend.kernels.combine import merge_partitions
+from hygon_attn_backend.kernels.combine import merge_partitions, seq_partitions
 from hygon_attn_backend.kernels.paged_kv import lookup_tile_pages, tile_row_offsets
 from hygon_attn_backend.kernels.softmax import online_softmax_step, soft_cap_log2
 
@@ -57,6 +59,7 @@ def paged_decode_kernel(
     PAGE_SIZE: tl.constexpr,
     K_SPLIT_X: tl.constexpr,        # 0: 4-D K view; x: 5-D split-x K [N, H, D//x, P, x]
     SPLIT: tl.constexpr,
+    SEQ_SPLIT: tl.constexpr,        # SPLIT: each sequence's length over the partitions
     SCALES_FROM_PTR: tl.constexpr,  # k/v scales are 1-element tensors (no host sync)
     USE_SOFT_CAP: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -71,12 +74,15 @@ def paged_decode_kernel(
     part = tl.program_id(2)
 
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-    part_start = part * partition_size
     if SPLIT:
-        num_parts = tl.maximum(tl.minimum(tl.cdiv(seq_len, partition_size), num_partitions), 1)
+        part_size, num_parts = seq_partitions(seq_len, partition_size, num_partitions,
+                                              SEQ_SPLIT, BLOCK_N)
         if part >= num_parts:
             return
-    part_end = tl.minimum(part_start + partition_size, seq_len)
+    else:
+        part_size = partition_size
+    part_start = part * part_size
+    part_end = tl.minimum(part_start + part_size, seq_len)
 
     head0 = head_prog * HEADS_PER_PROG
     kv_head = (head0 // GROUP).to(tl.int64)

@@ -116,6 +116,7 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     page_prefetch: bool
+    seq_split: bool = False  # each sequence splits its own length (seq_partitions)
 
 
 def decode_launch_config(*, num_seqs: int, num_q_heads: int, num_kv_heads: int,
@@ -132,6 +133,10 @@ def decode_launch_config(*, num_seqs: int, num_q_heads: int, num_kv_heads: int,
     block_n, num_warps, num_stages, prefetch = tuning.decode_tile_config(
         block_m=block_m, head_dim_pad=head_dim_pad, page_size=page_size,
         kv_elem_size=kv_elem_size, tile=tile)
+    # the measured rule fixes the partition count; each sequence then splits its own length
+    # (seq_partitions): a forced or environment size keeps fixed partitions
+    seq_split = partition_size is None and rule == "measured" and \
+        tuning.decode_partition_size_env() is None
     if partition_size is None:
         partition_size = tuning.decode_partition_size(
             num_seqs=num_seqs, num_kv_heads=num_kv_heads, group=group,
@@ -140,7 +145,20 @@ def decode_launch_config(*, num_seqs: int, num_q_heads: int, num_kv_heads: int,
     if num_partitions > 1:
         block_n = min(block_n, partition_size & -partition_size)
     return DecodeConfig(partition_size, num_partitions, block_m, block_n, num_warps, num_stages,
-                        prefetch)
+                        prefetch, seq_split=seq_split and num_partitions > 1)
+
+
+def seq_partitions(seq_len: int, config: DecodeConfig) -> "tuple[int, int]":
+    """``(part_size, num_parts)`` of one sequence under ``config`` (a split launch), as
+    the kernels compute it (``kernels/combine.py: seq_partitions``)."""
+    if config.seq_split:
+        size = max(-(-seq_len // config.num_partitions), tuning.DECODE_MIN_PARTITION)
+        size = -(-size // config.block_n) * config.block_n
+        parts = -(-seq_len // size)
+    else:
+        size = config.partition_size
+        parts = min(-(-seq_len // size), config.num_partitions)
+    return size, max(parts, 1)
 
 
 def check_workspace(ws: DecodeWorkspace, slots: int, rows: int, head_dim: int, device,
@@ -318,6 +336,15 @@ class DecodePlan:
             combine(out, *os_)
         return out
 
+    def _kernel_partition_size(self) -> int:
+        """The kernels' ``partition_size``: the fixed size, the floor of a per-sequence
+        split, or one partition covering any sequence."""
+        if not self.split:
+            return _WHOLE_SEQUENCE
+        if self.config.seq_split:
+            return tuning.DECODE_MIN_PARTITION
+        return self.config.partition_size
+
     def _make_launches(self, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft_cap,
                        scale):
         from hygon_attn_backend.kernels.combine import combine_partitions_kernel
@@ -355,14 +382,14 @@ class DecodePlan:
             soft_cap=float(soft_cap) if soft_cap is not None else 1.0,
             sliding_window=int(sliding_window) if sliding_window is not None else 0,
             max_blocks_per_seq=self.block_table.shape[1],
-            partition_size=cfg.partition_size if split else _WHOLE_SEQUENCE,
+            partition_size=self._kernel_partition_size(),
             num_partitions=cfg.num_partitions, num_q_heads=self.num_q_heads,
             stride_bt_seq=self.block_table.stride(0),
             stride_bt_block=self.block_table.stride(1),
             GROUP=group, HEADS_PER_PROG=heads_per_prog, NUM_TOKENS=self.num_tokens,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=self.head_dim,
             HEAD_DIM_PAD=head_dim_pad, PAGE_SIZE=self.page_size, K_SPLIT_X=split_x,
-            SPLIT=split, SCALES_FROM_PTR=scales_from_ptr,
+            SPLIT=split, SEQ_SPLIT=cfg.seq_split, SCALES_FROM_PTR=scales_from_ptr,
             USE_SOFT_CAP=soft_cap is not None, USE_WINDOW=sliding_window is not None,
             USE_SINKS=use_sinks, PAGE_PREFETCH=cfg.page_prefetch, FUSED_COMBINE=fused,
             COMBINE_ROWS_PAD=rows_pad,
@@ -379,13 +406,15 @@ class DecodePlan:
             cfixed = dict(
                 max_logits_ptr=ws.max_logits, exp_sums_ptr=ws.exp_sums,
                 partial_out_ptr=ws.partial_out, seq_lens_ptr=self.seq_lens,
-                partition_size=cfg.partition_size, num_partitions=cfg.num_partitions,
+                partition_size=self._kernel_partition_size(),
+                num_partitions=cfg.num_partitions,
                 num_q_heads=self.num_q_heads,
                 stride_ml_slot=ws.max_logits.stride(0), stride_ml_row=ws.max_logits.stride(1),
                 stride_po_slot=ws.partial_out.stride(0), stride_po_row=ws.partial_out.stride(1),
                 stride_po_dim=ws.partial_out.stride(2),
                 HEAD_DIM=self.head_dim, HEAD_DIM_PAD=head_dim_pad,
-                PART_CHUNK=16 if self.head_dim <= 128 else 8)
+                PART_CHUNK=16 if self.head_dim <= 128 else 8, SEQ_SPLIT=cfg.seq_split,
+                ALIGN=cfg.block_n)
             combine = Launch(combine_partitions_kernel, (self.num_seqs, rows, 1), cfixed,
                              _COMBINE_PER_CALL, num_warps=4, num_stages=1)
         return decode, combine
