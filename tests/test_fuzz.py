@@ -164,3 +164,14 @@ def test_profiles_cover_every_listed_value():
         else:
             assert seen["k_new"] == seen["causal"] == seen["lse"] == {False, True}
             assert len(seen["tile"]) >= 3
+
+
+def test_profile_writes_a_readable_profile(tmp_path):
+    import pstats
+
+    path = tmp_path / "fuzz.prof"
+    args = build_parser().parse_args(["fuzz", "--op", "copy_blocks", "--cases", "2", "--seed",
+                                      "4", "--device", "cpu", "--profile", str(path)])
+    assert args.func(args) == 0
+    stats = pstats.Stats(str(path))
+    assert any(name == "run_case" for (_, _, name) in stats.stats)

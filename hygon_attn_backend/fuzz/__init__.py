@@ -130,6 +130,9 @@ def add_fuzz_parser(sub) -> None:
     p.add_argument("--shard", type=_shard, default=(0, 1), help="I/N: cases with K %% N == I")
     p.add_argument("--skip", type=int, default=0,
                    help="leave out the shard's first SKIP cases (resume a stopped run)")
+    p.add_argument("--profile", default=None,
+                   help="write a cProfile of the run to this file (where a case's host "
+                        "time goes: building it, compiling, the kernels, the reference)")
     p.set_defaults(func=cmd_fuzz)
 
 
@@ -145,6 +148,16 @@ def cmd_fuzz(args) -> int:
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
     signal.signal(signal.SIGTERM, _interrupt)  # `timeout`: print the summary of what ran
-    failures = fuzz(args.op, cases=args.cases, seed=args.seed, device=device, only=args.case,
-                    shard=args.shard, skip=args.skip)
+    profiler = None
+    if args.profile:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
+    try:
+        failures = fuzz(args.op, cases=args.cases, seed=args.seed, device=device,
+                        only=args.case, shard=args.shard, skip=args.skip)
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
     return 1 if failures else 0
