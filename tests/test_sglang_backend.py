@@ -105,6 +105,20 @@ def test_attention_options(option, device):
     _chat(srv, random.Random(13))
 
 
+def _graph_decode_steps(srv, rng, steps):
+    """Three requests prefilled, then ``steps`` decodes through the graph hooks with a
+    padded static batch of 4, each output checked; returns the requests."""
+    reqs = [srv.start(_tokens(rng, n)) for n in (21, 40, 5)]
+    srv.extend(reqs)
+    state = {}
+    for step in range(steps):
+        outs = srv.decode_graph(reqs, [rng.randrange(1, 1000) for _ in reqs], graph_bs=4,
+                                state=state)
+        for r, out in zip(reqs, outs):
+            _check(srv, r, out, [r.kv_len - 1], f"graph decode step {step}")
+    return reqs
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_cuda_graph_hooks_decode(page_size, device):
     """Decode through ``init_cuda_graph_state`` / ``init_forward_metadata_out_graph`` /
@@ -113,14 +127,7 @@ def test_cuda_graph_hooks_decode(page_size, device):
     rng = random.Random(14)
     srv = Server(TinyModel(dtype=torch.float16, seed=14, device=device, **HEADS),
                  page_size=page_size, seed=14)
-    reqs = [srv.start(_tokens(rng, n)) for n in (21, 40, 5)]
-    srv.extend(reqs)
-    state = {}
-    for step in range(3):
-        outs = srv.decode_graph(reqs, [rng.randrange(1, 1000) for _ in reqs], graph_bs=4,
-                                state=state)
-        for r, out in zip(reqs, outs):
-            _check(srv, r, out, [r.kv_len - 1], f"graph decode step {step}")
+    reqs = _graph_decode_steps(srv, rng, 3)
     meta = srv.backend.forward_metadata
     assert meta.graph and meta.block_table.shape == (4, srv.backend.max_blocks)
     assert int(meta.seq_lens[3]) == srv.backend.get_cuda_graph_seq_len_fill_value()
@@ -185,12 +192,5 @@ def test_plans_built_in_init_forward_metadata(page_size, device):
     srv.backend.init_forward_metadata = spy
     _chat(srv, rng)
     assert calls and all(len(plans) == 1 for plans in calls)
-    reqs = [srv.start(_tokens(rng, n)) for n in (21, 40, 5)]
-    srv.extend(reqs)
-    state = {}
-    for step in range(2):
-        outs = srv.decode_graph(reqs, [rng.randrange(1, 1000) for _ in reqs], graph_bs=4,
-                                state=state)
-        for r, out in zip(reqs, outs):
-            _check(srv, r, out, [r.kv_len - 1], f"graph decode step {step}")
+    _graph_decode_steps(srv, rng, 2)
     assert len(srv.backend.forward_metadata.plans) == 1
