@@ -36,6 +36,15 @@ def _paged_batch(seq_lens, *, page_size, num_kv_heads, head_dim, dtype, device, 
     return kv, table, lens
 
 
+def _combine_form(plan) -> str:
+    """``1 launch`` / ``1 launch, fused combine`` / ``2 launches, combine kernel``."""
+    n = plan.num_launches
+    text = f"{n} launch" + ("es" if n > 1 else "")
+    if plan.split:
+        text += ", fused combine" if plan.fused_combine else ", combine kernel"
+    return text
+
+
 def op_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
             dtype=torch.bfloat16) -> Iterator[Row]:
     """The public ops, plain and with their plans."""
@@ -66,8 +75,17 @@ def op_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
     yield "decode op, plan", lambda q=q, k_cache=k_cache, v_cache=v_cache, table=table, \
         lens=lens, out=out: dec.paged_decode_attention(q, k_cache, v_cache, table, lens,
                                                        out=out, plan=plan)
-    yield "decode plan.run", lambda q=q, k_cache=k_cache, v_cache=v_cache, out=out: plan.run(
-        q, k_cache, v_cache, out=out)
+    yield f"decode plan.run ({_combine_form(plan)})", \
+        lambda q=q, k_cache=k_cache, v_cache=v_cache, out=out: plan.run(q, k_cache, v_cache,
+                                                                        out=out)
+    if plan.split:  # the other combine form of the same split, in the same run
+        other = dec.plan_paged_decode(
+            table, lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+            head_dim=head_dim, page_size=page_size, q_dtype=dtype, kv_dtype=dtype,
+            max_seq_len=DECODE["ctx"], workspace=ws, fused_combine=not plan.fused_combine)
+        yield f"decode plan.run ({_combine_form(other)})", \
+            lambda q=q, k_cache=k_cache, v_cache=v_cache, out=out: other.run(
+                q, k_cache, v_cache, out=out)
 
     n, prefix, new = EXTEND["num_seqs"], EXTEND["prefix"], EXTEND["new"]
     kv, table, lens = _paged_batch([prefix + new] * n, page_size=page_size,
