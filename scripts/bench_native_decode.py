@@ -71,8 +71,9 @@ def run(rep_ms: float):
             os.environ["HYGON_ATTN_NATIVE_SPLIT_N"] = "0" if variant == "native_shared" else "1"
             out = torch.empty_like(q)
             outs[variant] = out
-            fn = lambda: paged_decode_attention(q, k, v, table, lens, out=out, workspace=ws,
-                                                impl=impl)
+            # defaults bind this shape's tensors (the loop deletes them before the next)
+            fn = lambda q=q, k=k, v=v, table=table, lens=lens, out=out, ws=ws, impl=impl: \
+                paged_decode_attention(q, k, v, table, lens, out=out, workspace=ws, impl=impl)
             ms = time_graph_replay(fn, rep_ms)
             gbps = nbytes / ms / 1e6
             row[variant] = {"us": 1000 * ms, "gbps": gbps, "pct_copy": 100 * gbps / copy}
