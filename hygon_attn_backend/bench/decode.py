@@ -87,7 +87,7 @@ def _partition_size(choice, prob, device):
     """The partition size our op gets for ``choice`` (passed as an argument)."""
     from hygon_attn_backend import tuning
     from hygon_attn_backend.ops.decode import num_sms_of
-    if choice in ("auto", "auto-fused", "auto-launch", "dcu"):
+    if choice in ("auto", "dcu"):
         return tuning.decode_partition_size(
             num_seqs=prob.batch, num_kv_heads=prob.num_kv_heads,
             group=prob.num_q_heads // prob.num_kv_heads, max_context_len=prob.ctx,

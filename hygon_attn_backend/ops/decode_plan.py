@@ -148,11 +148,21 @@ def decode_launch_config(*, num_seqs: int, num_q_heads: int, num_kv_heads: int,
                         prefetch, seq_split=seq_split and num_partitions > 1)
 
 
+def kernel_partition_size(config: DecodeConfig) -> int:
+    """The kernels' ``partition_size`` argument: one partition covering any sequence
+    (unsplit), the floor of a per-sequence split, or the fixed size."""
+    if config.num_partitions <= 1:
+        return _WHOLE_SEQUENCE
+    if config.seq_split:
+        return tuning.DECODE_MIN_PARTITION
+    return config.partition_size
+
+
 def seq_partitions(seq_len: int, config: DecodeConfig) -> "tuple[int, int]":
     """``(part_size, num_parts)`` of one sequence under ``config`` (a split launch), as
     the kernels compute it (``kernels/combine.py: seq_partitions``)."""
     if config.seq_split:
-        size = max(-(-seq_len // config.num_partitions), tuning.DECODE_MIN_PARTITION)
+        size = max(-(-seq_len // config.num_partitions), kernel_partition_size(config))
         size = -(-size // config.block_n) * config.block_n
         parts = -(-seq_len // size)
     else:
@@ -336,15 +346,6 @@ class DecodePlan:
             combine(out, *os_)
         return out
 
-    def _kernel_partition_size(self) -> int:
-        """The kernels' ``partition_size``: the fixed size, the floor of a per-sequence
-        split, or one partition covering any sequence."""
-        if not self.split:
-            return _WHOLE_SEQUENCE
-        if self.config.seq_split:
-            return tuning.DECODE_MIN_PARTITION
-        return self.config.partition_size
-
     def _make_launches(self, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft_cap,
                        scale):
         from hygon_attn_backend.kernels.combine import combine_partitions_kernel
@@ -382,7 +383,7 @@ class DecodePlan:
             soft_cap=float(soft_cap) if soft_cap is not None else 1.0,
             sliding_window=int(sliding_window) if sliding_window is not None else 0,
             max_blocks_per_seq=self.block_table.shape[1],
-            partition_size=self._kernel_partition_size(),
+            partition_size=kernel_partition_size(cfg),
             num_partitions=cfg.num_partitions, num_q_heads=self.num_q_heads,
             stride_bt_seq=self.block_table.stride(0),
             stride_bt_block=self.block_table.stride(1),
@@ -403,20 +404,22 @@ class DecodePlan:
         combine = None
         if split and not fused:
             rows = self.num_tokens * self.num_q_heads
+            combine_warps = 4
             cfixed = dict(
                 max_logits_ptr=ws.max_logits, exp_sums_ptr=ws.exp_sums,
                 partial_out_ptr=ws.partial_out, seq_lens_ptr=self.seq_lens,
-                partition_size=self._kernel_partition_size(),
+                partition_size=kernel_partition_size(cfg),
                 num_partitions=cfg.num_partitions,
                 num_q_heads=self.num_q_heads,
                 stride_ml_slot=ws.max_logits.stride(0), stride_ml_row=ws.max_logits.stride(1),
                 stride_po_slot=ws.partial_out.stride(0), stride_po_row=ws.partial_out.stride(1),
                 stride_po_dim=ws.partial_out.stride(2),
                 HEAD_DIM=self.head_dim, HEAD_DIM_PAD=head_dim_pad,
-                PART_CHUNK=16 if self.head_dim <= 128 else 8, SEQ_SPLIT=cfg.seq_split,
-                ALIGN=cfg.block_n)
+                PART_CHUNK=tuning.decode_combine_chunk(rows_pad=1, head_dim_pad=head_dim_pad,
+                                                       num_warps=combine_warps),
+                SEQ_SPLIT=cfg.seq_split, ALIGN=cfg.block_n)
             combine = Launch(combine_partitions_kernel, (self.num_seqs, rows, 1), cfixed,
-                             _COMBINE_PER_CALL, num_warps=4, num_stages=1)
+                             _COMBINE_PER_CALL, num_warps=combine_warps, num_stages=1)
         return decode, combine
 
 
@@ -514,7 +517,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
             fused = chosen == "triton" and workspace.counters is not None and (
                 fused_combine if fused_combine is not None
                 else tuning.decode_fused_combine(num_partitions=config.num_partitions))
-            groups = num_q_heads // (num_q_heads // num_kv_heads if kv_head_grid else 1)
+            groups = num_kv_heads if kv_head_grid else num_q_heads  # the grid's first axis
             check_workspace(workspace, slots, rows, head_dim, device,
                             counters=num_seqs * groups if fused else 0)
     return DecodePlan(
