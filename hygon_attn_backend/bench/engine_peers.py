@@ -198,50 +198,49 @@ def vllm_prefill(prob) -> Runner:
 
 # ----------------------------------------------------------------------------- flashinfer
 
-def _flashinfer_pages(prob, length: int):
+def _flashinfer_setup(prob, wrapper_name: str, length: int):
+    """FlashInfer's paged-KV wrapper class ``wrapper_name``, its workspace, and the page
+    description of ``prob``'s batch (every request ``length`` keys):
+    ``(wrapper_cls, workspace, indptr, indices, last_page_len)``."""
     import torch
     dev = prob.q.device
+    if dev.type != "cuda":
+        raise Unavailable("needs a CUDA GPU")
+    _require("flashinfer", dev)
+    wrapper_cls = _import(wrapper_name, "flashinfer")
     per = -(-length // prob.page_size)
     indptr = torch.arange(prob.batch + 1, dtype=torch.int32, device=dev) * per
     indices = prob.block_table[:, :per].reshape(-1).to(torch.int32).contiguous()
     last = torch.full((prob.batch,), (length - 1) % prob.page_size + 1, dtype=torch.int32,
                       device=dev)
-    return indptr, indices, last
+    ws = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
+    return wrapper_cls, ws, indptr, indices, last
+
+
+def _flashinfer_runner(prob, wrapper, *keep) -> Runner:
+    import torch
+    out = torch.empty_like(prob.q)
+    fn = lambda: wrapper.run(prob.q, (prob.k_store, prob.v_store), out=out)
+    return Runner(LABELS["flashinfer"], fn, out, keep=[wrapper, *keep])
 
 
 def flashinfer_decode(prob) -> Runner:
-    import torch
-    dev = prob.q.device
-    if dev.type != "cuda":
-        raise Unavailable("needs a CUDA GPU")
-    _require("flashinfer", dev)
-    wrapper_cls = _import("BatchDecodeWithPagedKVCacheWrapper", "flashinfer")
-    indptr, indices, last = _flashinfer_pages(prob, prob.ctx)
-    ws = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
+    wrapper_cls, ws, indptr, indices, last = _flashinfer_setup(
+        prob, "BatchDecodeWithPagedKVCacheWrapper", prob.ctx)
     wrapper = wrapper_cls(ws, "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=indptr,
                           paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last)
     wrapper.plan(indptr, indices, last, prob.num_q_heads, prob.num_kv_heads, prob.head_dim,
                  prob.page_size, pos_encoding_mode="NONE", sm_scale=prob.scale,
                  q_data_type=prob.q.dtype, kv_data_type=prob.k_store.dtype)
-    out = torch.empty_like(prob.q)
-    fn = lambda: wrapper.run(prob.q, (prob.k_store, prob.v_store), out=out)
-    return Runner(LABELS["flashinfer"], fn, out, keep=[ws, wrapper, indptr, indices, last])
+    return _flashinfer_runner(prob, wrapper, ws, indptr, indices, last)
 
 
 def flashinfer_prefill(prob) -> Runner:
-    import torch
-    dev = prob.q.device
-    if dev.type != "cuda":
-        raise Unavailable("needs a CUDA GPU")
-    _require("flashinfer", dev)
-    wrapper_cls = _import("BatchPrefillWithPagedKVCacheWrapper", "flashinfer")
-    indptr, indices, last = _flashinfer_pages(prob, prob.prefix + prob.extend)
-    ws = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
+    wrapper_cls, ws, indptr, indices, last = _flashinfer_setup(
+        prob, "BatchPrefillWithPagedKVCacheWrapper", prob.prefix + prob.extend)
     wrapper = wrapper_cls(ws, "NHD")
     wrapper.plan(prob.cu_seqlens_q, indptr, indices, last, prob.num_q_heads,
                  prob.num_kv_heads, prob.head_dim, prob.page_size, causal=True,
                  sm_scale=prob.scale, q_data_type=prob.q.dtype,
                  kv_data_type=prob.k_store.dtype)
-    out = torch.empty_like(prob.q)
-    fn = lambda: wrapper.run(prob.q, (prob.k_store, prob.v_store), out=out)
-    return Runner(LABELS["flashinfer"], fn, out, keep=[ws, wrapper, indptr, indices, last])
+    return _flashinfer_runner(prob, wrapper, ws, indptr, indices, last)
