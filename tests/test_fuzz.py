@@ -175,3 +175,21 @@ def test_profile_writes_a_readable_profile(tmp_path):
     assert args.func(args) == 0
     stats = pstats.Stats(str(path))
     assert any(name == "run_case" for (_, _, name) in stats.stats)
+
+
+def test_budget_floor_is_two_ulps_at_the_outputs_magnitude():
+    from hygon_attn_backend.fuzz.budget import FLOOR, budget_error, output_floor
+
+    bf16 = torch.bfloat16
+    assert output_floor(bf16, 0.5, FLOOR[bf16]) == FLOOR[bf16]  # small outputs: the floor
+    assert output_floor(bf16, 6.0, FLOOR[bf16]) == 2 * 2.0 ** -5  # ulp of [4, 8) is 2^-5
+    assert output_floor(torch.float16, 0.0, FLOOR[torch.float16]) == FLOOR[torch.float16]
+    # case 6137 of the prefill fuzz: an output near 6 that the low-precision reference
+    # rounds exactly as fp64 does (its own error 0); the kernel lands one unit away
+    ref64 = torch.tensor([6.03125], dtype=torch.float64)  # a bf16 value: ulp 2^-5 here
+    ref_lp = ref64.to(bf16)
+    one_up = (ref64 + 2.0 ** -5).to(bf16)
+    assert budget_error(one_up, ref64, ref_lp)[2] is None
+    assert budget_error(one_up, ref64, ref_lp, floor=FLOOR[bf16])[2] is not None  # old floor
+    three_up = (ref64 + 3 * 2.0 ** -5).to(bf16)
+    assert budget_error(three_up, ref64, ref_lp)[2] is not None

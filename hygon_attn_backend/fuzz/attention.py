@@ -215,7 +215,7 @@ def prefill_case(rng: random.Random, prof: dict, device, tiny: bool):
 
 
 def _lse_problem(lse: torch.Tensor, ref: torch.Tensor):
-    lse, ref = lse.detach().double().cpu(), ref.detach().double().cpu()
+    lse, ref = lse.detach().double(), ref.detach().to(lse.device, torch.float64)
     finite = torch.isfinite(ref)
     if not torch.equal(torch.isfinite(lse), finite):
         return "prefill lse: -inf rows differ from the reference's (or NaN)"
