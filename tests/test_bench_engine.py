@@ -256,3 +256,91 @@ def test_entry_point_dist_info(tmp_path, monkeypatch):
              for ep in d.entry_points if ep.group == "sglang.srt.plugins"]
     assert [(ep.name, ep.value) for ep in found] == [
         ("hygon", "hygon_attn_backend.integrations.sglang:register")]
+
+
+def test_breakdown_classes_kernels_of_both_backends():
+    from hygon_attn_backend.bench import _engine_breakdown as bd
+
+    assert bd.kernel_class("paged_decode_kernel") == "attention"
+    assert bd.kernel_class("combine_partitions_kernel") == "attention"
+    assert bd.kernel_class("prefix_prefill_kernel") == "attention"
+    assert bd.kernel_class("_fwd_grouped_kernel_stage1") == "attention"  # SGLang triton
+    assert bd.kernel_class("_fwd_kernel_stage2") == "attention"
+    assert bd.kernel_class("_fwd_kernel") == "attention"  # SGLang's extend kernel
+    assert bd.kernel_class("req_to_token_table_kernel") == "metadata"
+    assert bd.kernel_class("create_flashinfer_kv_indices_triton") == "metadata"
+    assert bd.kernel_class("_rms_norm_fwd_kernel") == "other"  # not a prefix match
+    assert bd.kernel_class("nvjet_hsh_128x256_gemm") == "other"
+    s = bd.summarize_kernels({"paged_decode_kernel": 800.0, "gemm": 300.0,
+                              "req_to_token_table_kernel": 4.0}, steps=4)
+    assert s["attention_us"] == 200.0 and s["other_us"] == 75.0 and s["metadata_us"] == 1.0
+    assert s["all_us"] == pytest.approx(276.0)
+    assert s["top_attention"] == [["paged_decode_kernel", 200.0]]
+
+
+def test_hook_timers_split_host_time_by_phase():
+    from hygon_attn_backend.bench import _engine_breakdown as bd
+
+    class Backend:
+        def __init__(self):
+            self.seen = []
+
+        def init_forward_metadata(self, fb):
+            self.seen.append(("eager", fb))
+
+        def init_forward_metadata_out_graph(self, fb, in_capture=False):
+            self.seen.append(("graph", fb))
+
+    class Runner:
+        def __init__(self, backend):
+            self.backend = backend
+
+        def extend(self, reqs):
+            self.backend.init_forward_metadata(reqs)
+            return "extended"
+
+        def decode(self, ids, batch):
+            self.backend.init_forward_metadata_out_graph(batch)
+            return "decoded"
+
+    backend = Backend()
+    runner = Runner(backend)
+    timers = bd.HookTimers()
+    timers.install(backend)
+    timers.install(backend)  # idempotent: one wrapper
+    assert timers.installed == ["init_forward_metadata", "init_forward_metadata_out_graph"]
+    undo = timers.wrap_runner(runner)
+    assert runner.extend("r") == "extended"
+    for i in range(3):
+        assert runner.decode(None, i) == "decoded"
+    backend.init_forward_metadata("outside")  # no phase: not counted
+    undo()
+    assert "extend" not in vars(runner) and "decode" not in vars(runner)
+    assert backend.seen == [("eager", "r"), ("graph", 0), ("graph", 1), ("graph", 2),
+                            ("eager", "outside")]
+    per = timers.per_call_us()
+    assert set(per) == {"extend_hooks_host_us", "decode_hooks_host_us"}
+    assert timers.calls == {"extend": 1, "decode": 3} and all(v >= 0 for v in per.values())
+
+
+def test_breakdown_table_pairs_attention_time():
+    o = {"status": "ok", "layers": 8, "decode_hooks_host_us": 40.0,
+         "decode_kernels": {"attention_us": 800.0, "metadata_us": 5.0, "other_us": 900.0},
+         "prefill_kernels": {"attention_us": 12000.0, "all_us": 30000.0}}
+    t = {"status": "ok", "layers": 8, "decode_hooks_host_us": 60.0,
+         "decode_kernels": {"attention_us": 1000.0, "metadata_us": 9.0, "other_us": 900.0},
+         "prefill_kernels": {"attention_us": 20000.0, "all_us": 38000.0}}
+    text = report.format_breakdown([{"head_dim": 128, "page": 16, "ctx": 16384, "batch": 8,
+                                     "ours": o, "peer": t}])
+    row = text.splitlines()[2]
+    assert "800 / 1000 (100 / 125)" in row and "| 0.80x |" in row and "| 0.60x |" in row
+    assert "12.00 / 20.00" in row and "40 / 60" in row
+
+
+def test_breakdown_flag_reaches_the_specs(tmp_path):
+    specs = engine.plan_specs(engine.resolve(_args("--quick", "--breakdown")),
+                              _args("--quick", "--breakdown", "--no-check"), str(tmp_path))
+    assert specs and all(s["breakdown"] for s in specs)
+    specs = engine.plan_specs(engine.resolve(_args("--quick")), _args("--quick", "--no-check"),
+                              str(tmp_path))
+    assert not any(s["breakdown"] for s in specs)

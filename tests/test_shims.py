@@ -241,3 +241,24 @@ def test_pool_views_read_what_set_kv_buffer_wrote(layout, page_size, monkeypatch
     assert k_view.data_ptr() == pool.get_key_buffer(1).data_ptr(), "a view, not a copy"
     assert torch.equal(k_view[locs // page_size, :, locs % page_size], k)
     assert torch.equal(v_view[locs // page_size, :, locs % page_size], v)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 5])
+@pytest.mark.parametrize("rows_dtype", [torch.int32, torch.int64])
+def test_req_to_token_table_kernel_equals_the_torch_gather(page_size, rows_dtype):
+    """The Triton kernel (CUDA, or the interpreter here) and the torch gather agree
+    entry for entry, floor division of negative locations included; rows repeat; the
+    destination may be a slice of a wider table (row stride > width)."""
+    from hygon_attn_backend.kernels.page_table import launch_req_to_token_table
+
+    g = torch.Generator().manual_seed(3)
+    req_to_token = torch.randint(-40, 5000, (7, 300), generator=g, dtype=torch.int32)
+    rows = torch.tensor([6, 0, 3, 3], dtype=rows_dtype)
+    width = -(-300 // page_size)
+    firsts = req_to_token.index_select(0, rows.long())[:, ::page_size]
+    want = torch.div(firsts, page_size, rounding_mode="floor").int()
+    wide = torch.full((4, width + 9), -7, dtype=torch.int32)
+    launch_req_to_token_table(req_to_token, rows, wide[:, :width], page_size=page_size,
+                              block=32)
+    assert torch.equal(wide[:, :width], want)
+    assert (wide[:, width:] == -7).all(), "columns past the table are left alone"

@@ -14,7 +14,10 @@ start-up). Before the tool parses its arguments, SGLang's plugins are loaded (so
 * Triton compiles (``knobs.compilation.listener``, cache misses) and kernel loads
   (``knobs.runtime.kernel_load_start_hook``) are counted per phase: a timed point
   reports those inside it (0 expected), a warm pass the kernel names it compiled;
-* each timed point is appended to ``result_path`` (JSON lines) as soon as it ends.
+* each timed point is appended to ``result_path`` (JSON lines) as soon as it ends;
+* with ``breakdown`` in the spec, the backend's per-step hooks are timed during the timed
+  run and one more pass of the point runs under the torch profiler
+  (``_engine_breakdown.py``: kernel time by class per prefill and per decode step).
 
 Mode ``tokens``: SGLang's offline ``sglang.Engine`` (no tokenizer, ``input_ids``, greedy,
 ``top_logprobs_num=2``, radix cache on) over the spec's prompt batches; writes the output
@@ -35,6 +38,8 @@ import os
 import sys
 import time
 from typing import Callable, Optional
+
+from hygon_attn_backend.bench import _engine_breakdown as bd
 
 
 _HELD: list = []
@@ -102,15 +107,24 @@ class CompileWatch:
         return [e[2] for e in self.events[mark:] if e[1] == kind]
 
 
+def _attn_backend(runner):
+    """The attention backend behind one_batch's runner wrapper (``_TorchBenchRunner``)."""
+    return getattr(getattr(runner, "torch_runner", runner), "attn_backend", None)
+
+
 def wrap_run_once(run_once: Callable, *, make_reqs: Callable, skip: Callable,
                   record: Callable, gate: Callable, watch: CompileWatch,
-                  warm_output_len: int = 2) -> Callable:
+                  warm_output_len: int = 2, breakdown: bool = False,
+                  profile_steps: int = 6) -> Callable:
     """``one_batch.latency_test_run_once`` with an untimed warm pass per point (module
     docstring). ``make_reqs(batch, input_len)``: fresh prompts; ``skip(batch, input_len)``:
-    a reason string or None; ``record(dict)``: one result row."""
+    a reason string or None; ``record(dict)``: one result row. ``breakdown``: time the
+    backend's per-step hooks in the timed run and add a profiled pass of
+    ``profile_steps`` decode steps after it (``_engine_breakdown.py``)."""
     sig = inspect.signature(run_once)
     warmed = set()
     calls = [0]
+    timers = bd.HookTimers() if breakdown else None
 
     def wrapper(*args, **kwargs):
         gate()
@@ -139,15 +153,30 @@ def wrap_run_once(run_once: Callable, *, make_reqs: Callable, skip: Callable,
             run_once(**w)
             warmed.add((bs, il))
             warm_compiles = sorted(set(watch.since(mark, "compile")))
+        undo = None
+        if timers is not None:
+            timers.install(_attn_backend(a["model_runner"]))
+            timers.reset()
+            undo = timers.wrap_runner(a["model_runner"])
         watch.phase = "timed"
         mark = watch.mark()
-        res = run_once(**a)
+        try:
+            res = run_once(**a)
+        finally:
+            if undo is not None:
+                undo()
         row = {"batch": bs, "ctx": il, "status": "ok" if res else "not run by the tool",
                "compiles_timed": watch.since(mark, "compile"),
                "loads_timed": watch.since(mark, "load"), "warm_compiles": warm_compiles}
         if res:
             row["prefill_s"] = res.get("prefill_latency")
             row["decode_s"] = res.get("median_decode_latency")
+        if res and timers is not None:
+            row.update(timers.per_call_us())
+            watch.phase = "profiled"
+            row.update(bd.profile_pass(run_once, dict(
+                a, reqs=make_reqs(bs, il), output_len=min(profile_steps, a["output_len"]),
+                log_decode_step=0, profile=False)))
         watch.phase = "between"
         record(row)
         return res
@@ -194,7 +223,8 @@ def run_onebatch(spec: dict) -> int:
     watch = CompileWatch()
     print(f"[child] compile watch installed: {watch.install()}", flush=True)
     limit = int(spec["max_prefill_tokens"])
-    base = {"backend": spec["backend"], "head_dim": spec["head_dim"], "page": spec["page"]}
+    base = {"backend": spec["backend"], "head_dim": spec["head_dim"], "page": spec["page"],
+            "layers": (spec.get("build") or {}).get("num_hidden_layers")}
 
     def record(row):
         _append(spec["result_path"], {**base, **row})
@@ -205,7 +235,8 @@ def run_onebatch(spec: dict) -> int:
         make_reqs=lambda bs, il: ob.prepare_synthetic_inputs_for_latency_test(bs, il),
         skip=lambda bs, il: (f"{bs} x {il} tokens in one prefill > {limit}"
                              if bs * il > limit else None),
-        record=record, gate=Gate(spec.get("ready_path"), spec.get("lock_path")), watch=watch)
+        record=record, gate=Gate(spec.get("ready_path"), spec.get("lock_path")), watch=watch,
+        breakdown=bool(spec.get("breakdown")))
     ob.main(server_args, bench_args)
     startup = [e[2] for e in watch.events if e[0] == "startup" and e[1] == "compile"]
     record({"batch": 0, "ctx": 0, "status": "startup",

@@ -95,6 +95,55 @@ def format_table(pairs: List[dict], *, ours: str = "hygon", peer: str = "triton"
     return "\n".join(lines)
 
 
+def _bd(side: Optional[dict], phase: str, what: str, scale: float = 1.0,
+        digits: int = 0) -> str:
+    v = ((side or {}).get(f"{phase}_kernels") or {}).get(what)
+    return "-" if v is None else f"{v * scale:.{digits}f}"
+
+
+def _bd_ratio(p: dict, phase: str) -> str:
+    a = ((p["ours"] or {}).get(f"{phase}_kernels") or {}).get("attention_us")
+    b = ((p["peer"] or {}).get(f"{phase}_kernels") or {}).get("attention_us")
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def _hooks(side: Optional[dict], phase: str) -> str:
+    v = (side or {}).get(f"{phase}_hooks_host_us")
+    return "-" if v is None else f"{v:.0f}"
+
+
+def format_breakdown(pairs: List[dict], *, ours: str = "hygon", peer: str = "triton") -> str:
+    """Markdown of ``--breakdown``: per decode step, GPU microseconds of the attention
+    kernels (all layers; per layer beside it), the metadata kernels and everything else,
+    and host microseconds of the backend's per-step hooks; per prefill, the attention and
+    all kernels. ``ours / peer`` of the attention kernels (below 1: ours faster)."""
+    lines = [f"| head_dim | page | ctx | batch | decode attention us/step {ours} / {peer} "
+             f"(per layer) | ratio | decode metadata kernels us | decode other kernels us | "
+             f"decode hooks host us | prefill attention ms {ours} / {peer} | ratio | "
+             f"prefill all kernels ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in pairs:
+        o, t = p["ours"], p["peer"]
+        if not any(side and "decode_kernels" in side for side in (o, t)):
+            continue
+        layers = (o or t or {}).get("layers") or 0
+        per_layer = "-"
+        if layers:
+            per_layer = f"{_bd(o, 'decode', 'attention_us', 1 / layers)} / " \
+                        f"{_bd(t, 'decode', 'attention_us', 1 / layers)}"
+        lines.append(
+            f"| {p['head_dim']} | {p['page']} | {_k(p['ctx'])} | {p['batch']} | "
+            f"{_bd(o, 'decode', 'attention_us')} / {_bd(t, 'decode', 'attention_us')} "
+            f"({per_layer}) | {_bd_ratio(p, 'decode')} | "
+            f"{_bd(o, 'decode', 'metadata_us')} / {_bd(t, 'decode', 'metadata_us')} | "
+            f"{_bd(o, 'decode', 'other_us')} / {_bd(t, 'decode', 'other_us')} | "
+            f"{_hooks(o, 'decode')} / {_hooks(t, 'decode')} | "
+            f"{_bd(o, 'prefill', 'attention_us', 1e-3, 2)} / "
+            f"{_bd(t, 'prefill', 'attention_us', 1e-3, 2)} | {_bd_ratio(p, 'prefill')} | "
+            f"{_bd(o, 'prefill', 'all_us', 1e-3, 2)} / {_bd(t, 'prefill', 'all_us', 1e-3, 2)} |")
+    return "\n".join(lines)
+
+
 def _k(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 

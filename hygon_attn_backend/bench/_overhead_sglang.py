@@ -55,7 +55,10 @@ def rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device, dtype):
             seq_lens_cpu=torch.tensor(lens), out_cache_loc=loc, seq_lens_sum=sum(lens),
             positions=torch.zeros(n * new, dtype=torch.int64, device=device), **kw)
 
-    def row(mode, n, seq, new):
+    def row(mode, n, seq, new, part="layer"):
+        """part: ``layer`` (SGLang's K/V store + our attention, as a layer calls it),
+        ``attention`` (ours alone: ``save_kv_cache=False``), ``store`` (SGLang's
+        ``set_kv_buffer`` alone, which every backend's layer pays)."""
         fb = batch(mode, n, seq, new)
         q = torch.randn(n * new, num_q_heads * head_dim, device=device, dtype=dtype)
         k = torch.randn(n * new, num_kv_heads, head_dim, device=device, dtype=dtype)
@@ -65,10 +68,21 @@ def rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device, dtype):
 
         def step():
             backend.forward_metadata = meta
-            return backend.forward(q, k, v, layer, fb)
+            return backend.forward(q, k, v, layer, fb, save_kv_cache=part == "layer")
 
-        return step
+        def store():
+            pool.set_kv_buffer(layer, fb.out_cache_loc, k, v)
 
-    yield "SGLang forward_decode", row(ForwardMode.DECODE, DECODE["num_seqs"], DECODE["ctx"], 1)
-    yield "SGLang forward_extend", row(ForwardMode.EXTEND, EXTEND["num_seqs"],
-                                       EXTEND["prefix"] + EXTEND["new"], EXTEND["new"])
+        return store if part == "store" else step
+
+    decode = (ForwardMode.DECODE, DECODE["num_seqs"], DECODE["ctx"], 1)
+    extend = (ForwardMode.EXTEND, EXTEND["num_seqs"], EXTEND["prefix"] + EXTEND["new"],
+              EXTEND["new"])
+    yield "SGLang forward_decode", row(*decode)
+    yield "SGLang forward_decode, attention only (save_kv_cache=False)", row(*decode,
+                                                                            "attention")
+    yield "SGLang set_kv_buffer alone (decode batch)", row(*decode, "store")
+    yield "SGLang forward_extend", row(*extend)
+    yield "SGLang forward_extend, attention only (save_kv_cache=False)", row(*extend,
+                                                                            "attention")
+    yield "SGLang set_kv_buffer alone (extend batch)", row(*extend, "store")

@@ -75,6 +75,10 @@ def add_engine_parser(sub) -> None:
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds for the whole run: children still running are killed and "
                         "the partial results reported")
+    p.add_argument("--breakdown", action="store_true",
+                   help="per point: host time of the backend's per-step hooks and, from one "
+                        "more profiled pass, GPU time of attention, metadata and other "
+                        "kernels per prefill and per decode step")
     p.add_argument("--out", help="work folder (specs, logs, raw results); default a temp dir")
     p.add_argument("--csv", help="write the step-time table as CSV")
     p.set_defaults(func=cmd_engine)
@@ -221,7 +225,8 @@ def plan_specs(cfg: dict, args, work: str) -> List[dict]:
                         "max_prefill_tokens": cfg["max_prefill_tokens"],
                         "max_total_tokens": pool_tokens(cfg, page),
                         "max_running_requests": max(cfg["batches"]) + 8,
-                        "mem_fraction": args.mem_fraction})
+                        "mem_fraction": args.mem_fraction,
+                        "breakdown": bool(getattr(args, "breakdown", False))})
     if not args.no_check:
         hd = cfg["check_head_dim"]
         prompts = check_prompts(quick=args.quick)
@@ -324,6 +329,8 @@ def summarize(specs: List[dict], codes: dict, backends: List[str]) -> tuple:
     parts = []
     if pairs:
         parts.append(report.format_table(pairs, ours=ours, peer=peer))
+        if any("decode_kernels" in r for r in rows):
+            parts.append(report.format_breakdown(pairs, ours=ours, peer=peer))
     for r in rows:
         if r.get("status") == "startup":
             parts.append(f"{r['backend']} d{r['head_dim']} p{r['page']}: Triton compiles "

@@ -73,15 +73,23 @@ def req_to_token_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tenso
     if not 0 <= num_blocks <= max_blocks:
         raise ValueError(f"num_blocks must be in [0, {max_blocks}] for req_to_token of shape "
                          f"{tuple(req_to_token.shape)} and page_size {page_size}, got {num_blocks}")
-    rows = req_pool_indices.to(device=req_to_token.device, dtype=torch.long)
-    # [B, max_context_len] -> first entry of each page: [B, num_blocks]
-    firsts = req_to_token.index_select(0, rows)[:, : num_blocks * page_size : page_size]
+    rows = req_pool_indices.to(device=req_to_token.device)
     if out is None:
         out = torch.empty((rows.shape[0], num_blocks), dtype=torch.int32,
                           device=req_to_token.device)
     elif out.shape != (rows.shape[0], num_blocks) or out.dtype != torch.int32:
         raise ValueError(f"out must be int32 of shape {(rows.shape[0], num_blocks)}, got "
                          f"{out.dtype} {tuple(out.shape)}")
+    from hygon_attn_backend.ops._dispatch import triton_runs_on
+
+    if triton_runs_on(req_to_token.device) and out.stride(1) == 1:
+        from hygon_attn_backend.kernels.page_table import launch_req_to_token_table
+
+        # one launch reading only the B x num_blocks entries it needs
+        launch_req_to_token_table(req_to_token, rows, out, page_size=page_size)
+        return out
+    # [B, max_context_len] -> first entry of each page: [B, num_blocks]
+    firsts = req_to_token.index_select(0, rows.long())[:, : num_blocks * page_size : page_size]
     if page_size == 1:
         out.copy_(firsts)
     else:

@@ -1,0 +1,52 @@
+"""Triton kernel that turns SGLang's ``req_to_token`` rows into a block table.
+
+``req_to_token [num_rows, max_context_len]`` holds the pool location of every token of a
+request; with page size ``P`` the tokens of a page are consecutive locations, so block
+``j`` of row ``r`` is ``req_to_token[r, j * P] // P`` (floor division). The kernel reads
+exactly those ``B x num_blocks`` entries (a gather of whole rows would read ``P`` times
+more) and writes the int32 table in one launch: CUDA-graph safe (static shapes, no
+allocation), one program per (request, chunk of ``BLOCK`` columns).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def req_to_token_table_kernel(
+    req_to_token_ptr, rows_ptr, out_ptr,
+    num_blocks,
+    stride_r2t_row, stride_r2t_col, stride_out_row,
+    PAGE: tl.constexpr,   # page size P (tokens per block)
+    BLOCK: tl.constexpr,  # table columns per program
+):
+    b = tl.program_id(0)
+    chunk = tl.program_id(1)
+    row = tl.load(rows_ptr + b).to(tl.int64)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] block index j
+    mask = cols < num_blocks
+    src = req_to_token_ptr + row * stride_r2t_row + cols.to(tl.int64) * (PAGE * stride_r2t_col)
+    loc = tl.load(src, mask=mask, other=0).to(tl.int64)  # [BLOCK] first token of each page
+    if PAGE > 1:
+        # floor division (torch's rounding), also for a negative location
+        q = loc // PAGE
+        loc = q - ((q * PAGE != loc) & (loc < 0)).to(tl.int64)
+    out = out_ptr + b.to(tl.int64) * stride_out_row + cols
+    tl.store(out, loc.to(tl.int32), mask=mask)
+
+
+def launch_req_to_token_table(req_to_token, rows, out, *, page_size: int,
+                              block: int = 256) -> None:
+    """``out[b, j] = floor(req_to_token[rows[b], j * page_size] / page_size)`` for
+    ``j < out.shape[1]``. ``rows``: ``[B]`` int32/int64; ``out``: ``[B, num_blocks]``
+    int32 with unit column stride."""
+    num_rows, num_blocks = out.shape
+    if num_rows == 0 or num_blocks == 0:
+        return
+    grid = (num_rows, triton.cdiv(num_blocks, block))
+    req_to_token_table_kernel[grid](
+        req_to_token_ptr=req_to_token, rows_ptr=rows, out_ptr=out,
+        num_blocks=num_blocks,
+        stride_r2t_row=req_to_token.stride(0), stride_r2t_col=req_to_token.stride(1),
+        stride_out_row=out.stride(0),
+        PAGE=page_size, BLOCK=block)
