@@ -7,6 +7,7 @@ that recompute's own error in the model dtype.
 """
 
 import random
+import types
 
 import pytest
 import torch
@@ -131,6 +132,13 @@ def test_cuda_graph_hooks_decode(page_size, device):
     meta = srv.backend.forward_metadata
     assert meta.graph and meta.block_table.shape == (4, srv.backend.max_blocks)
     assert int(meta.seq_lens[3]) == srv.backend.get_cuda_graph_seq_len_fill_value()
+    # replay metadata is built once per batch size: the same object and plans every step
+    plans = {k: id(p) for k, p in meta.plans.items()}
+    assert plans, "the graph steps planned their launches"
+    again = types.SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=4)
+    srv.backend.init_forward_metadata_out_graph(again)
+    assert srv.backend.forward_metadata is meta
+    assert {k: id(p) for k, p in meta.plans.items()} == plans
     # eager metadata of the same batch addresses the same blocks
     eager = srv.decode([reqs[0]], [3])
     _check(srv, reqs[0], eager[0], [reqs[0].kv_len - 1], "eager decode after graph steps")

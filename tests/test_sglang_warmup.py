@@ -148,6 +148,9 @@ def test_backend_hands_the_models_attention_layers_to_the_warm_up(monkeypatch):
     assert not seen
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU path of SGLang's pools: on a "
+                    "CUDA host its store and allocator kernels refuse CPU tensors (no "
+                    "interpreter there); test_no_prefill_compile_after_warm_up covers the GPU")
 def test_metadata_table_width_is_aligned():
     srv = _server()
     req = srv.start(list(range(1, 40)))
