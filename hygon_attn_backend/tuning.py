@@ -175,7 +175,7 @@ def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
     ``HYGON_ATTN_DECODE_WARPS``, ``HYGON_ATTN_DECODE_STAGES``,
     ``HYGON_ATTN_DECODE_PREFETCH`` (0/1).
     """
-    chosen = [32 if head_dim_pad > 128 else 64,
+    chosen = [decode_block_n(head_dim_pad),
               8 if block_m * head_dim_pad >= 64 * 256 else 4,
               2, True]
     for forced in (envs.decode_tile(), tile):
@@ -186,6 +186,24 @@ def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"decode tile BLOCK_N must be a power of two >= 16, got {block_n}")
     return int(block_n), int(num_warps), int(num_stages), bool(prefetch)
+
+
+def decode_block_n(head_dim_pad: int) -> int:
+    """Default KV tile length of the decode kernel for a padded head_dim.
+
+    Reasoning: a tile of ``BLOCK_N x D`` elements (~8K: 16 KB of K plus 16 KB of V in
+    fp16/bf16) keeps about the same bytes in flight per program at every head_dim, so
+    ``BLOCK_N = 8192 / D``: 128 at D=64, 64 at D=128, 32 at D=256. Below D=64 (not
+    measured; the CPU tests' tiny dims) it stays 64.
+    Measurement (H200, fp16, Hq/Hkv 16/4, page 16, graph replay with the L2 cleared,
+    % of copy, docs/notes-decode.md v8): D=64 with BLOCK_N 128 / 64 / 32 (4 warps):
+    B=64 ctx 4k 76.0 / 65.5 / 50.7; B=32 ctx 4k 61.4 / 56.1 / 44.8; B=8 ctx 16k 61.7 /
+    55.9 / 45.1; B=1 ctx 32k 29.8 / 28.9 / 25.6; 8 warps at 128 lost 10-30%. D=128:
+    BLOCK_N 64 was best (sweep 3 above).
+    """
+    if head_dim_pad < 64:
+        return 64
+    return max(16, min(128, 8192 // head_dim_pad))
 
 
 def decode_fused_combine(*, num_partitions: int) -> bool:

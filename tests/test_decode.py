@@ -433,3 +433,16 @@ def test_gpu_cuda_graph_capture_with_workspace():
     ref_lp = reference.paged_decode_attention(q, k, v, table, lens, compute_dtype=torch.bfloat16)
     assert_within_budget(out, ref64, ref_lp)
     assert math.isfinite(out.float().abs().max().item())
+
+
+def test_decode_tile_keeps_the_bytes_in_flight_per_head_dim():
+    """``BLOCK_N x D`` ~ 8K elements from D=64 up (measured at D=64 and D=128); the CPU
+    tests' tiny dims keep 64; env and explicit tiles still override."""
+    from hygon_attn_backend import tuning
+
+    assert [tuning.decode_block_n(d) for d in (16, 32, 64, 128, 256)] == [64, 64, 128, 64, 32]
+    cfg = tuning.decode_tile_config(block_m=16, head_dim_pad=64, page_size=16, kv_elem_size=2)
+    assert cfg == (128, 4, 2, True)
+    cfg = tuning.decode_tile_config(block_m=16, head_dim_pad=64, page_size=16, kv_elem_size=2,
+                                    tile=(64, None, None, None))
+    assert cfg[0] == 64
