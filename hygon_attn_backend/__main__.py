@@ -10,6 +10,8 @@
     hygon-attn bench prefill   prefix-prefill benchmark (GPU)
     hygon-attn bench cache     write_kv / copy_blocks bandwidth (GPU)
     hygon-attn bench overhead  host microseconds per attention call (GPU)
+    hygon-attn bench step      a vLLM step's attention: builder + layers, eager against
+                               graph-replayed (GPU)
     hygon-attn bench engine    SGLang engine step times and greedy tokens, hygon beside
                                SGLang's triton backend (GPU + SGLang)
     hygon-attn simulate        KV memory and prefix reuse of a request trace through the
@@ -116,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     native.add_build_native_parser(sub)
     p = sub.add_parser("bench", help="benchmarks beside the peers (GPU)")
     bench_sub = p.add_subparsers(dest="bench", required=True)
-    for name in ("decode", "prefill", "cache", "overhead", "engine"):
+    for name in ("decode", "prefill", "cache", "overhead", "step", "engine"):
         try:
             module = importlib.import_module(f"hygon_attn_backend.bench.{name}")
         except ImportError as exc:

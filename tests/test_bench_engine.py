@@ -344,3 +344,36 @@ def test_breakdown_flag_reaches_the_specs(tmp_path):
     specs = engine.plan_specs(engine.resolve(_args("--quick")), _args("--quick", "--no-check"),
                               str(tmp_path))
     assert not any(s["breakdown"] for s in specs)
+
+
+def test_repeats_report_the_median_and_every_run(tmp_path):
+    watch, rows = _Watch(), []
+    lat = iter([0.030, 0.010, 0.020])  # prefill latency of the three timed runs
+
+    def run_once(run_name, model_runner, rank_print, reqs, batch_size, input_len, output_len,
+                 log_decode_step, profile, profile_record_shapes, profile_activities,
+                 profile_prefix, profile_stage, tp_rank, profile_start_step=None,
+                 profile_steps=None):
+        if watch.phase != "timed":
+            return {"prefill_latency": 1.0, "median_decode_latency": 1.0}
+        calls.append(reqs)
+        return {"prefill_latency": next(lat), "median_decode_latency": 0.002}
+
+    calls = []
+    wrapped = child.wrap_run_once(
+        run_once, make_reqs=lambda b, c: f"fresh-{len(calls)}", skip=lambda b, c: None,
+        record=rows.append, gate=lambda: None, watch=watch, repeats=3)
+    wrapped("r", None, print, "tool-warm", 1, 10, 8, log_decode_step=0, profile=False,
+            profile_record_shapes=False, profile_activities=("CPU",), profile_prefix="",
+            profile_stage="all", tp_rank=0)
+    wrapped("r", None, print, "tool-reqs", 1, 10, 8, 0, False, False, ("CPU",), "p", "all", 0)
+    assert calls == ["tool-reqs", "fresh-1", "fresh-2"]  # the tool's prompts, then fresh
+    (row,) = rows
+    assert row["prefill_s"] == 0.020 and row["prefill_runs_s"] == [0.030, 0.010, 0.020]
+    assert row["decode_s"] == 0.002
+    pair = {"head_dim": 64, "page": 16, "ctx": 10, "batch": 1, "ours": row, "peer": None,
+            "prefill_ratio": None, "decode_ratio": None}
+    assert "20.00 [10.00-30.00]" in report.format_table([pair])
+    args = _args("--quick", "--repeats", "3", "--no-check")
+    specs = engine.plan_specs(engine.resolve(args), args, str(tmp_path))
+    assert all(s["repeats"] == 3 for s in specs)

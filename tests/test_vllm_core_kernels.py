@@ -223,3 +223,23 @@ def test_decode_cuda_graph_replay_with_new_inputs(tokens_per_seq):
         block_table.cpu(), seq_lens.cpu(), scale=128 ** -0.5, compute_dtype=torch.float64)
     err = (replayed.view_as(ref).double().cpu() - ref).abs().max().item()
     assert err < 3e-2, err
+
+
+@pytest.mark.parametrize("name", ["small_decode", "mixed_small"])
+def test_padding_rows_are_neither_read_into_results_nor_written(name, device):
+    """vLLM passes query/out with padding rows past num_actual_tokens (a padded batch):
+    the results equal the unpadded ones and the padding rows of out stay untouched (the
+    decode launch takes the whole tensors; its grid bounds the rows)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    case = make_case(*BATCH_SPECS[name], device=device, dtype=dtype)
+    md = core_metadata(case)
+    layer = layer_spec(case)
+    _core.write_new_kv(case.key, case.value, case.kv_cache, case.slot_mapping, layer,
+                       impl="triton")
+    pad = 5
+    query = torch.cat([case.query, torch.randn(pad, *case.query.shape[1:]).to(case.query)])
+    out = torch.full_like(query, float("nan"))
+    out[case.num_tokens:] = 7.0
+    _core.attention(query, case.kv_cache, md, out, layer)
+    assert (out[case.num_tokens:] == 7.0).all(), "padding rows written"
+    check(case, out[:case.num_tokens])

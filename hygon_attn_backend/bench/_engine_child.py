@@ -35,6 +35,7 @@ import fcntl
 import inspect
 import json
 import os
+import statistics
 import sys
 import time
 from typing import Callable, Optional
@@ -115,12 +116,15 @@ def _attn_backend(runner):
 def wrap_run_once(run_once: Callable, *, make_reqs: Callable, skip: Callable,
                   record: Callable, gate: Callable, watch: CompileWatch,
                   warm_output_len: int = 2, breakdown: bool = False,
-                  profile_steps: int = 6) -> Callable:
+                  profile_steps: int = 6, repeats: int = 1) -> Callable:
     """``one_batch.latency_test_run_once`` with an untimed warm pass per point (module
     docstring). ``make_reqs(batch, input_len)``: fresh prompts; ``skip(batch, input_len)``:
     a reason string or None; ``record(dict)``: one result row. ``breakdown``: time the
     backend's per-step hooks in the timed run and add a profiled pass of
-    ``profile_steps`` decode steps after it (``_engine_breakdown.py``)."""
+    ``profile_steps`` decode steps after it (``_engine_breakdown.py``). ``repeats``: timed
+    runs per point (the first on the tool's prompts, the others on fresh ones); the row
+    reports the medians and keeps every run's value (``prefill_runs_s``,
+    ``decode_runs_s``)."""
     sig = inspect.signature(run_once)
     warmed = set()
     calls = [0]
@@ -160,17 +164,26 @@ def wrap_run_once(run_once: Callable, *, make_reqs: Callable, skip: Callable,
             undo = timers.wrap_runner(a["model_runner"])
         watch.phase = "timed"
         mark = watch.mark()
+        results = []
         try:
-            res = run_once(**a)
+            for i in range(max(1, repeats)):
+                res = run_once(**(a if i == 0 else dict(a, reqs=make_reqs(bs, il))))
+                if not res:
+                    break
+                results.append(res)
         finally:
             if undo is not None:
                 undo()
+        res = results[0] if results else None
         row = {"batch": bs, "ctx": il, "status": "ok" if res else "not run by the tool",
                "compiles_timed": watch.since(mark, "compile"),
                "loads_timed": watch.since(mark, "load"), "warm_compiles": warm_compiles}
         if res:
-            row["prefill_s"] = res.get("prefill_latency")
-            row["decode_s"] = res.get("median_decode_latency")
+            for key, name in (("prefill_latency", "prefill"), ("median_decode_latency",
+                                                               "decode")):
+                values = [r.get(key) for r in results if r.get(key) is not None]
+                row[f"{name}_s"] = statistics.median(values) if values else None
+                row[f"{name}_runs_s"] = values
         if res and timers is not None:
             row.update(timers.per_call_us())
             watch.phase = "profiled"
@@ -236,7 +249,7 @@ def run_onebatch(spec: dict) -> int:
         skip=lambda bs, il: (f"{bs} x {il} tokens in one prefill > {limit}"
                              if bs * il > limit else None),
         record=record, gate=Gate(spec.get("ready_path"), spec.get("lock_path")), watch=watch,
-        breakdown=bool(spec.get("breakdown")))
+        breakdown=bool(spec.get("breakdown")), repeats=int(spec.get("repeats", 1)))
     ob.main(server_args, bench_args)
     startup = [e[2] for e in watch.events if e[0] == "startup" and e[1] == "compile"]
     record({"batch": 0, "ctx": 0, "status": "startup",

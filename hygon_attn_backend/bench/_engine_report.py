@@ -62,7 +62,12 @@ def _ms(side: Optional[dict], what: str) -> str:
     if side.get("status") != "ok":
         return side.get("status", "?")
     v = side.get(what)
-    return f"{v * 1e3:.2f}" if v else "-"
+    if not v:
+        return "-"
+    runs = side.get(what.replace("_s", "_runs_s")) or []
+    if len(runs) > 1:  # the median and the range of the repeats
+        return f"{v * 1e3:.2f} [{min(runs) * 1e3:.2f}-{max(runs) * 1e3:.2f}]"
+    return f"{v * 1e3:.2f}"
 
 
 def _ratio(v: Optional[float]) -> str:

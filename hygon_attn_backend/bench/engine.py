@@ -75,6 +75,9 @@ def add_engine_parser(sub) -> None:
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds for the whole run: children still running are killed and "
                         "the partial results reported")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="timed runs per point (medians reported, every run kept in the "
+                        "raw results; the tool times one prefill per run)")
     p.add_argument("--breakdown", action="store_true",
                    help="per point: host time of the backend's per-step hooks and, from one "
                         "more profiled pass, GPU time of attention, metadata and other "
@@ -226,7 +229,8 @@ def plan_specs(cfg: dict, args, work: str) -> List[dict]:
                         "max_total_tokens": pool_tokens(cfg, page),
                         "max_running_requests": max(cfg["batches"]) + 8,
                         "mem_fraction": args.mem_fraction,
-                        "breakdown": bool(getattr(args, "breakdown", False))})
+                        "breakdown": bool(getattr(args, "breakdown", False)),
+                        "repeats": max(1, int(getattr(args, "repeats", 1) or 1))})
     if not args.no_check:
         hd = cfg["check_head_dim"]
         prompts = check_prompts(quick=args.quick)

@@ -417,9 +417,9 @@ class HygonAttnBackend(AttentionBackend):
         plan = self._plan(meta, st.num_heads, st.num_kv_heads, st.head_dim, q.dtype,
                           extend=True)
         k_new = v_new = None
-        if k is not None:
-            k_new = k.view(-1, st.num_kv_heads, st.head_dim)
-            v_new = v.view(-1, st.num_kv_heads, st.head_dim)
+        if k is not None:  # SGLang passes [tokens, Hkv, D]; a flat [tokens, Hkv * D] too
+            k_new = k if k.dim() == 3 else k.view(-1, st.num_kv_heads, st.head_dim)
+            v_new = v if v.dim() == 3 else v.view(-1, st.num_kv_heads, st.head_dim)
         plan.run(q3, st.k_view, st.v_view, meta.block_table, meta.cu_seqlens_q, meta.seq_lens,
                  scale=st.scale, causal=st.causal, k_new=k_new, v_new=v_new,
                  out=out.view(-1, st.num_heads, st.head_dim), k_scale=st.k_scale,
