@@ -92,3 +92,45 @@ def test_signature_tells_apart_alignment_dtype_and_scalars():
     with pytest.raises(TypeError, match="tensors"):
         Launch(paged_decode_kernel, (1, 1, 1), {n: 0 for n in names if n not in per_call},
                ("num_blocks", "out_ptr", "q_ptr"), num_warps=4, num_stages=1)
+
+
+def test_direct_launch_passes_integer_pointers_and_falls_back_to_tensors(monkeypatch):
+    """The direct path hands the launcher every pointer (per-layer and batch-level) as an
+    integer address; a launcher that refuses integers gets tensors from then on."""
+    from hygon_attn_backend.ops import _launch
+
+    names = list(paged_decode_kernel.arg_names)
+    per_call = ("out_ptr", "q_ptr", "num_blocks")
+    table = torch.arange(8, dtype=torch.int32)
+    fixed = {n: 0 for n in names if n not in per_call}
+    fixed["block_table_ptr"] = table
+    launch = Launch(paged_decode_kernel, (2, 1, 1), fixed, per_call, num_warps=4,
+                    num_stages=1)
+    out, q = torch.zeros(16, dtype=torch.float16), torch.ones(16, dtype=torch.float16)
+    seen = []
+
+    def fake_run(*args, refuse_ints=False):
+        kernel_args = list(args[9:])  # grid (3), stream, function, metadata, 3 hooks
+        if refuse_ints and isinstance(kernel_args[names.index("q_ptr")], int):
+            raise TypeError("Pointer argument must be either uint64 or have data_ptr")
+        seen.append(kernel_args)
+
+    monkeypatch.setattr(_launch, "_no_hooks", lambda: True)
+    monkeypatch.setattr(_launch, "_stream_of", lambda device: 0)
+    launch._compiled[launch.signature((out, q, 5))] = (fake_run, "fn", "meta", 0)
+    launch(out, q, 5)
+    args = seen[-1]
+    assert args[names.index("out_ptr")] == out.data_ptr()
+    assert args[names.index("q_ptr")] == q.data_ptr()
+    assert args[names.index("block_table_ptr")] == table.data_ptr()
+    assert args[names.index("num_blocks")] == 5
+    assert all(not isinstance(a, torch.Tensor) for a in args)
+
+    launch._compiled[launch.signature((out, q, 5))] = (
+        lambda *a: fake_run(*a, refuse_ints=True), "fn", "meta", 0)
+    launch(out, q, 5)
+    args = seen[-1]
+    assert args[names.index("q_ptr")] is q and args[names.index("block_table_ptr")] is table
+    assert launch._int_pointers is False
+    launch(out, q, 5)  # stays on tensors
+    assert seen[-1][names.index("out_ptr")] is out and len(seen) == 3

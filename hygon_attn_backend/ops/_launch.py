@@ -15,11 +15,21 @@ every integer's exact value) call the compiled kernel directly. The signature is
 stricter than Triton's specialization, so a direct launch always runs the kernel Triton
 would have chosen. Under ``TRITON_INTERPRET=1`` or with launch hooks installed (profilers)
 every call takes Triton's path.
+
+A direct launch hands the launcher every pointer as an integer (``data_ptr()``, which the
+signature reads anyway). Given a tensor, Triton's C launcher calls its ``data_ptr`` method
+and asks the driver whether the address is a device pointer (``cuPointerGetAttribute``:
+the "cannot be accessed from Triton (cpu tensor?)" check), once per pointer argument on
+every launch; given an integer it takes it as it is (``getPointer`` in
+``triton/backends/nvidia/driver.c``). That check already ran on the first call of the
+signature, which went through Triton's path with the tensors, and the signature includes
+whether each per-layer tensor is on the GPU. A launcher that refuses integers makes the
+launch fall back to tensors for good.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 
 
@@ -34,7 +44,7 @@ class Launch:
     """
 
     __slots__ = ("kernel", "grid", "_template", "_slots", "_options", "_compiled",
-                 "_num_tensors")
+                 "_num_tensors", "_fixed_tensors", "_int_pointers")
 
     def __init__(self, kernel, grid: Tuple[int, int, int], fixed: Dict[str, Any],
                  per_call: Sequence[str], *, num_warps: int, num_stages: int):
@@ -50,36 +60,70 @@ class Launch:
         self._options = dict(num_warps=num_warps, num_stages=num_stages)
         self._compiled: Dict[tuple, Any] = {}
         self._num_tensors = sum(1 for n in per_call if n.endswith("_ptr"))
+        # template slots holding tensors (batch-level: block table, lengths, scratch)
+        self._fixed_tensors = tuple(i for i, v in enumerate(self._template)
+                                    if hasattr(v, "data_ptr"))
+        self._int_pointers = True
         if any(not n.endswith("_ptr") for n in per_call[:self._num_tensors]):
             raise TypeError(f"per_call must list the tensors (*_ptr) first, got {per_call}")
 
-    def signature(self, values: Sequence) -> tuple:
+    def signature(self, values: Sequence, ptrs: Optional[Sequence[int]] = None) -> tuple:
         """What decides the compiled kernel among the per-layer arguments: each tensor's
-        16-byte alignment and dtype, every scalar's exact value."""
+        16-byte alignment, dtype and whether it is on the GPU, every scalar's exact value.
+        ``ptrs``: the tensors' ``data_ptr()`` when the caller has them."""
         tensors = values[:self._num_tensors]
-        return (tuple([t.data_ptr() & 15 for t in tensors]), tuple([t.dtype for t in tensors]),
-                tuple(values[self._num_tensors:]))
+        if ptrs is None:
+            ptrs = [t.data_ptr() for t in tensors]
+        return (tuple([p & 15 for p in ptrs]), tuple([t.dtype for t in tensors]),
+                tuple([t.is_cuda for t in tensors]), tuple(values[self._num_tensors:]))
 
     def __call__(self, *values) -> None:
-        args = self._template.copy()
-        for i, v in zip(self._slots, values):
-            args[i] = v
-        key = self.signature(values)
+        n = self._num_tensors
+        ptrs = [t.data_ptr() for t in values[:n]]
+        key = self.signature(values, ptrs)
         direct = self._compiled.get(key)
         if direct is not None and _no_hooks():
-            run, function, packed_metadata, device = direct
-            # the call Triton's own launcher makes once it has found the kernel
-            # (triton/runtime/jit.py, JITFunction.run), with no launch hooks
-            run(*self.grid, _stream_of(device), function, packed_metadata, None, None, None,
-                *args)
+            if self._int_pointers:
+                try:
+                    self._direct(direct, self._args(values, ptrs))
+                    return
+                except (TypeError, ValueError, OverflowError):
+                    # this Triton's launcher takes no integer pointers (raised before
+                    # anything was launched): pass tensors from now on
+                    self._int_pointers = False
+            self._direct(direct, self._args(values))
             return
-        compiled = self.kernel[self.grid](*args, **self._options)
+        compiled = self.kernel[self.grid](*self._args(values), **self._options)
         if compiled is not None and not _triton_pieces()["interpret"]:
             entry = tuple(getattr(compiled, n, None) for n in ("run", "function",
                                                                 "packed_metadata"))
             if None not in entry:  # a Triton whose launcher takes this form
                 device = _triton_pieces()["driver"].active.get_current_device()
                 self._compiled[key] = entry + (device,)
+
+    def _args(self, values: Sequence, ptrs: Optional[Sequence[int]] = None) -> list:
+        """Every argument in the kernel's order; with ``ptrs``, every pointer (per-layer
+        and batch-level) as an integer address."""
+        args = self._template.copy()
+        if ptrs is None:
+            for i, v in zip(self._slots, values):
+                args[i] = v
+            return args
+        for i in self._fixed_tensors:
+            args[i] = args[i].data_ptr()
+        n = self._num_tensors
+        slots = self._slots
+        for i, p in zip(slots[:n], ptrs):
+            args[i] = p
+        for i, v in zip(slots[n:], values[n:]):
+            args[i] = v
+        return args
+
+    def _direct(self, direct: tuple, args: list) -> None:
+        run, function, packed_metadata, device = direct
+        # the call Triton's own launcher makes once it has found the kernel
+        # (triton/runtime/jit.py, JITFunction.run), with no launch hooks
+        run(*self.grid, _stream_of(device), function, packed_metadata, None, None, None, *args)
 
     @property
     def num_direct_signatures(self) -> int:
