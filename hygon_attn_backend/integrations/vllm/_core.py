@@ -119,6 +119,9 @@ class HygonAttentionMetadata:
     prefill_cu_seqlens_q: Optional[torch.Tensor]  # [num_prefills + 1] int32, from 0
     prefill_seq_lens: Optional[torch.Tensor]  # [num_prefills] int32
     prefill_block_table: Optional[torch.Tensor]  # [num_prefills, max_blocks] int32
+    # [num_prefills + 1] int32, the prefill rows' offsets in the whole batch (a view of
+    # query_start_loc): the Triton launch reads q/out rows there, unsliced
+    prefill_query_start_loc: Optional[torch.Tensor] = None
 
     causal: bool = True
     decode_plan: Optional[DecodePlan] = None
@@ -164,7 +167,8 @@ def make_metadata(*, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
         md.decode_seq_lens = seq_lens[:num_decodes]
         md.decode_block_table = block_table[:num_decodes]
     if num_prefills:
-        md.prefill_cu_seqlens_q = query_start_loc[num_decodes:num_reqs + 1] - num_decode_tokens
+        md.prefill_query_start_loc = query_start_loc[num_decodes:num_reqs + 1]
+        md.prefill_cu_seqlens_q = md.prefill_query_start_loc - num_decode_tokens
         md.prefill_seq_lens = seq_lens[num_decodes:num_reqs]
         md.prefill_block_table = block_table[num_decodes:num_reqs]
     return md
@@ -274,10 +278,16 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, md: HygonAttentionMet
                            sliding_window=layer.sliding_window, soft_cap=layer.soft_cap,
                            sinks=layer.sinks)
     if md.prefill_plan is not None:
-        end = md.num_actual_tokens
-        md.prefill_plan.run(query[nd:end], k_cache, v_cache, md.prefill_block_table,
-                            md.prefill_cu_seqlens_q, md.prefill_seq_lens, scale=layer.scale,
-                            causal=md.causal, out=out[nd:end], k_scale=k_scale,
-                            v_scale=v_scale, sliding_window=layer.sliding_window,
-                            soft_cap=layer.soft_cap, sinks=layer.sinks)
+        if md.prefill_plan.impl == "triton":
+            # the whole tensors and the rows' offsets in them: the kernel addresses q and
+            # out rows through cu_seqlens_q, so no slices (the plan's tile map is relative)
+            q_pre, o_pre, cu = query, out, md.prefill_query_start_loc
+        else:  # the reference writes every row of its out: slices
+            end = md.num_actual_tokens
+            q_pre, o_pre, cu = query[nd:end], out[nd:end], md.prefill_cu_seqlens_q
+        md.prefill_plan.run(q_pre, k_cache, v_cache, md.prefill_block_table, cu,
+                            md.prefill_seq_lens, scale=layer.scale, causal=md.causal,
+                            out=o_pre, k_scale=k_scale, v_scale=v_scale,
+                            sliding_window=layer.sliding_window, soft_cap=layer.soft_cap,
+                            sinks=layer.sinks)
     return out
