@@ -21,19 +21,27 @@ def _paged_batch(seq_lens, *, page_size, num_kv_heads, head_dim, dtype, device, 
     randomly permuted pages, and its block table / seq lens tensors."""
     from hygon_attn_backend import layouts
 
-    blocks_per = [-(-n // page_size) for n in seq_lens]
-    num_blocks = sum(blocks_per) + spare
+    table, num_blocks = permuted_table(seq_lens, page_size=page_size, device=device,
+                                       spare=spare)
     kv = layouts.allocate_vllm("LBHNC", num_layers=1, num_blocks=num_blocks,
                                block_size=page_size, num_kv_heads=num_kv_heads,
                                head_dim=head_dim, dtype=dtype, device=device)[0]
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    return kv, table, lens
+
+
+def permuted_table(seq_lens, *, page_size, device, spare=4):
+    """``(block_table [B, max_blocks] int32, num_blocks)``: each request's pages drawn from
+    a random permutation of ``sum(pages) + spare`` blocks."""
+    blocks_per = [-(-n // page_size) for n in seq_lens]
+    num_blocks = sum(blocks_per) + spare
     perm = torch.randperm(num_blocks, device=device).to(torch.int32)
     table = torch.zeros((len(seq_lens), max(blocks_per)), dtype=torch.int32, device=device)
     start = 0
     for i, n in enumerate(blocks_per):
         table[i, :n] = perm[start:start + n]
         start += n
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    return kv, table, lens
+    return table, num_blocks
 
 
 def _combine_form(plan) -> str:

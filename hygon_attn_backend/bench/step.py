@@ -74,6 +74,7 @@ class Step:
         import torch
 
         from hygon_attn_backend import layouts
+        from hygon_attn_backend.bench._overhead_cases import permuted_table
         from hygon_attn_backend.integrations.vllm import _core
         from hygon_attn_backend.ops.decode import allocate_decode_workspace
 
@@ -82,17 +83,10 @@ class Step:
         seq = [max(q, s // scale_lens) for s, q in zip(seq, qlen)]  # small CPU variants
         self.core, self.kind, self.layers = _core, kind, layers
         self.seq, self.qlen, self.num_decodes = seq, qlen, n_dec
-        blocks_per = [-(-n // block_size) for n in seq]
-        num_blocks = sum(blocks_per) + 4
+        table, num_blocks = permuted_table(seq, page_size=block_size, device=device)
         self.caches = layouts.allocate_vllm(
             "LBHNC", num_layers=layers, num_blocks=num_blocks, block_size=block_size,
             num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=device)
-        perm = torch.randperm(num_blocks, device=device).to(torch.int32)
-        table = torch.zeros((len(seq), max(blocks_per)), dtype=torch.int32, device=device)
-        start = 0
-        for i, n in enumerate(blocks_per):
-            table[i, :n] = perm[start:start + n]
-            start += n
         tokens = sum(qlen)
         cu = [0]
         for n in qlen:
