@@ -92,10 +92,10 @@ class Step:
         for n in qlen:
             cu.append(cu[-1] + n)
         # slot of every new token: the last qlen positions of each request
-        slots = []
+        slots, table_cpu = [], table.cpu().tolist()
         for b, (s, n) in enumerate(zip(seq, qlen)):
             for pos in range(s - n, s):
-                slots.append(int(table[b, pos // block_size]) * block_size + pos % block_size)
+                slots.append(table_cpu[b][pos // block_size] * block_size + pos % block_size)
         self.inputs = dict(
             query_start_loc=torch.tensor(cu, dtype=torch.int32, device=device),
             seq_lens=torch.tensor(seq, dtype=torch.int32, device=device), block_table=table,
