@@ -46,3 +46,27 @@ def test_one_step_over_layers_equals_the_reference(monkeypatch):
             blk = int(st.inputs["block_table"][b, pos // 16])
             row = sum(st.qlen[:b + 1]) - 1
             assert torch.equal(kk[blk, :, pos % 16], st.key[row])
+
+
+def test_one_launch_form_sends_every_request_to_the_prefill_kernel(monkeypatch):
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CPU needs TRITON_INTERPRET=1 (the GPU runs this bench itself)")
+    monkeypatch.setitem(bench_step.KINDS, "tiny-mixed",
+                        dict(decodes=(3, 40), extends=((20, 5),)))
+    kw = dict(layers=1, block_size=16, num_q_heads=4, num_kv_heads=2, head_dim=32,
+              device=torch.device("cpu"), dtype=torch.float16)
+    torch.manual_seed(5)  # the same pages, cache and inputs for both forms
+    split = bench_step.Step("tiny-mixed", **kw)
+    torch.manual_seed(5)
+    one = bench_step.Step("tiny-mixed", one_launch=True, **kw)
+    assert torch.equal(one.inputs["block_table"], split.inputs["block_table"])
+    md = one.plan()
+    assert (md.num_decodes, md.num_prefills) == (0, 4) and one.launches_per_layer == 2
+    split.plan()
+    assert split.launches_per_layer == 3
+    split.run(), one.run()
+    torch.testing.assert_close(one.out, split.out, rtol=0, atol=2e-3)
+    args = build_parser().parse_args(["bench", "step", "--one-launch"])
+    assert args.one_launch

@@ -15,7 +15,10 @@ not, the GPU waits. This bench measures both on vLLM's engine-free core
 * ``replayed``: the same layers captured once in a CUDA graph and replayed: the kernels
   alone, with no host in between;
 * per layer: ``eager / layers``, ``replayed / layers`` and their difference, the host's
-  cost that the GPU did not hide.
+  cost that the GPU did not hide;
+* ``--one-launch``: a batch with decodes and extends also as one prefill launch (what a
+  mixed vLLM step would cost with every request through the prefix-prefill kernel: one
+  launch fewer per layer, but decode rows without the split-KV grid).
 
 No model work runs between the layers here, so the host has nothing to hide behind: this
 is the worst case for the eager numbers. Each layer has its own cache (pages in a random
@@ -51,6 +54,9 @@ def add_step_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--num-kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--steps", type=int, default=20, help="steps per timed trial")
+    p.add_argument("--one-launch", action="store_true",
+                   help="also time each batch with decodes and extends as one prefill "
+                        "launch (every request through the prefix-prefill kernel)")
     p.add_argument("--json", default=None, help="write the rows as JSON to this file")
     p.set_defaults(func=run)
     return p
@@ -70,7 +76,8 @@ class Step:
     one step's attention over every layer (write + attention per layer)."""
 
     def __init__(self, kind: str, *, layers: int, block_size: int, num_q_heads: int,
-                 num_kv_heads: int, head_dim: int, device, dtype=None, scale_lens=1):
+                 num_kv_heads: int, head_dim: int, device, dtype=None, scale_lens=1,
+                 one_launch: bool = False):
         import torch
 
         from hygon_attn_backend import layouts
@@ -101,7 +108,9 @@ class Step:
             seq_lens=torch.tensor(seq, dtype=torch.int32, device=device), block_table=table,
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
             num_reqs=len(seq), num_actual_tokens=tokens, max_query_len=max(qlen),
-            max_seq_len=max(seq), num_decodes=n_dec, num_decode_tokens=n_dec)
+            max_seq_len=max(seq), num_decodes=0 if one_launch else n_dec,
+            num_decode_tokens=0 if one_launch else n_dec)
+        self.one_launch = one_launch
         self.query_start_loc_cpu = torch.tensor(cu, dtype=torch.int32)
         self.heads = dict(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                           head_size=head_dim, block_size=block_size, q_dtype=dtype,
@@ -166,12 +175,12 @@ def steps_ms(fn, steps: int, trials: int = 5) -> float:
     return statistics.median(out)
 
 
-def measure(kind: str, args, device) -> dict:
+def measure(kind: str, args, device, *, one_launch: bool = False) -> dict:
     from hygon_attn_backend.bench._timing import capture_graph
 
     step = Step(kind, layers=args.layers, block_size=args.block_size,
                 num_q_heads=args.num_q_heads, num_kv_heads=args.num_kv_heads,
-                head_dim=args.head_dim, device=device)
+                head_dim=args.head_dim, device=device, one_launch=one_launch)
     b_us = builder_us(step)
     step.plan()
     step.run()  # compiles and first launches outside the timing
@@ -180,7 +189,8 @@ def measure(kind: str, args, device) -> dict:
     replayed = steps_ms(graph.replay, args.steps)
     del graph
     n = args.layers
-    return dict(kind=kind, seqs=len(step.seq), decodes=step.num_decodes,
+    return dict(kind=kind + (" (one launch)" if one_launch else ""), seqs=len(step.seq),
+                decodes=step.num_decodes,
                 tokens=sum(step.qlen), layers=n, launches_per_layer=step.launches_per_layer,
                 builder_us=b_us, eager_us_per_layer=eager * 1e3 / n,
                 replayed_us_per_layer=replayed * 1e3 / n,
@@ -209,7 +219,11 @@ def run(args) -> int:
     if unknown:
         sys.exit(f"--kinds: unknown {unknown}; choose from {list(KINDS)}")
     device = torch.device("cuda")
-    rows = [measure(k, args, device) for k in kinds]
+    rows = []
+    for k in kinds:
+        rows.append(measure(k, args, device))
+        if args.one_launch and KINDS[k]["decodes"][0] and KINDS[k]["extends"]:
+            rows.append(measure(k, args, device, one_launch=True))
     print(f"# bench step: {torch.cuda.get_device_name()}, torch {torch.__version__}; "
           f"Hq/Hkv {args.num_q_heads}/{args.num_kv_heads}, D={args.head_dim}, bf16, page "
           f"{args.block_size}, {args.layers} layers, {args.steps} steps per trial")
