@@ -111,6 +111,24 @@ def cache_ops(name, *, layout, dim, page, dtype, slots, pairs, num_blocks=6, hkv
     LAUNCHES.append(name)
 
 
+def page_table(name, *, page, rows):
+    """SGLang's req_to_token -> block table kernel, bad rows included (never read)."""
+    from hygon_attn_backend.kernels.page_table import launch_req_to_token_table
+
+    req_to_token = torch.randint(0, 4096, (4, 96), dtype=torch.int32, device=DEV)
+    out = torch.empty((len(rows), 96 // page), dtype=torch.int32, device=DEV)
+    rows_t = torch.tensor(rows, dtype=torch.int64, device=DEV)
+    launch_req_to_token_table(req_to_token, rows_t, out, page_size=page)
+    want = torch.full((len(rows), 96 // page), -1, dtype=torch.int32)
+    r2t = req_to_token.cpu()
+    for b, r in enumerate(rows):
+        if 0 <= r < 4:
+            want[b] = torch.div(r2t[r, ::page], page, rounding_mode="floor")
+    if not torch.equal(out.cpu(), want):
+        raise SystemExit(f"sanitize_cases: {name}: table differs from the reference")
+    LAUNCHES.append(name)
+
+
 def main() -> None:
     torch.manual_seed(0)
     # the reported case: ids -5 and 1000 inside the used part of every row
@@ -150,6 +168,8 @@ def main() -> None:
               dtype=torch.float8_e4m3fn, slots=[-1, 5, 6, 2**31 - 1], pairs=[[0, 3], [1, 99]])
     cache_ops("write_kv/copy_blocks vLLM BLHNC D=256", layout="vllm_BLHNC", dim=256, page=16,
               dtype=torch.bfloat16, slots=[3, 200, -2, 17], pairs=[[5, 0], [6, 1]])
+    page_table("page table, page 16, bad rows", page=16, rows=[3, -1, 4, 2**40, 0])
+    page_table("page table, page 1", page=1, rows=[0, 1, 2, 3])
     torch.cuda.synchronize()
     print(f"sanitize_cases: {len(LAUNCHES)} cases ran and matched the reference")
 

@@ -266,3 +266,18 @@ def test_req_to_token_table_kernel_equals_the_torch_gather(page_size, rows_dtype
                               block=32)
     assert torch.equal(wide[:, :width], want)
     assert (wide[:, width:] == -7).all(), "columns past the table are left alone"
+
+
+def test_req_to_token_table_kernel_never_reads_a_bad_row():
+    """A row index outside the pool (hostile or corrupt input) is never read: its blocks
+    come back as -1, which every attention kernel treats as absent keys."""
+    from hygon_attn_backend.kernels.page_table import launch_req_to_token_table
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    req_to_token = torch.arange(4 * 64, dtype=torch.int32, device=dev).view(4, 64)
+    rows = torch.tensor([2, -1, 4, 1 << 30, 0], dtype=torch.int64, device=dev)
+    out = torch.zeros((5, 4), dtype=torch.int32, device=dev)
+    launch_req_to_token_table(req_to_token, rows, out, page_size=16)
+    want = torch.tensor([[8, 9, 10, 11], [-1] * 4, [-1] * 4, [-1] * 4, [0, 1, 2, 3]],
+                        dtype=torch.int32)
+    assert torch.equal(out.cpu(), want)

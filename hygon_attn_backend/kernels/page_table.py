@@ -15,7 +15,7 @@ import triton.language as tl
 @triton.jit
 def req_to_token_table_kernel(
     req_to_token_ptr, rows_ptr, out_ptr,
-    num_blocks,
+    num_blocks, num_rows,
     stride_r2t_row, stride_r2t_col, stride_out_row,
     PAGE: tl.constexpr,   # page size P (tokens per block)
     BLOCK: tl.constexpr,  # table columns per program
@@ -23,14 +23,18 @@ def req_to_token_table_kernel(
     b = tl.program_id(0)
     chunk = tl.program_id(1)
     row = tl.load(rows_ptr + b).to(tl.int64)
+    row_ok = (row >= 0) & (row < num_rows)  # a bad row is never read: its blocks are -1
     cols = chunk * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] block index j
     mask = cols < num_blocks
-    src = req_to_token_ptr + row * stride_r2t_row + cols.to(tl.int64) * (PAGE * stride_r2t_col)
-    loc = tl.load(src, mask=mask, other=0).to(tl.int64)  # [BLOCK] first token of each page
+    src = req_to_token_ptr + tl.where(row_ok, row, 0) * stride_r2t_row \
+        + cols.to(tl.int64) * (PAGE * stride_r2t_col)
+    readable = cols < tl.where(row_ok, num_blocks, 0)  # [BLOCK] mask; none for a bad row
+    loc = tl.load(src, mask=readable, other=0).to(tl.int64)  # [BLOCK] page firsts
     if PAGE > 1:
         # floor division (torch's rounding), also for a negative location
         q = loc // PAGE
         loc = q - ((q * PAGE != loc) & (loc < 0)).to(tl.int64)
+    loc = tl.where(row_ok, loc, -1)  # an absent block for the attention kernels
     out = out_ptr + b.to(tl.int64) * stride_out_row + cols
     tl.store(out, loc.to(tl.int32), mask=mask)
 
@@ -38,15 +42,16 @@ def req_to_token_table_kernel(
 def launch_req_to_token_table(req_to_token, rows, out, *, page_size: int,
                               block: int = 256) -> None:
     """``out[b, j] = floor(req_to_token[rows[b], j * page_size] / page_size)`` for
-    ``j < out.shape[1]``. ``rows``: ``[B]`` int32/int64; ``out``: ``[B, num_blocks]``
-    int32 with unit column stride."""
+    ``j < out.shape[1]``; a row outside ``[0, num_rows)`` is never read and gives ``-1``
+    (absent blocks). ``rows``: ``[B]`` int32/int64; ``out``: ``[B, num_blocks]`` int32
+    with unit column stride, ``num_blocks * page_size <= req_to_token.shape[1]``."""
     num_rows, num_blocks = out.shape
     if num_rows == 0 or num_blocks == 0:
         return
     grid = (num_rows, triton.cdiv(num_blocks, block))
     req_to_token_table_kernel[grid](
         req_to_token_ptr=req_to_token, rows_ptr=rows, out_ptr=out,
-        num_blocks=num_blocks,
+        num_blocks=num_blocks, num_rows=req_to_token.shape[0],
         stride_r2t_row=req_to_token.stride(0), stride_r2t_col=req_to_token.stride(1),
         stride_out_row=out.stride(0),
         PAGE=page_size, BLOCK=block)
