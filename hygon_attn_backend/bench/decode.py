@@ -38,7 +38,8 @@ def _parse_partitions(text: str):
     for part in text.split(","):
         part = part.strip()
         if part:
-            items.append(part if part in ("auto", "auto-fused", "auto-launch", "dcu", "none") else int(part))
+            named = part in ("auto", "auto-fused", "auto-launch", "dcu", "none")
+            items.append(part if named else int(part))
     return items
 
 

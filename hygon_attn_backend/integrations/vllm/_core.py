@@ -265,14 +265,15 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, md: HygonAttentionMet
         k_scale = v_scale = None
     nd = md.num_decode_tokens
     if md.decode_plan is not None:
-        # Triton, T = 1: the whole tensors, no slices (two fewer tensor ops per layer):
-        # the decode grid covers rows [0, num_decodes) only, read through the strides
-        q_dec, o_dec = query, out
-        if md.decode_plan.impl != "triton":
-            q_dec, o_dec = query[:nd], out[:nd]
         if md.decode_query_len > 1:  # [S*T, Hq, D] -> [S, T, Hq, D], a view
             shape = (md.num_decodes, md.decode_query_len) + tuple(query.shape[1:])
             q_dec, o_dec = query[:nd].view(shape), out[:nd].view(shape)
+        elif md.decode_plan.impl == "triton":
+            # the whole tensors, no slices (two fewer tensor ops per layer): the decode
+            # grid covers rows [0, num_decodes) only, read through the strides
+            q_dec, o_dec = query, out
+        else:
+            q_dec, o_dec = query[:nd], out[:nd]
         md.decode_plan.run(q_dec, k_cache, v_cache, out=o_dec, scale=layer.scale,
                            k_scale=k_scale, v_scale=v_scale,
                            sliding_window=layer.sliding_window, soft_cap=layer.soft_cap,
