@@ -161,6 +161,13 @@ def main() -> None:
     decode("decode D=96 window soft cap sinks", dim=96, table=[[3, 4, -1], [0, 1, 2]],
            lens=(48, 30), sliding_window=5, soft_cap=20.0,
            sinks=torch.randn(8, device=DEV))
+    d64_table = [[0, -5, 1000] + list(range(1, 18)), list(range(18, 38)),
+                 [38, 39, 2**31 - 1] + list(range(40, 57))]
+    decode("decode D=64 (128-key tile), bad ids, per-sequence split", dim=64,
+           dtype=torch.float16, num_blocks=60, table=d64_table, lens=(300, 0, 77))
+    decode("decode D=64 (128-key tile), bad ids, split + fused combine", dim=64,
+           dtype=torch.float16, num_blocks=60, table=d64_table, lens=(300, 0, 77),
+           partition_size=128, fused_combine=True)
     cache_ops("write_kv/copy_blocks bshd fp16, hostile", layout="bshd", dim=128, page=16,
               dtype=torch.float16, slots=[-1, 5, 96, 2**31 - 1, -7, 95, 0],
               pairs=[[0, 3], [1, 6], [-1, 4], [2, 5]])
