@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from hygon_attn_backend import reference, tuning
+from hygon_attn_backend.ops import prefill_plan
 from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
 
 try:
@@ -240,6 +241,22 @@ def test_prefill_plan_reuse_and_tile_map(device):
     for _ in range(2):
         out = prefix_prefill_attention(*args, plan=plan, impl="triton", **kw)[0]
         assert (out.double().cpu() - ref.cpu()).abs().max().item() < 1e-2
+
+
+@pytest.mark.parametrize("lens,tok_m", [((), 8), ((0,), 8), ((5, 0, 33, 1), 8),
+                                         ((4096,) * 3, 32), ((1,) * 40 + (700,), 1)])
+def test_prefill_host_tile_map_equals_device(lens, tok_m):
+    """The host tile map (array slices) equals the device one (tensor ops), empty requests
+    and thousands of tiles included, and is a ``[2, max_tiles]`` int32 tensor."""
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    max_tiles = -(-cu[-1] // tok_m) + len(lens)
+    host = prefill_plan._tile_map_host(cu, tok_m, max_tiles)
+    req, mblock = prefill_plan._tile_map(torch.tensor(cu), len(lens), tok_m, max_tiles)
+    assert host.dtype == torch.int32 and host.shape == (2, max_tiles)
+    assert torch.equal(host[0], req) and torch.equal(host[1], mblock)
+    assert int((host[0] >= 0).sum()) == sum(-(-n // tok_m) for n in lens)
 
 
 def test_prefill_tile_config_pinned(monkeypatch):
