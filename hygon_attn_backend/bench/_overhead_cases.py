@@ -65,6 +65,7 @@ def op_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
                                    num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
                                    device=device)
     k_cache, v_cache = layouts.vllm_kv_views(kv)
+    k_cache_d, v_cache_d = k_cache, v_cache  # the decode problem's (the names are reused)
     q = torch.randn(b, num_q_heads, head_dim, device=device, dtype=dtype)
     out = torch.empty_like(q)
     # default arguments bind this problem's tensors (the prefill rows below reuse names)
@@ -112,6 +113,56 @@ def op_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
         qp, k_cache, v_cache, table, cu, lens, out=outp, plan=pplan)
     yield "prefill plan.run", lambda: pplan.run(qp, k_cache, v_cache, table, cu, lens,
                                                 out=outp)
+    if device.type == "cuda":
+        yield from launcher_rows([
+            lambda: plan.run(q, k_cache_d, v_cache_d, out=out),
+            lambda: pplan.run(qp, k_cache, v_cache, table, cu, lens, out=outp)])
+
+
+def launcher_rows(calls) -> Iterator[Row]:
+    """Triton's launcher alone, every argument prebuilt: an empty kernel of two arguments
+    (the floor of any Triton launch on this host) and each kernel that ``calls`` (each runs
+    one layer through a plan) launch, to tell the launcher's cost from the Python around
+    it. CUDA only (the interpreter has no launcher)."""
+    from hygon_attn_backend.ops._launch import Launch
+
+    recorded = []
+    real_call = Launch.__call__
+
+    def record(self, *values):
+        recorded.append((self, values))
+        return real_call(self, *values)
+
+    Launch.__call__ = record
+    try:
+        x = torch.zeros(16, device="cuda")
+        noop = Launch(_noop_kernel(), (1, 1, 1), {}, ("x_ptr", "n"), num_warps=4,
+                      num_stages=1)
+        for _ in range(2):  # the first call compiles, the second takes the direct path
+            noop(x, 3)
+        for call in calls:
+            call(), call()
+    finally:
+        Launch.__call__ = real_call
+    yield "empty kernel, 2 arguments: Triton's launcher alone", noop.direct_call(x, 3)
+    seen = set()
+    for launch, values in recorded:
+        if launch is noop or id(launch) in seen:
+            continue
+        seen.add(id(launch))
+        name = getattr(launch.kernel, "__name__", "kernel")
+        yield (f"{name}, {len(launch.kernel.arg_names)} arguments: Triton's launcher alone",
+               launch.direct_call(*values))
+
+
+def _noop_kernel():
+    import triton
+
+    @triton.jit
+    def noop_kernel(x_ptr, n):
+        pass
+
+    return noop_kernel
 
 
 def vllm_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,

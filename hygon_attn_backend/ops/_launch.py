@@ -44,7 +44,8 @@ class Launch:
     """
 
     __slots__ = ("kernel", "grid", "_template", "_slots", "_options", "_compiled",
-                 "_num_tensors", "_fixed_tensors", "_int_pointers")
+                 "_num_tensors", "_fixed_tensors", "_int_pointers", "_int_template",
+                 "_tensor_slots", "_scalar_slots")
 
     def __init__(self, kernel, grid: Tuple[int, int, int], fixed: Dict[str, Any],
                  per_call: Sequence[str], *, num_warps: int, num_stages: int):
@@ -66,6 +67,13 @@ class Launch:
         self._int_pointers = True
         if any(not n.endswith("_ptr") for n in per_call[:self._num_tensors]):
             raise TypeError(f"per_call must list the tensors (*_ptr) first, got {per_call}")
+        self._tensor_slots = self._slots[:self._num_tensors]
+        self._scalar_slots = self._slots[self._num_tensors:]
+        # the direct path's template: batch-level tensors as their addresses, read once
+        # (they belong to the plan and live as long as it does)
+        self._int_template = list(self._template)
+        for i in self._fixed_tensors:
+            self._int_template[i] = self._template[i].data_ptr()
 
     def signature(self, values: Sequence, ptrs: Optional[Sequence[int]] = None) -> tuple:
         """What decides the compiled kernel among the per-layer arguments: each tensor's
@@ -83,15 +91,25 @@ class Launch:
         key = self.signature(values, ptrs)
         direct = self._compiled.get(key)
         if direct is not None and _no_hooks():
+            run, function, packed_metadata, device = direct
             if self._int_pointers:
+                args = self._int_template.copy()
+                for i, p in zip(self._tensor_slots, ptrs):
+                    args[i] = p
+                for i, v in zip(self._scalar_slots, values[n:]):
+                    args[i] = v
                 try:
-                    self._direct(direct, self._args(values, ptrs))
+                    # the call Triton's own launcher makes once it has found the kernel
+                    # (triton/runtime/jit.py, JITFunction.run), with no launch hooks
+                    run(*self.grid, _stream_of(device), function, packed_metadata, None,
+                        None, None, *args)
                     return
                 except (TypeError, ValueError, OverflowError):
                     # this Triton's launcher takes no integer pointers (raised before
                     # anything was launched): pass tensors from now on
                     self._int_pointers = False
-            self._direct(direct, self._args(values))
+            run(*self.grid, _stream_of(device), function, packed_metadata, None, None, None,
+                *self._args(values))
             return
         compiled = self.kernel[self.grid](*self._args(values), **self._options)
         if compiled is not None and not _triton_pieces()["interpret"]:
@@ -101,29 +119,28 @@ class Launch:
                 device = _triton_pieces()["driver"].active.get_current_device()
                 self._compiled[key] = entry + (device,)
 
-    def _args(self, values: Sequence, ptrs: Optional[Sequence[int]] = None) -> list:
-        """Every argument in the kernel's order; with ``ptrs``, every pointer (per-layer
-        and batch-level) as an integer address."""
+    def _args(self, values: Sequence) -> list:
+        """Every argument in the kernel's order, tensors as tensors."""
         args = self._template.copy()
-        if ptrs is None:
-            for i, v in zip(self._slots, values):
-                args[i] = v
-            return args
-        for i in self._fixed_tensors:
-            args[i] = args[i].data_ptr()
-        n = self._num_tensors
-        slots = self._slots
-        for i, p in zip(slots[:n], ptrs):
-            args[i] = p
-        for i, v in zip(slots[n:], values[n:]):
+        for i, v in zip(self._slots, values):
             args[i] = v
         return args
 
-    def _direct(self, direct: tuple, args: list) -> None:
+    def direct_call(self, *values):
+        """A zero-argument callable making only Triton's launcher call for these per-layer
+        arguments (every argument list prebuilt), or None before the signature's first call
+        has compiled it: what ``bench overhead`` times as the launcher's own cost."""
+        ptrs = [t.data_ptr() for t in values[:self._num_tensors]]
+        direct = self._compiled.get(self.signature(values, ptrs))
+        if direct is None or not self._int_pointers:
+            return None
         run, function, packed_metadata, device = direct
-        # the call Triton's own launcher makes once it has found the kernel
-        # (triton/runtime/jit.py, JITFunction.run), with no launch hooks
-        run(*self.grid, _stream_of(device), function, packed_metadata, None, None, None, *args)
+        args = self._int_template.copy()
+        for i, v in zip(self._slots, list(ptrs) + list(values[self._num_tensors:])):
+            args[i] = v
+        stream = _stream_of(device)
+        grid = self.grid
+        return lambda: run(*grid, stream, function, packed_metadata, None, None, None, *args)
 
     @property
     def num_direct_signatures(self) -> int:
@@ -166,4 +183,7 @@ def _no_hooks() -> bool:
 
 def _stream_of(device):
     """The current stream of ``device`` (the device the kernel was compiled and loaded on)."""
-    return _triton_pieces()["driver"].active.get_current_stream(device)
+    get = _state.get("get_stream")
+    if get is None:
+        get = _state["get_stream"] = _triton_pieces()["driver"].active.get_current_stream
+    return get(device)
