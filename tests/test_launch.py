@@ -39,8 +39,9 @@ def test_plan_reused_across_layers_matches_reference(device):
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
     _, _, table, lens = _problem(device, dtype, 0)
     plan = plan_paged_decode(table, lens, num_q_heads=8, num_kv_heads=2, head_dim=64,
-                             page_size=16, q_dtype=dtype, kv_dtype=dtype, partition_size=64)
-    assert plan.split  # decode + combine
+                             page_size=16, q_dtype=dtype, kv_dtype=dtype, partition_size=64,
+                             fused_combine=False)
+    assert plan.split and plan.num_launches == 2  # decode + combine kernel
     for layer in range(3):
         k, v, _, _ = _problem(device, dtype, 0)  # same table/lens, fresh cache contents
         k.normal_(), v.normal_()

@@ -29,7 +29,10 @@ launch fall back to tensors for good.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Dict, Optional, Sequence, Tuple
+
+_DTYPE_AND_DEVICE = attrgetter("dtype", "is_cuda")
 
 
 
@@ -45,7 +48,7 @@ class Launch:
 
     __slots__ = ("kernel", "grid", "_template", "_slots", "_options", "_compiled",
                  "_num_tensors", "_fixed_tensors", "_int_pointers", "_int_template",
-                 "_tensor_slots", "_scalar_slots")
+                 "_forward")
 
     def __init__(self, kernel, grid: Tuple[int, int, int], fixed: Dict[str, Any],
                  per_call: Sequence[str], *, num_warps: int, num_stages: int):
@@ -67,13 +70,12 @@ class Launch:
         self._int_pointers = True
         if any(not n.endswith("_ptr") for n in per_call[:self._num_tensors]):
             raise TypeError(f"per_call must list the tensors (*_ptr) first, got {per_call}")
-        self._tensor_slots = self._slots[:self._num_tensors]
-        self._scalar_slots = self._slots[self._num_tensors:]
         # the direct path's template: batch-level tensors as their addresses, read once
         # (they belong to the plan and live as long as it does)
         self._int_template = list(self._template)
         for i in self._fixed_tensors:
             self._int_template[i] = self._template[i].data_ptr()
+        self._forward = _forward_function(self.grid, self._int_template, self._slots)
 
     def signature(self, values: Sequence, ptrs: Optional[Sequence[int]] = None) -> tuple:
         """What decides the compiled kernel among the per-layer arguments: each tensor's
@@ -82,8 +84,8 @@ class Launch:
         tensors = values[:self._num_tensors]
         if ptrs is None:
             ptrs = [t.data_ptr() for t in tensors]
-        return (tuple([p & 15 for p in ptrs]), tuple([t.dtype for t in tensors]),
-                tuple([t.is_cuda for t in tensors]), tuple(values[self._num_tensors:]))
+        return (tuple([p & 15 for p in ptrs]), tuple(map(_DTYPE_AND_DEVICE, tensors)),
+                tuple(values[self._num_tensors:]))
 
     def __call__(self, *values) -> None:
         n = self._num_tensors
@@ -93,16 +95,9 @@ class Launch:
         if direct is not None and _no_hooks():
             run, function, packed_metadata, device = direct
             if self._int_pointers:
-                args = self._int_template.copy()
-                for i, p in zip(self._tensor_slots, ptrs):
-                    args[i] = p
-                for i, v in zip(self._scalar_slots, values[n:]):
-                    args[i] = v
                 try:
-                    # the call Triton's own launcher makes once it has found the kernel
-                    # (triton/runtime/jit.py, JITFunction.run), with no launch hooks
-                    run(*self.grid, _stream_of(device), function, packed_metadata, None,
-                        None, None, *args)
+                    self._forward(run, _stream_of(device), function, packed_metadata, *ptrs,
+                                  *values[n:])
                     return
                 except (TypeError, ValueError, OverflowError):
                     # this Triton's launcher takes no integer pointers (raised before
@@ -146,6 +141,29 @@ class Launch:
     def num_direct_signatures(self) -> int:
         """Argument signatures that launch the compiled kernel directly."""
         return len(self._compiled)
+
+
+def _forward_function(grid: Tuple[int, int, int], template: list, slots: Sequence[int]):
+    """``forward(run, stream, function, packed_metadata, *per_layer_values)``: the call
+    Triton's own launcher makes once it has found the kernel (``triton/runtime/jit.py``,
+    ``JITFunction.run``, with no launch hooks), every argument in the kernel's order.
+
+    Generated once per launch with the grid and the batch-level values bound as closure
+    constants, so a layer's call builds no argument list: it passes its values straight
+    through (the binder Triton generates for ``kernel[grid](...)`` works the same way).
+    """
+    per_layer = {slot: f"a{i}" for i, slot in enumerate(slots)}
+    fixed = [j for j in range(len(template)) if j not in per_layer]
+    params = "".join(f", a{i}" for i in range(len(slots)))
+    args = ", ".join(per_layer.get(j, f"f{j}") for j in range(len(template)))
+    src = (f"def bind(g0, g1, g2{''.join(f', f{j}' for j in fixed)}):\n"
+           f"    def forward(run, stream, function, packed_metadata{params}):\n"
+           f"        run(g0, g1, g2, stream, function, packed_metadata, None, None, None, "
+           f"{args})\n"
+           f"    return forward\n")
+    scope: Dict[str, Any] = {}
+    exec(src, scope)  # noqa: S102 (source built above from argument positions only)
+    return scope["bind"](*grid, *[template[j] for j in fixed])
 
 
 _state: Dict[str, Any] = {}
