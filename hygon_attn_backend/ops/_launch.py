@@ -53,14 +53,17 @@ class Launch:
     def __init__(self, kernel, grid: Tuple[int, int, int], fixed: Dict[str, Any],
                  per_call: Sequence[str], *, num_warps: int, num_stages: int):
         names = list(kernel.arg_names)
-        missing = [n for n in names if n not in fixed and n not in per_call]
-        unknown = [n for n in list(fixed) + list(per_call) if n not in names]
+        position = {n: i for i, n in enumerate(names)}  # a plan per step builds these:
+        per_call_set = set(per_call)  # no quadratic scans
+        missing = [n for n in names if n not in fixed and n not in per_call_set]
+        unknown = [n for n in list(fixed) + list(per_call) if n not in position]
         if missing or unknown:
-            raise TypeError(f"{getattr(kernel, '__name__', kernel)}: arguments missing {missing}, unknown {unknown}")
+            raise TypeError(f"{getattr(kernel, '__name__', kernel)}: arguments missing "
+                            f"{missing}, unknown {unknown}")
         self.kernel = kernel
         self.grid = tuple(int(g) for g in grid)
         self._template = [fixed.get(n) for n in names]
-        self._slots = tuple(names.index(n) for n in per_call)
+        self._slots = tuple(position[n] for n in per_call)
         self._options = dict(num_warps=num_warps, num_stages=num_stages)
         self._compiled: Dict[tuple, Any] = {}
         self._num_tensors = sum(1 for n in per_call if n.endswith("_ptr"))
@@ -148,24 +151,33 @@ def _forward_function(grid: Tuple[int, int, int], template: list, slots: Sequenc
     Triton's own launcher makes once it has found the kernel (``triton/runtime/jit.py``,
     ``JITFunction.run``, with no launch hooks), every argument in the kernel's order.
 
-    Generated once per launch with the grid and the batch-level values bound as closure
-    constants, so a layer's call builds no argument list: it passes its values straight
-    through (the binder Triton generates for ``kernel[grid](...)`` works the same way).
+    The grid and the batch-level values are bound as closure constants, so a layer's call
+    builds no argument list: it passes its values straight through (the binder Triton
+    generates for ``kernel[grid](...)`` works the same way). The binding function is
+    generated once per argument layout (a plan built every step reuses it).
     """
-    per_layer = {slot: f"a{i}" for i, slot in enumerate(slots)}
-    fixed = [j for j in range(len(template)) if j not in per_layer]
-    params = "".join(f", a{i}" for i in range(len(slots)))
-    args = ", ".join(per_layer.get(j, f"f{j}") for j in range(len(template)))
-    src = (f"def bind(g0, g1, g2{''.join(f', f{j}' for j in fixed)}):\n"
-           f"    def forward(run, stream, function, packed_metadata{params}):\n"
-           f"        run(g0, g1, g2, stream, function, packed_metadata, None, None, None, "
-           f"{args})\n"
-           f"    return forward\n")
-    scope: Dict[str, Any] = {}
-    exec(src, scope)  # noqa: S102 (source built above from argument positions only)
-    return scope["bind"](*grid, *[template[j] for j in fixed])
+    slots = tuple(slots)
+    layout = (len(template), slots)
+    bind = _BINDERS.get(layout)
+    if bind is None:
+        per_layer = {slot: f"a{i}" for i, slot in enumerate(slots)}
+        fixed = [j for j in range(len(template)) if j not in per_layer]
+        params = "".join(f", a{i}" for i in range(len(slots)))
+        args = ", ".join(per_layer.get(j, f"f{j}") for j in range(len(template)))
+        src = (f"def bind(g0, g1, g2{''.join(f', f{j}' for j in fixed)}):\n"
+               f"    def forward(run, stream, function, packed_metadata{params}):\n"
+               f"        run(g0, g1, g2, stream, function, packed_metadata, None, None, None, "
+               f"{args})\n"
+               f"    return forward\n")
+        scope: Dict[str, Any] = {}
+        exec(src, scope)  # noqa: S102 (source built above from argument positions only)
+        bind = _BINDERS[layout] = scope["bind"]
+    per_layer_slots = set(slots)
+    fixed_values = [v for j, v in enumerate(template) if j not in per_layer_slots]
+    return bind(*grid, *fixed_values)
 
 
+_BINDERS: Dict[tuple, Any] = {}  # (number of arguments, per-layer slots) -> bind function
 _state: Dict[str, Any] = {}
 
 
