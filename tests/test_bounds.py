@@ -25,6 +25,13 @@ except ImportError:
 HAS_CUDA = torch.cuda.is_available()
 CPU = torch.device("cpu")
 gpu = pytest.mark.gpu
+# Triton kernels on CPU tensors run only under the interpreter, which conftest turns on
+# where there is no GPU; on a CUDA host the same bounds are checked on the device by the
+# *_gpu tests here, the fuzz's hostile cases and scripts/sanitize_cases.py.
+interpreter = pytest.mark.skipif(HAS_CUDA, reason="Triton on CPU tensors needs the "
+                                 "interpreter, which is off on a CUDA host (the GPU runs "
+                                 "these bounds through the *_gpu tests, the fuzz and "
+                                 "scripts/sanitize_cases.py)")
 
 
 def _i32(values, device):
@@ -60,6 +67,7 @@ def _check_repro(device, dtype, k_new):
     assert torch.isfinite(lse).all() and (lse.double() - ref_lse.double()).abs().max() < 2e-2
 
 
+@interpreter
 @pytest.mark.parametrize("k_new", [False, True], ids=["cache_only", "k_new"])
 def test_prefill_issue_repro_cpu(k_new):
     """Segfaulted under the interpreter before (the K/V tile load formed block -5/1000)."""
@@ -93,6 +101,7 @@ def test_reference_absent_keys_equal_compacted_table():
 
 # page 16: one table read per 16-key tile (a bad id drops the whole tile);
 # page 4: one read per key (a bad id masks 4 keys inside a tile)
+@interpreter
 @pytest.mark.parametrize("page", [16, 4])
 @pytest.mark.parametrize("bad", [-5, 1000])
 def test_prefill_bad_ids_equal_compacted_table(page, bad):
@@ -113,6 +122,7 @@ def test_prefill_bad_ids_equal_compacted_table(page, bad):
     assert_within_budget(out, ref64, ref_lp, what=f"page {page} bad {bad}")
 
 
+@interpreter
 @pytest.mark.parametrize("k_new", [False, True])
 def test_prefill_table_past_its_end_and_empty_table(k_new):
     """Columns past the table's end are absent (validation off, as under graph capture);
@@ -145,6 +155,7 @@ def test_prefill_table_past_its_end_and_empty_table(k_new):
 # ----------------------------------------------------------------------------- empty rows
 
 
+@interpreter
 @pytest.mark.parametrize("sinks", [False, True])
 @pytest.mark.parametrize("page", [16, 4])
 def test_prefill_rows_that_see_no_key_give_zero(sinks, page):
@@ -173,6 +184,7 @@ def test_prefill_rows_that_see_no_key_give_zero(sinks, page):
     assert_within_budget(out, ref, ref_lp, what="window over absent keys")
 
 
+@interpreter
 @pytest.mark.parametrize("partition_size", [16, None])
 @pytest.mark.parametrize("sinks", [False, True])
 def test_decode_rows_that_see_no_key_give_zero(partition_size, sinks):
@@ -201,6 +213,7 @@ def test_decode_rows_that_see_no_key_give_zero(partition_size, sinks):
 # ----------------------------------------------------------------------------- cache ops
 
 
+@interpreter
 @pytest.mark.parametrize("split_x", [False, True])
 def test_write_kv_hostile_slots_write_nothing_outside(split_x):
     """Slots -1, -7, num_slots, past the end, int32 max: skipped; the valid ones written;
@@ -227,6 +240,7 @@ def test_write_kv_hostile_slots_write_nothing_outside(split_x):
     assert changed.nonzero().tolist() == [[0, 5], [3, 15]]
 
 
+@interpreter
 def test_copy_blocks_bad_ids_skip_the_pair():
     gen = torch.Generator().manual_seed(4)
     n = 8
