@@ -135,3 +135,57 @@ def test_direct_launch_passes_integer_pointers_and_falls_back_to_tensors(monkeyp
     assert launch._int_pointers is False
     launch(out, q, 5)  # stays on tensors
     assert seen[-1][names.index("out_ptr")] is out and len(seen) == 3
+
+
+def test_layer_binding_serves_every_step_and_equals_run(device):
+    """A ``DecodeLayer`` / ``PrefillLayer`` built once gives the same output as ``run``
+    with the same options, under two different plans (two steps of an engine)."""
+    from hygon_attn_backend.ops.decode import DecodeLayer
+    from hygon_attn_backend.ops.prefill import PrefillLayer, plan_prefix_prefill
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    k, v, table, lens = _problem(device, dtype, 3)
+    layer = DecodeLayer(k, v, scale=0.11, soft_cap=20.0)
+    for partition in (64, 1 << 20):  # a split step, then an unsplit one
+        plan = plan_paged_decode(table, lens, num_q_heads=8, num_kv_heads=2, head_dim=64,
+                                 page_size=16, q_dtype=dtype, kv_dtype=dtype,
+                                 partition_size=partition)
+        q = torch.randn(6, 8, 64, device=device, dtype=dtype)
+        bound = plan.run_layer(layer, q)
+        plain = plan.run(q, k, v, scale=0.11, soft_cap=20.0)
+        assert torch.equal(bound, plain)
+        ref64 = reference.paged_decode_attention(q, k, v, table, lens, scale=0.11,
+                                                 soft_cap=20.0, compute_dtype=torch.float64)
+        ref_lp = reference.paged_decode_attention(q, k, v, table, lens, scale=0.11,
+                                                  soft_cap=20.0, compute_dtype=dtype)
+        assert_within_budget(bound, ref64, ref_lp, what=f"partition {partition}")
+
+    player = PrefillLayer(k, v, scale=0.11, causal=True)
+    lens_k = torch.tensor([40, 17], dtype=torch.int32, device=device)
+    for new in ((5, 3), (9, 1)):
+        cu = torch.tensor([0, new[0], new[0] + new[1]], dtype=torch.int32, device=device)
+        plan = plan_prefix_prefill(cu, lens_k, total_q=sum(new), num_q_heads=8,
+                                   num_kv_heads=2, head_dim=64, q_dtype=dtype)
+        q = torch.randn(sum(new), 8, 64, device=device, dtype=dtype)
+        bound = plan.run_layer(player, q, table[:2], cu, lens_k)
+        plain = plan.run(q, k, v, table[:2], cu, lens_k, scale=0.11, causal=True)
+        assert torch.equal(bound, plain)
+        ref64 = reference.prefix_prefill_attention(q, k, v, table[:2], cu, lens_k, scale=0.11,
+                                                   compute_dtype=torch.float64)
+        ref_lp = reference.prefix_prefill_attention(q, k, v, table[:2], cu, lens_k,
+                                                    scale=0.11, compute_dtype=dtype)
+        assert_within_budget(bound, ref64, ref_lp, what=f"extend {new}")
+
+
+def test_vllm_layer_keeps_its_binding_until_the_cache_changes():
+    from hygon_attn_backend.integrations.vllm import _core
+
+    spec = _core.LayerSpec(num_heads=8, num_kv_heads=2, head_size=64, scale=0.125)
+    kv = torch.zeros(4, 16, 2, 128, dtype=torch.float16)
+    first = spec.decode_layer(kv, None, None)
+    assert spec.decode_layer(kv, None, None) is first
+    assert spec.prefill_layer(kv, None, None, True) is spec.prefill_layer(kv, None, None, True)
+    assert spec.prefill_layer(kv, None, None, False).causal is False
+    other = torch.zeros_like(kv)  # a reallocated cache: a new binding over its views
+    rebuilt = spec.decode_layer(other, None, None)
+    assert rebuilt is not first and rebuilt.k_cache.data_ptr() == other.data_ptr()

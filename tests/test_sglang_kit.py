@@ -47,16 +47,17 @@ def no_grad():
 
 @pytest.fixture
 def op_calls(monkeypatch):
-    """Counts the layer calls that ran each plan, by the implementation it resolved to."""
+    """Counts the layer calls that ran each plan, by the implementation it resolved to
+    (``run_layer``: what the backend calls per layer, and what ``run`` goes through)."""
     counts = {}
     for name, cls in (("decode", DecodePlan), ("prefill", PrefillPlan)):
-        real = cls.run
+        real = cls.run_layer
 
         def counted(self, *args, _real=real, _name=name, **kwargs):
             counts[(_name, self.impl)] = counts.get((_name, self.impl), 0) + 1
             return _real(self, *args, **kwargs)
 
-        monkeypatch.setattr(cls, "run", counted)
+        monkeypatch.setattr(cls, "run_layer", counted)
     return counts
 
 

@@ -87,6 +87,9 @@ def op_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
     yield f"decode plan.run ({_combine_form(plan)})", \
         lambda q=q, k_cache=k_cache, v_cache=v_cache, out=out: plan.run(q, k_cache, v_cache,
                                                                         out=out)
+    layer = dec.DecodeLayer(k_cache, v_cache)  # what an engine keeps per layer
+    yield f"decode run_layer ({_combine_form(plan)}; the engines' per-layer call)", \
+        lambda q=q, out=out: plan.run_layer(layer, q, out)
     if plan.split:  # the other combine form of the same split, in the same run
         other = dec.plan_paged_decode(
             table, lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
@@ -113,6 +116,9 @@ def op_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
         qp, k_cache, v_cache, table, cu, lens, out=outp, plan=pplan)
     yield "prefill plan.run", lambda: pplan.run(qp, k_cache, v_cache, table, cu, lens,
                                                 out=outp)
+    player = pre.PrefillLayer(k_cache, v_cache)
+    yield "prefill run_layer (the engines' per-layer call)", lambda: pplan.run_layer(
+        player, qp, table, cu, lens, out=outp)
     if device.type == "cuda":
         yield from launcher_rows([
             lambda: plan.run(q, k_cache_d, v_cache_d, out=out),

@@ -13,12 +13,12 @@ import torch
 
 from hygon_attn_backend.ops import _checks
 from hygon_attn_backend.ops.decode_plan import (  # noqa: F401  (re-exported)
-    DECODE_Q_DTYPES, MAX_HEAD_DIM, DecodeConfig, DecodePlan, DecodeWorkspace, ScaleLike,
-    allocate_decode_workspace, check_layer_options, decode_launch_config, num_sms_of,
-    plan_paged_decode)
+    DECODE_Q_DTYPES, MAX_HEAD_DIM, DecodeConfig, DecodeLayer, DecodePlan, DecodeWorkspace,
+    ScaleLike, allocate_decode_workspace, check_layer_options, decode_launch_config,
+    num_sms_of, plan_paged_decode)
 
-__all__ = ["paged_decode_attention", "plan_paged_decode", "DecodePlan", "DecodeWorkspace",
-           "allocate_decode_workspace", "decode_launch_config"]
+__all__ = ["paged_decode_attention", "plan_paged_decode", "DecodePlan", "DecodeLayer",
+           "DecodeWorkspace", "allocate_decode_workspace", "decode_launch_config"]
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

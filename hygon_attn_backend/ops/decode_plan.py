@@ -20,7 +20,7 @@ from hygon_attn_backend import reference, tuning
 from hygon_attn_backend.ops import _checks, _native
 from hygon_attn_backend.ops._dispatch import select_impl
 
-__all__ = ["DecodePlan", "DecodeWorkspace", "DecodeConfig", "plan_paged_decode",
+__all__ = ["DecodePlan", "DecodeLayer", "DecodeWorkspace", "DecodeConfig", "plan_paged_decode",
            "allocate_decode_workspace", "decode_launch_config", "num_sms_of"]
 
 DECODE_Q_DTYPES = (torch.float16, torch.bfloat16)
@@ -217,6 +217,49 @@ _DECODE_PER_CALL = (
 _COMBINE_PER_CALL = ("out_ptr", "stride_o_seq", "stride_o_tok", "stride_o_head", "stride_o_dim")
 
 
+class DecodeLayer:
+    """One layer's side of a paged-decode launch, resolved once: its K/V cache views, softmax
+    scale, fp8 scales, window, soft cap and sinks, with the launch arguments they give
+    (cache strides, scale pointers, the launch variant's key). Independent of the batch: an
+    engine builds one per layer and passes it to every step's :meth:`DecodePlan.run_layer`
+    (rebuilt when the cache tensors or the options change).
+
+    k_cache / v_cache: ``[num_blocks, num_kv_heads, page_size, head_dim]`` views (the
+    split-x K: ``[num_blocks, num_kv_heads, head_dim // x, page_size, x]``); the options
+    as in :func:`ops.decode.paged_decode_attention` (``scale=None``: the plan's default).
+    """
+
+    __slots__ = ("k_cache", "v_cache", "scale", "k_scale", "v_scale", "sliding_window",
+                 "soft_cap", "sinks", "key", "ks", "vs", "ksv", "vsv", "num_blocks",
+                 "kv_strides")
+
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
+                 scale: Optional[float] = None, k_scale: ScaleLike = None,
+                 v_scale: ScaleLike = None, sliding_window: Optional[int] = None,
+                 soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None):
+        self.k_cache, self.v_cache = k_cache, v_cache
+        self.scale, self.k_scale, self.v_scale = scale, k_scale, v_scale
+        self.sliding_window, self.soft_cap, self.sinks = sliding_window, soft_cap, sinks
+        from_ptr = isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor)
+        self.key = (k_cache.dim(), from_ptr, sinks is not None, sliding_window, soft_cap,
+                    scale)
+        if from_ptr:
+            self.ks = _checks.as_scale_tensor(k_scale, k_cache.device)
+            self.vs = _checks.as_scale_tensor(v_scale, k_cache.device)
+            self.ksv = self.vsv = 1.0
+        else:  # the launch passes q as the unused pointers
+            self.ks = self.vs = None
+            self.ksv = 1.0 if k_scale is None else float(k_scale)
+            self.vsv = 1.0 if v_scale is None else float(v_scale)
+        ks_ = k_cache.stride()
+        if len(ks_) == 4:  # [N, H, P, D]; the split-x 5-D K is [N, H, D // x, P, x]
+            ks_ = (ks_[0], ks_[1], ks_[2], ks_[3], 0)
+        else:
+            ks_ = (ks_[0], ks_[1], ks_[3], ks_[4], ks_[2])
+        self.num_blocks = v_cache.shape[0]
+        self.kv_strides = ks_ + tuple(v_cache.stride())
+
+
 @dataclass(eq=False)
 class DecodePlan:
     """A paged-decode launch planned for one batch; :meth:`run` per layer.
@@ -290,60 +333,61 @@ class DecodePlan:
             ) -> torch.Tensor:
         """Launch for one layer (arguments as :func:`ops.decode.paged_decode_attention`;
         call it through that op with ``plan=``, which checks them against the plan)."""
+        layer = DecodeLayer(k_cache, v_cache, scale=scale, k_scale=k_scale, v_scale=v_scale,
+                            sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks)
+        return self.run_layer(layer, q, out)
+
+    def run_layer(self, layer: "DecodeLayer", q: torch.Tensor,
+                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Launch for one layer whose side of the call (caches, options, scales) was
+        resolved once in ``layer``: per call only ``q`` and ``out`` are read (shapes as in
+        :meth:`run`). What an engine calls per layer; it keeps each layer's
+        :class:`DecodeLayer` across steps."""
         if out is None:
             out = torch.empty_like(q)
-        if scale is None:
-            scale = self.scale
-        if self.impl == "reference":
-            return reference.paged_decode_attention(
-                q, k_cache, v_cache, self.block_table, self.seq_lens, scale=scale,
-                out=out, k_scale=k_scale, v_scale=v_scale, sliding_window=sliding_window,
-                soft_cap=soft_cap, sinks=sinks)
-        if self.num_seqs == 0:
-            return out
-        if self.config is None:  # an empty block table: no key is readable
-            return out.zero_()
-        if self.impl == "native":
-            cfg = self.config
-            _native.paged_decode(
-                out.unsqueeze(1) if out.dim() == 3 else out,
-                q.unsqueeze(1) if q.dim() == 3 else q, k_cache, v_cache, self.block_table,
-                self.seq_lens, scale=scale, k_scale=1.0 if k_scale is None else k_scale,
-                v_scale=1.0 if v_scale is None else v_scale, soft_cap=soft_cap,
-                sliding_window=sliding_window, sinks=sinks,
-                partition_size=cfg.partition_size if self.split else _WHOLE_SEQUENCE,
-                num_partitions=cfg.num_partitions, workspace=self.workspace)
-            return out
-        k_ptr = isinstance(k_scale, torch.Tensor)
-        v_ptr = isinstance(v_scale, torch.Tensor)
-        key = (k_cache.dim(), k_ptr or v_ptr, sinks is not None, sliding_window, soft_cap,
-               scale)
+        if self.impl != "triton" or self.num_seqs == 0 or self.config is None:
+            return self._run_other(layer, q, out)
+        key = layer.key if layer.scale is not None else layer.key[:-1] + (self.scale,)
         launches = self._variants.get(key)
         if launches is None:
             launches = self._variants[key] = self._make_launches(*key)
         decode, combine = launches
-        if k_ptr or v_ptr:
-            ks = _checks.as_scale_tensor(k_scale, self.device)
-            vs = _checks.as_scale_tensor(v_scale, self.device)
-            ksv = vsv = 1.0
-        else:
-            ks = vs = q
-            ksv = 1.0 if k_scale is None else float(k_scale)
-            vsv = 1.0 if v_scale is None else float(v_scale)
         qs = q.stride()
         os_ = out.stride()
-        if q.dim() == 3:  # one token per sequence: no token axis
+        if len(qs) == 3:  # one token per sequence: no token axis
             qs = (qs[0], 0, qs[1], qs[2])
             os_ = (os_[0], 0, os_[1], os_[2])
-        ks_ = k_cache.stride()
-        if len(ks_) == 4:  # [N, H, P, D]; the split-x 5-D K is [N, H, D // x, P, x]
-            ks_ = (ks_[0], ks_[1], ks_[2], ks_[3], 0)
-        else:
-            ks_ = (ks_[0], ks_[1], ks_[3], ks_[4], ks_[2])
-        decode(out, q, k_cache, v_cache, q if sinks is None else sinks, ks, vs, ksv, vsv,
-               v_cache.shape[0], *qs, *os_, *ks_, *v_cache.stride())
+        sinks, ks, vs = layer.sinks, layer.ks, layer.vs
+        decode(out, q, layer.k_cache, layer.v_cache, q if sinks is None else sinks,
+               q if ks is None else ks, q if vs is None else vs, layer.ksv, layer.vsv,
+               layer.num_blocks, *qs, *os_, *layer.kv_strides)
         if combine is not None:
             combine(out, *os_)
+        return out
+
+    def _run_other(self, layer: "DecodeLayer", q: torch.Tensor, out: torch.Tensor):
+        """The reference and native paths, an empty batch and an empty table."""
+        scale = self.scale if layer.scale is None else layer.scale
+        if self.impl == "reference":
+            return reference.paged_decode_attention(
+                q, layer.k_cache, layer.v_cache, self.block_table, self.seq_lens,
+                scale=scale, out=out, k_scale=layer.k_scale, v_scale=layer.v_scale,
+                sliding_window=layer.sliding_window, soft_cap=layer.soft_cap,
+                sinks=layer.sinks)
+        if self.num_seqs == 0:
+            return out
+        if self.config is None:  # an empty block table: no key is readable
+            return out.zero_()
+        cfg = self.config  # native
+        _native.paged_decode(
+            out.unsqueeze(1) if out.dim() == 3 else out,
+            q.unsqueeze(1) if q.dim() == 3 else q, layer.k_cache, layer.v_cache,
+            self.block_table, self.seq_lens, scale=scale,
+            k_scale=1.0 if layer.k_scale is None else layer.k_scale,
+            v_scale=1.0 if layer.v_scale is None else layer.v_scale,
+            soft_cap=layer.soft_cap, sliding_window=layer.sliding_window, sinks=layer.sinks,
+            partition_size=cfg.partition_size if self.split else _WHOLE_SEQUENCE,
+            num_partitions=cfg.num_partitions, workspace=self.workspace)
         return out
 
     def _make_launches(self, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft_cap,

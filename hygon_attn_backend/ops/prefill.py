@@ -13,10 +13,10 @@ import torch
 
 from hygon_attn_backend.ops import _checks
 from hygon_attn_backend.ops.prefill_plan import (  # noqa: F401  (re-exported)
-    PREFILL_Q_DTYPES, PrefillPlan, ScaleLike, check_host_lengths, check_prefill_options,
-    plan_prefix_prefill)
+    PREFILL_Q_DTYPES, PrefillLayer, PrefillPlan, ScaleLike, check_host_lengths,
+    check_prefill_options, plan_prefix_prefill)
 
-__all__ = ["prefix_prefill_attention", "plan_prefix_prefill", "PrefillPlan"]
+__all__ = ["prefix_prefill_attention", "plan_prefix_prefill", "PrefillPlan", "PrefillLayer"]
 
 
 def _check_values(cu_seqlens_q, seq_lens_k, block_table, total_q, page_size, has_k_new=False):

@@ -24,7 +24,7 @@ from hygon_attn_backend.ops import _checks
 from hygon_attn_backend.ops._dispatch import select_impl, triton_interpreter_on
 from hygon_attn_backend.ops.decode_plan import next_pow2, num_sms_of
 
-__all__ = ["PrefillPlan", "plan_prefix_prefill", "check_host_lengths"]
+__all__ = ["PrefillPlan", "PrefillLayer", "plan_prefix_prefill", "check_host_lengths"]
 
 ScaleLike = _checks.ScaleLike
 PREFILL_Q_DTYPES = (torch.float16, torch.bfloat16)
@@ -136,6 +136,45 @@ def check_prefill_options(*, scale, sliding_window, soft_cap) -> None:
         raise ValueError(f"soft_cap must be >= 0 or None, got {soft_cap}")
 
 
+class PrefillLayer:
+    """One layer's side of a prefix-prefill launch, resolved once: its K/V cache views,
+    softmax scale, causality, fp8 scales, window, soft cap and sinks, with the launch
+    arguments they give (cache strides, scale pointers, part of the variant's key).
+    Independent of the batch: an engine builds one per layer and passes it to every
+    step's :meth:`PrefillPlan.run_layer` (rebuilt when the caches or options change).
+
+    k_cache / v_cache: ``[num_blocks, num_kv_heads, page_size, head_dim]`` views; the
+    options as in :func:`ops.prefill.prefix_prefill_attention`.
+    """
+
+    __slots__ = ("k_cache", "v_cache", "scale", "causal", "k_scale", "v_scale",
+                 "sliding_window", "soft_cap", "sinks", "key", "ks", "vs", "ksv", "vsv",
+                 "num_blocks", "kv_strides")
+
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
+                 scale: Optional[float] = None, causal: bool = True, k_scale: ScaleLike = None,
+                 v_scale: ScaleLike = None, sliding_window: Optional[int] = None,
+                 soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None):
+        self.k_cache, self.v_cache, self.scale, self.causal = k_cache, v_cache, scale, causal
+        self.k_scale, self.v_scale = k_scale, v_scale
+        self.sliding_window, self.soft_cap, self.sinks = sliding_window, soft_cap, sinks
+        quant = k_cache.dtype in _checks.FP8_DTYPES
+        from_ptr = quant and (isinstance(k_scale, torch.Tensor)
+                              or isinstance(v_scale, torch.Tensor))
+        self.key = (k_cache.dtype, k_cache.shape[2], bool(causal), quant, from_ptr,
+                    sliding_window if causal else None, soft_cap, sinks is not None, scale)
+        if from_ptr:
+            self.ks = _checks.as_scale_tensor(k_scale, k_cache.device)
+            self.vs = _checks.as_scale_tensor(v_scale, k_cache.device)
+            self.ksv = self.vsv = 1.0
+        else:  # the launch passes a placeholder pointer
+            self.ks = self.vs = None
+            self.ksv = float(k_scale) if quant and k_scale is not None else 1.0
+            self.vsv = float(v_scale) if quant and v_scale is not None else 1.0
+        self.num_blocks = k_cache.shape[0]
+        self.kv_strides = tuple(k_cache.stride()) + tuple(v_cache.stride())
+
+
 @dataclass(eq=False)
 class PrefillPlan:
     """Tile schedule and launch config of one batch (reused by every layer).
@@ -192,36 +231,38 @@ class PrefillPlan:
             v_scale=None, sliding_window=None, soft_cap=None, sinks=None):
         """Launch for one layer (arguments as :func:`ops.prefill.prefix_prefill_attention`,
         already checked; call it through that op with ``plan=``)."""
+        layer = PrefillLayer(k_cache, v_cache, scale=scale, causal=causal, k_scale=k_scale,
+                             v_scale=v_scale, sliding_window=sliding_window,
+                             soft_cap=soft_cap, sinks=sinks)
+        return self.run_layer(layer, q, block_table, cu_seqlens_q, seq_lens_k, k_new=k_new,
+                              v_new=v_new, out=out, return_lse=return_lse)
+
+    def run_layer(self, layer: "PrefillLayer", q, block_table, cu_seqlens_q, seq_lens_k, *,
+                  k_new=None, v_new=None, out=None, return_lse=False):
+        """Launch for one layer whose side of the call (caches, options, scales) was
+        resolved once in ``layer``; the per-call tensors as in :meth:`run`. What an engine
+        calls per layer; it keeps each layer's :class:`PrefillLayer` across steps."""
         if out is None:
             out = torch.empty_like(q)
         if self.impl == "reference":
             return reference.prefix_prefill_attention(
-                q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, scale=scale,
-                causal=causal, k_new=k_new, v_new=v_new, out=out, return_lse=return_lse,
-                k_scale=k_scale, v_scale=v_scale, sliding_window=sliding_window,
-                soft_cap=soft_cap, sinks=sinks)
+                q, layer.k_cache, layer.v_cache, block_table, cu_seqlens_q, seq_lens_k,
+                scale=layer.scale, causal=layer.causal, k_new=k_new, v_new=v_new, out=out,
+                return_lse=return_lse, k_scale=layer.k_scale, v_scale=layer.v_scale,
+                sliding_window=layer.sliding_window, soft_cap=layer.soft_cap,
+                sinks=layer.sinks)
         lse = (torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
                if return_lse else None)
         if self.tile_req.shape[0] == 0 or self.total_q == 0:
             return (out, lse) if return_lse else out
-        quant = k_cache.dtype in _checks.FP8_DTYPES
-        from_ptr = quant and (isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor))
         has_new = k_new is not None
-        key = (q.dtype, k_cache.dtype, k_cache.shape[2], q.shape[2], bool(causal), has_new,
-               bool(return_lse), quant, from_ptr, sliding_window if causal else None, soft_cap,
-               sinks is not None, scale)
+        key = (q.dtype, q.shape[2], has_new, bool(return_lse)) + layer.key
         launch = self._variants.get(key)
         if launch is None:
             launch = self._variants[key] = self._make_launch(*key, cu_seqlens_q, seq_lens_k,
-                                                             k_cache)
-        if from_ptr:
-            ks = _checks.as_scale_tensor(k_scale, q.device)
-            vs = _checks.as_scale_tensor(v_scale, q.device)
-            ksv = vsv = 1.0
-        else:
-            ks = vs = self.tile_req  # unused placeholders
-            ksv = float(k_scale) if quant and k_scale is not None else 1.0
-            vsv = float(v_scale) if quant and v_scale is not None else 1.0
+                                                             layer.k_cache)
+        ks = self.tile_req if layer.ks is None else layer.ks  # unused placeholders: any
+        vs = self.tile_req if layer.vs is None else layer.vs
         kn, vn = (k_new, v_new) if has_new else (q, q)
         # block ids outside [0, num_blocks) and columns past max_blocks are absent keys (the
         # kernel never reads them); an empty table is never read: any pointer stands in
@@ -230,12 +271,14 @@ class PrefillPlan:
         kn_s = k_new.stride() if has_new else (0, 0, 0)
         vn_s = v_new.stride() if has_new else (0, 0, 0)
         lse_t, lse_s = (lse, lse.stride()) if return_lse else (out, (0, 0))
-        launch(q, k_cache, v_cache, kn, vn, out, lse_t, q if sinks is None else sinks,
-               bt, ks, vs, ksv, vsv, *q.stride(), *k_cache.stride(), *v_cache.stride(), *kn_s,
-               *vn_s, *out.stride(), *lse_s, *bt.stride(), k_cache.shape[0], max_blocks)
+        sinks = layer.sinks
+        launch(q, layer.k_cache, layer.v_cache, kn, vn, out, lse_t,
+               q if sinks is None else sinks, bt, ks, vs, layer.ksv, layer.vsv, *q.stride(),
+               *layer.kv_strides, *kn_s, *vn_s, *out.stride(), *lse_s, *bt.stride(),
+               layer.num_blocks, max_blocks)
         return (out, lse) if return_lse else out
 
-    def _make_launch(self, q_dtype, kv_dtype, page_size, head_dim, causal, has_new, return_lse,
+    def _make_launch(self, q_dtype, head_dim, has_new, return_lse, kv_dtype, page_size, causal,
                      quant, from_ptr, window, soft_cap, has_sinks, scale, cu_seqlens_q,
                      seq_lens_k, k_cache):
         from hygon_attn_backend.kernels.prefill import prefix_prefill_kernel

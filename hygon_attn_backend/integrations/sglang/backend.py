@@ -49,9 +49,10 @@ from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from hygon_attn_backend import envs
 from hygon_attn_backend.ops._dispatch import select_impl
 from hygon_attn_backend.integrations.sglang import warmup
-from hygon_attn_backend.ops.decode import allocate_decode_workspace, plan_paged_decode
+from hygon_attn_backend.ops.decode import (DecodeLayer, allocate_decode_workspace,
+                                           plan_paged_decode)
 from hygon_attn_backend.ops.decode_plan import num_sms_of
-from hygon_attn_backend.ops.prefill import plan_prefix_prefill
+from hygon_attn_backend.ops.prefill import PrefillLayer, plan_prefix_prefill
 from hygon_attn_backend.shims import sglang as shims
 
 logger = logging.getLogger(__name__)
@@ -147,6 +148,29 @@ class _LayerState:
     v_scale: Optional[float]
     k_view: torch.Tensor
     v_view: torch.Tensor
+    _decode: Optional[DecodeLayer] = dataclasses.field(default=None, repr=False)
+    _prefill: Optional[PrefillLayer] = dataclasses.field(default=None, repr=False)
+
+    def decode_layer(self, sinks) -> DecodeLayer:
+        """This layer's side of a decode launch, built on first use and kept across steps
+        (``sinks``: SGLang passes the layer's parameter, the same tensor on every call)."""
+        d = self._decode
+        if d is None or d.sinks is not sinks:
+            d = self._decode = DecodeLayer(
+                self.k_view, self.v_view, scale=self.scale, k_scale=self.k_scale,
+                v_scale=self.v_scale, sliding_window=self.sliding_window,
+                soft_cap=self.soft_cap, sinks=sinks)
+        return d
+
+    def prefill_layer(self, sinks) -> PrefillLayer:
+        """This layer's side of a prefix-prefill launch, as :meth:`decode_layer`."""
+        p = self._prefill
+        if p is None or p.sinks is not sinks:
+            p = self._prefill = PrefillLayer(
+                self.k_view, self.v_view, scale=self.scale, causal=self.causal,
+                k_scale=self.k_scale, v_scale=self.v_scale,
+                sliding_window=self.sliding_window, soft_cap=self.soft_cap, sinks=sinks)
+        return p
 
     @classmethod
     def build(cls, layer, pool) -> "_LayerState":
@@ -420,11 +444,9 @@ class HygonAttnBackend(AttentionBackend):
         if k is not None:  # SGLang passes [tokens, Hkv, D]; a flat [tokens, Hkv * D] too
             k_new = k if k.dim() == 3 else k.view(-1, st.num_kv_heads, st.head_dim)
             v_new = v if v.dim() == 3 else v.view(-1, st.num_kv_heads, st.head_dim)
-        plan.run(q3, st.k_view, st.v_view, meta.block_table, meta.cu_seqlens_q, meta.seq_lens,
-                 scale=st.scale, causal=st.causal, k_new=k_new, v_new=v_new,
-                 out=out.view(-1, st.num_heads, st.head_dim), k_scale=st.k_scale,
-                 v_scale=st.v_scale, sliding_window=st.sliding_window, soft_cap=st.soft_cap,
-                 sinks=sinks)
+        plan.run_layer(st.prefill_layer(sinks), q3, meta.block_table, meta.cu_seqlens_q,
+                       meta.seq_lens, k_new=k_new, v_new=v_new,
+                       out=out.view(-1, st.num_heads, st.head_dim))
         return out
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True,
@@ -442,7 +464,5 @@ class HygonAttnBackend(AttentionBackend):
         out = q.new_empty((q3.shape[0], st.num_heads * st.head_dim))
         plan = self._plan(meta, st.num_heads, st.num_kv_heads, st.head_dim, q.dtype,
                           extend=False)
-        plan.run(q3, st.k_view, st.v_view, out=out.view(-1, st.num_heads, st.head_dim),
-                 scale=st.scale, k_scale=st.k_scale, v_scale=st.v_scale,
-                 sliding_window=st.sliding_window, soft_cap=st.soft_cap, sinks=sinks)
+        plan.run_layer(st.decode_layer(sinks), q3, out.view(-1, st.num_heads, st.head_dim))
         return out

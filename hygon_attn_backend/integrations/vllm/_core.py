@@ -31,8 +31,9 @@ import torch
 
 from hygon_attn_backend import layouts
 from hygon_attn_backend.ops.cache import WritePlan, plan_write_kv
-from hygon_attn_backend.ops.decode import DecodePlan, DecodeWorkspace, plan_paged_decode
-from hygon_attn_backend.ops.prefill import PrefillPlan, plan_prefix_prefill
+from hygon_attn_backend.ops.decode import (DecodeLayer, DecodePlan, DecodeWorkspace,
+                                           plan_paged_decode)
+from hygon_attn_backend.ops.prefill import PrefillLayer, PrefillPlan, plan_prefix_prefill
 
 #: vLLM's ``kv_cache_dtype`` strings for fp8 caches, and the torch dtype each stores.
 FP8_CACHE_DTYPES = {
@@ -58,7 +59,8 @@ class LayerSpec:
     """
 
     __slots__ = ("num_heads", "num_kv_heads", "head_size", "scale", "kv_cache_dtype",
-                 "sliding_window", "soft_cap", "sinks", "_kv_src", "_kv")
+                 "sliding_window", "soft_cap", "sinks", "_kv_src", "_kv", "_decode",
+                 "_prefill")
 
     def __init__(self, *, num_heads: int, num_kv_heads: int, head_size: int, scale: float,
                  kv_cache_dtype: str = "auto", sliding_window: Optional[int] = None,
@@ -71,6 +73,8 @@ class LayerSpec:
         self.sinks = sinks
         self._kv_src = None
         self._kv = None
+        self._decode: Optional[DecodeLayer] = None
+        self._prefill: Optional[PrefillLayer] = None
 
     @property
     def fp8(self) -> bool:
@@ -89,6 +93,32 @@ class LayerSpec:
             self._kv = layouts.vllm_kv_views(src)
             self._kv_src = kv_cache
         return self._kv
+
+    def decode_layer(self, kv_cache: torch.Tensor, k_scale, v_scale) -> DecodeLayer:
+        """This layer's side of a decode launch over ``kv_cache``, kept across steps while
+        the cache and the fp8 scale objects stay the same (vLLM passes the layer's own
+        scale tensors, the same objects on every call)."""
+        k_cache, v_cache = self.kv_views(kv_cache)
+        d = self._decode
+        if d is None or d.k_cache is not k_cache or d.k_scale is not k_scale or \
+                d.v_scale is not v_scale:
+            d = self._decode = DecodeLayer(
+                k_cache, v_cache, scale=self.scale, k_scale=k_scale, v_scale=v_scale,
+                sliding_window=self.sliding_window, soft_cap=self.soft_cap, sinks=self.sinks)
+        return d
+
+    def prefill_layer(self, kv_cache: torch.Tensor, k_scale, v_scale,
+                      causal: bool) -> PrefillLayer:
+        """This layer's side of a prefix-prefill launch, as :meth:`decode_layer`."""
+        k_cache, v_cache = self.kv_views(kv_cache)
+        p = self._prefill
+        if p is None or p.k_cache is not k_cache or p.k_scale is not k_scale or \
+                p.v_scale is not v_scale or p.causal != causal:
+            p = self._prefill = PrefillLayer(
+                k_cache, v_cache, scale=self.scale, causal=causal, k_scale=k_scale,
+                v_scale=v_scale, sliding_window=self.sliding_window, soft_cap=self.soft_cap,
+                sinks=self.sinks)
+        return p
 
 
 @dataclass
@@ -260,7 +290,6 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, md: HygonAttentionMet
     past ``md.num_actual_tokens`` are left as they are). kv_cache: vLLM's combined
     cache (see :meth:`LayerSpec.kv_views`), already holding the new tokens' K/V.
     """
-    k_cache, v_cache = layer.kv_views(kv_cache)
     if not layer.fp8:
         k_scale = v_scale = None
     nd = md.num_decode_tokens
@@ -274,10 +303,8 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, md: HygonAttentionMet
             q_dec, o_dec = query, out
         else:
             q_dec, o_dec = query[:nd], out[:nd]
-        md.decode_plan.run(q_dec, k_cache, v_cache, out=o_dec, scale=layer.scale,
-                           k_scale=k_scale, v_scale=v_scale,
-                           sliding_window=layer.sliding_window, soft_cap=layer.soft_cap,
-                           sinks=layer.sinks)
+        md.decode_plan.run_layer(layer.decode_layer(kv_cache, k_scale, v_scale), q_dec,
+                                 o_dec)
     if md.prefill_plan is not None:
         if md.prefill_plan.impl == "triton":
             # the whole tensors and the rows' offsets in them: the kernel addresses q and
@@ -286,9 +313,7 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, md: HygonAttentionMet
         else:  # the reference writes every row of its out: slices
             end = md.num_actual_tokens
             q_pre, o_pre, cu = query[nd:end], out[nd:end], md.prefill_cu_seqlens_q
-        md.prefill_plan.run(q_pre, k_cache, v_cache, md.prefill_block_table, cu,
-                            md.prefill_seq_lens, scale=layer.scale, causal=md.causal,
-                            out=o_pre, k_scale=k_scale, v_scale=v_scale,
-                            sliding_window=layer.sliding_window, soft_cap=layer.soft_cap,
-                            sinks=layer.sinks)
+        md.prefill_plan.run_layer(layer.prefill_layer(kv_cache, k_scale, v_scale, md.causal),
+                                  q_pre, md.prefill_block_table, cu, md.prefill_seq_lens,
+                                  out=o_pre)
     return out
