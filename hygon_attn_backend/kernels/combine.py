@@ -56,7 +56,8 @@ def merge_partitions(out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
                      HEADS: tl.constexpr,      # heads per token in the group
                      HEAD_DIM: tl.constexpr,
                      HEAD_DIM_PAD: tl.constexpr,
-                     PART_CHUNK: tl.constexpr):  # partitions read per step
+                     PART_CHUNK: tl.constexpr,  # partitions read per step
+                     STAGES: tl.constexpr = 1):  # loads in flight (1 when fused: below)
     """Merge partitions ``[0, num_parts)`` of rows ``r < ROWS``: token
     ``tok0 + r // HEADS``, query head ``head0 + r % HEADS``; one pass, online rescale."""
     offs_p = tl.arange(0, PART_CHUNK)
@@ -72,9 +73,10 @@ def merge_partitions(out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
     big_m = tl.full([ROWS_PAD], float("-inf"), dtype=tl.float32)
     total = tl.zeros([ROWS_PAD], dtype=tl.float32)
     acc = tl.zeros([ROWS_PAD, HEAD_DIM_PAD], dtype=tl.float32)
-    # one stage: a pipelined loop would hold a shared-memory ring of o tiles for the whole
-    # kernel, which (fused into decode) costs occupancy in the KV loop
-    for c in tl.range(0, num_parts, PART_CHUNK, num_stages=1):
+    # fused into decode: one stage (a pipelined loop would hold a shared-memory ring of o
+    # tiles for the whole kernel, which costs occupancy in the KV loop); the combine
+    # kernel alone may pipeline (tuning.decode_combine_stages)
+    for c in tl.range(0, num_parts, PART_CHUNK, num_stages=STAGES):
         p_ok = (c + offs_p) < num_parts
         slots = slot0 + c + offs_p  # [PART_CHUNK]
         ok = p_ok[:, None] & r_ok[None, :]  # [PART_CHUNK, ROWS_PAD]
@@ -114,6 +116,7 @@ def combine_partitions_kernel(
     PART_CHUNK: tl.constexpr,  # partitions read per step
     SEQ_SPLIT: tl.constexpr,   # the decode launch's partitioning (seq_partitions)
     ALIGN: tl.constexpr,
+    STAGES: tl.constexpr = 1,  # loads of partition chunks in flight
 ):
     seq = tl.program_id(0).to(tl.int64)
     row = tl.program_id(1)  # t * num_q_heads + h
@@ -125,4 +128,4 @@ def combine_partitions_kernel(
                      stride_o_seq, stride_o_tok, stride_o_head, stride_o_dim,
                      stride_ml_slot, stride_ml_row, stride_po_slot, stride_po_row,
                      stride_po_dim, ROWS=1, ROWS_PAD=1, HEADS=1, HEAD_DIM=HEAD_DIM,
-                     HEAD_DIM_PAD=HEAD_DIM_PAD, PART_CHUNK=PART_CHUNK)
+                     HEAD_DIM_PAD=HEAD_DIM_PAD, PART_CHUNK=PART_CHUNK, STAGES=STAGES)
