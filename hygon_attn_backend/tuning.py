@@ -232,12 +232,23 @@ def decode_fused_combine(*, num_partitions: int) -> bool:
 DECODE_FUSED_MAX_PARTITIONS = 4  # measured: a gain at 4 partitions, a loss from 8
 
 
-def decode_combine_chunk(*, rows_pad: int, head_dim_pad: int, num_warps: int) -> int:
-    """Partitions the merge reads per step: a ``[chunk, rows_pad, head_dim_pad]`` fp32
-    tile of at most 16 values per thread (plus a 64-bit address each: ~48 registers), at
-    most 16 partitions."""
-    budget = 16 * 32 * max(1, num_warps)
-    return max(1, min(16, budget // max(1, rows_pad * head_dim_pad)))
+def decode_combine_chunk(*, rows_pad: int, head_dim_pad: int, num_warps: int,
+                         fused: bool = True) -> int:
+    """Partitions the merge reads per step, a ``[chunk, rows_pad, head_dim_pad]`` fp32 tile.
+
+    Fused into the decode kernel: at most 16 values per thread (plus a 64-bit address
+    each: ~48 registers) and 16 partitions, so the merge does not cost the KV loop its
+    occupancy. The combine kernel alone (``fused=False``) has registers to spare and is
+    latency-bound (one program per (sequence, query row), each step a dependent load):
+    64 values per thread and 64 partitions per step, so a 64-partition split merges in one
+    step. Measured (H200, combine kernel alone, L2 cleared, median of 3 x 300 ms,
+    session 4 in ``notes-decode.md``): chunk 64 / 4 warps against the former 16 / 4 warps:
+    (1, 32k) D=128, 64 partitions 7.41 against 9.73 us; (1, 128k) 7.38 against 9.73; (8, 8k)
+    8.20 against 11.17; (1, 32k) D=64, 128 partitions 10.92 against 11.47 (8 warps: 9.68).
+    """
+    per_thread, cap = (16, 16) if fused else (64, 64)
+    budget = per_thread * 32 * max(1, num_warps)
+    return max(1, min(cap, budget // max(1, rows_pad * head_dim_pad)))
 
 
 # ----------------------------------------------------------------------------- prefix prefill

@@ -460,7 +460,7 @@ class DecodePlan:
                 stride_po_dim=ws.partial_out.stride(2),
                 HEAD_DIM=self.head_dim, HEAD_DIM_PAD=head_dim_pad,
                 PART_CHUNK=tuning.decode_combine_chunk(rows_pad=1, head_dim_pad=head_dim_pad,
-                                                       num_warps=combine_warps),
+                                                       num_warps=combine_warps, fused=False),
                 SEQ_SPLIT=cfg.seq_split, ALIGN=cfg.block_n, STAGES=1)
             combine = Launch(combine_partitions_kernel, (self.num_seqs, rows, 1), cfixed,
                              _COMBINE_PER_CALL, num_warps=combine_warps, num_stages=1)
