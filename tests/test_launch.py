@@ -189,3 +189,31 @@ def test_vllm_layer_keeps_its_binding_until_the_cache_changes():
     other = torch.zeros_like(kv)  # a reallocated cache: a new binding over its views
     rebuilt = spec.decode_layer(other, None, None)
     assert rebuilt is not first and rebuilt.k_cache.data_ptr() == other.data_ptr()
+
+
+def test_forwarding_function_generated_once_per_layout():
+    """Two launches with the same argument layout (two steps' plans) share one generated
+    binder; each forwards its own grid and batch-level values in the kernel's order."""
+    from hygon_attn_backend.ops import _launch
+
+    names = list(paged_decode_kernel.arg_names)
+    per_call = ("out_ptr", "q_ptr", "num_blocks")
+    calls = []
+    fake_run = lambda *a: calls.append(a)  # noqa: E731
+    launches = []
+    for step in (1, 2):
+        fixed = {n: (step if n == "num_partitions" else 0) for n in names
+                 if n not in per_call}
+        launches.append(Launch(paged_decode_kernel, (step, 1, 1), fixed, per_call,
+                               num_warps=4, num_stages=1))
+    layout = (len(names), tuple(names.index(n) for n in per_call))
+    assert layout in _launch._BINDERS
+    for step, launch in enumerate(launches, 1):
+        launch._forward(fake_run, "stream", "fn", "meta", 111, 222, 5)
+        args = calls[-1]
+        assert args[:9] == (step, 1, 1, "stream", "fn", "meta", None, None, None)
+        kernel_args = args[9:]
+        assert kernel_args[names.index("out_ptr")] == 111
+        assert kernel_args[names.index("q_ptr")] == 222
+        assert kernel_args[names.index("num_blocks")] == 5
+        assert kernel_args[names.index("num_partitions")] == step
