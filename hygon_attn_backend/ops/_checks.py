@@ -32,6 +32,23 @@ def as_scale_tensor(scale: ScaleLike, device) -> torch.Tensor:
                       device=device)
 
 
+def scale_launch_args(k_scale: ScaleLike, v_scale: ScaleLike, device, *, used: bool = True):
+    """How a kernel takes a call's K/V scales: ``(from_ptr, k_ptr, v_ptr, k_value, v_value)``.
+
+    A tensor scale (either one) makes both pointers (``from_ptr``: one compiled variant for
+    both forms, the values unused); else the values as floats (``None`` is 1) and no
+    pointers (``None``: the launch passes a placeholder). ``used=False`` (a cache that is
+    not fp8): no scale applies, whatever was passed.
+    """
+    if not used:
+        return False, None, None, 1.0, 1.0
+    if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):
+        return True, as_scale_tensor(k_scale, device), as_scale_tensor(v_scale, device), \
+            1.0, 1.0
+    return (False, None, None, 1.0 if k_scale is None else float(k_scale),
+            1.0 if v_scale is None else float(v_scale))
+
+
 def debug_enabled() -> bool:
     """``HYGON_ATTN_DEBUG=1`` turns on value checks that sync with the host."""
     return envs.debug()

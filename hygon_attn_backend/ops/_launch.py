@@ -47,8 +47,7 @@ class Launch:
     """
 
     __slots__ = ("kernel", "grid", "_template", "_slots", "_options", "_compiled",
-                 "_num_tensors", "_fixed_tensors", "_int_pointers", "_int_template",
-                 "_forward")
+                 "_num_tensors", "_int_pointers", "_int_template", "_forward")
 
     def __init__(self, kernel, grid: Tuple[int, int, int], fixed: Dict[str, Any],
                  per_call: Sequence[str], *, num_warps: int, num_stages: int):
@@ -67,17 +66,14 @@ class Launch:
         self._options = dict(num_warps=num_warps, num_stages=num_stages)
         self._compiled: Dict[tuple, Any] = {}
         self._num_tensors = sum(1 for n in per_call if n.endswith("_ptr"))
-        # template slots holding tensors (batch-level: block table, lengths, scratch)
-        self._fixed_tensors = tuple(i for i, v in enumerate(self._template)
-                                    if hasattr(v, "data_ptr"))
         self._int_pointers = True
         if any(not n.endswith("_ptr") for n in per_call[:self._num_tensors]):
             raise TypeError(f"per_call must list the tensors (*_ptr) first, got {per_call}")
-        # the direct path's template: batch-level tensors as their addresses, read once
-        # (they belong to the plan and live as long as it does)
-        self._int_template = list(self._template)
-        for i in self._fixed_tensors:
-            self._int_template[i] = self._template[i].data_ptr()
+        # the direct path's template: the batch-level tensors (block table, lengths,
+        # scratch) as their addresses, read once (they belong to the plan and live as long
+        # as it does)
+        self._int_template = [v.data_ptr() if hasattr(v, "data_ptr") else v
+                              for v in self._template]
         self._forward = _forward_function(self.grid, self._int_template, self._slots)
 
     def signature(self, values: Sequence, ptrs: Optional[Sequence[int]] = None) -> tuple:

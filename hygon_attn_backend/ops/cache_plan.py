@@ -78,21 +78,14 @@ class WritePlan:
                              v_scale=1.0 if v_scale is None else v_scale)
             return
         quant = k_cache.dtype in _checks.FP8_DTYPES
-        from_ptr = quant and (isinstance(k_scale, torch.Tensor)
-                              or isinstance(v_scale, torch.Tensor))
+        from_ptr, ksp, vsp, ksv, vsv = _checks.scale_launch_args(k_scale, v_scale,
+                                                                 self.device, used=quant)
         key = (k_cache.dim(), k_cache.dtype, k.dtype, from_ptr)
         launch = self._variants.get(key)
         if launch is None:
             launch = self._variants[key] = self._make_launch(*key)
-        if from_ptr:
-            # One form for both scales keeps a single compiled variant per layout.
-            ksp = _checks.as_scale_tensor(k_scale, self.device)
-            vsp = _checks.as_scale_tensor(v_scale, self.device)
-            ksv = vsv = 1.0
-        else:
-            ksp = vsp = self.slot_mapping  # unused placeholders
-            ksv = float(k_scale) if quant and k_scale is not None else 1.0
-            vsv = float(v_scale) if quant and v_scale is not None else 1.0
+        if not from_ptr:  # unused placeholders
+            ksp = vsp = self.slot_mapping
         kcs = k_cache.stride()
         kcs = (kcs[0], kcs[1], kcs[2], kcs[3], 0) if len(kcs) == 4 else \
             (kcs[0], kcs[1], kcs[3], kcs[2], kcs[4])  # split-x [N, H, D // x, P, x]

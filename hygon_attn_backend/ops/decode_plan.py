@@ -240,17 +240,11 @@ class DecodeLayer:
         self.k_cache, self.v_cache = k_cache, v_cache
         self.scale, self.k_scale, self.v_scale = scale, k_scale, v_scale
         self.sliding_window, self.soft_cap, self.sinks = sliding_window, soft_cap, sinks
-        from_ptr = isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor)
+        # no scale pointers: the launch passes q in their place
+        from_ptr, self.ks, self.vs, self.ksv, self.vsv = _checks.scale_launch_args(
+            k_scale, v_scale, k_cache.device)
         self.key = (k_cache.dim(), from_ptr, sinks is not None, sliding_window, soft_cap,
                     scale)
-        if from_ptr:
-            self.ks = _checks.as_scale_tensor(k_scale, k_cache.device)
-            self.vs = _checks.as_scale_tensor(v_scale, k_cache.device)
-            self.ksv = self.vsv = 1.0
-        else:  # the launch passes q as the unused pointers
-            self.ks = self.vs = None
-            self.ksv = 1.0 if k_scale is None else float(k_scale)
-            self.vsv = 1.0 if v_scale is None else float(v_scale)
         ks_ = k_cache.stride()
         if len(ks_) == 4:  # [N, H, P, D]; the split-x 5-D K is [N, H, D // x, P, x]
             ks_ = (ks_[0], ks_[1], ks_[2], ks_[3], 0)

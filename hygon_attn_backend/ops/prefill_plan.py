@@ -159,18 +159,11 @@ class PrefillLayer:
         self.k_scale, self.v_scale = k_scale, v_scale
         self.sliding_window, self.soft_cap, self.sinks = sliding_window, soft_cap, sinks
         quant = k_cache.dtype in _checks.FP8_DTYPES
-        from_ptr = quant and (isinstance(k_scale, torch.Tensor)
-                              or isinstance(v_scale, torch.Tensor))
+        # no scale pointers: the launch passes a placeholder in their place
+        from_ptr, self.ks, self.vs, self.ksv, self.vsv = _checks.scale_launch_args(
+            k_scale, v_scale, k_cache.device, used=quant)
         self.key = (k_cache.dtype, k_cache.shape[2], bool(causal), quant, from_ptr,
                     sliding_window if causal else None, soft_cap, sinks is not None, scale)
-        if from_ptr:
-            self.ks = _checks.as_scale_tensor(k_scale, k_cache.device)
-            self.vs = _checks.as_scale_tensor(v_scale, k_cache.device)
-            self.ksv = self.vsv = 1.0
-        else:  # the launch passes a placeholder pointer
-            self.ks = self.vs = None
-            self.ksv = float(k_scale) if quant and k_scale is not None else 1.0
-            self.vsv = float(v_scale) if quant and v_scale is not None else 1.0
         self.num_blocks = k_cache.shape[0]
         self.kv_strides = tuple(k_cache.stride()) + tuple(v_cache.stride())
 
