@@ -27,6 +27,8 @@ VARIABLES = {
     "HYGON_ATTN_DECODE_WARPS": "force the decode kernel's warps",
     "HYGON_ATTN_DECODE_STAGES": "force the decode kernel's pipeline stages",
     "HYGON_ATTN_DECODE_PREFETCH": "0/1: read the next tile's block ids one iteration ahead",
+    "HYGON_ATTN_DECODE_PDL": "0: launch the split-KV combine as a plain launch instead of a "
+                             "programmatic dependent launch (default on NVIDIA sm_90+)",
     "HYGON_ATTN_WRITE_KV_BLOCK_H": "write_kv heads per program (a power of two)",
     "HYGON_ATTN_COPY_BLOCKS_BLOCK": "copy_blocks elements per program (a power of two)",
     "HYGON_SGLANG_CHECK_PAGES": "1: check page contiguity of every SGLang batch (debugging)",
@@ -117,6 +119,16 @@ def prefill_tile() -> Optional[Tuple[int, int, int, int]]:
             raise ValueError(f"HYGON_ATTN_PREFILL_TILE: {name} must be a power of two >= 16, "
                              f"got {raw!r}")
     return block_m, block_n, num_warps, num_stages
+
+
+def decode_pdl() -> Optional[bool]:
+    """``HYGON_ATTN_DECODE_PDL``: ``True``/``False`` forced, ``None`` unset."""
+    raw = _raw("HYGON_ATTN_DECODE_PDL")
+    if raw is None:
+        return None
+    if raw not in ("0", "1"):
+        raise ValueError(f"HYGON_ATTN_DECODE_PDL must be 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 def write_kv_block_h() -> Optional[int]:

@@ -7,6 +7,8 @@ No model names here: only shapes and device facts.
 
 from __future__ import annotations
 
+import functools
+
 from hygon_attn_backend import envs
 
 
@@ -230,6 +232,47 @@ def decode_fused_combine(*, num_partitions: int) -> bool:
 
 
 DECODE_FUSED_MAX_PARTITIONS = 4  # measured: a gain at 4 partitions, a loss from 8
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_major(index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def decode_combine_pdl(device) -> bool:
+    """Whether a split decode launches its combine kernel as a programmatic dependent
+    launch (PDL) of the decode kernel.
+
+    Reasoning: between the decode grid and the combine grid the GPU drains the first, then
+    launches and ramps up the second: microseconds that matter at batch 1, where the whole
+    decode is 25-50 us (docs/notes-decode.md: the combine launch is 5-8 us of 24-52 us). With
+    PDL (CUDA ``cudaLaunchAttributeProgrammaticStreamSerialization``, sm_90+), the decode
+    programs let the combine grid be scheduled as soon as all of them have started, and
+    the combine programs wait (``griddepcontrol.wait``) until the decode grid's writes are
+    visible, so the launch overlaps the decode's tail. CUDA graphs keep the dependency as
+    a programmatic edge. Needs an NVIDIA GPU of compute capability 9.0 or newer and a
+    Triton with ``launch_pdl``; never on HIP or under the interpreter.
+    Measurement (H200, bf16/fp16, page 16, graph replay with the L2 cleared, two runs
+    each way alternated, session 5 in docs/notes-decode.md v10): with PDL against without,
+    D=128 32/8 heads: (1, 8k) 23.7 against 24.8-25.0 us, (1, 32k) 50.8-50.9 against
+    51.1-51.2, (1, 128k) 142.3-142.7 against 143.1, (8, 8k) 82.3-82.5 against 82.7-82.8;
+    D=64 16/4 heads: (1, 32k) 22.9-23.1 against 23.7-23.8, (8, 16k) equal (51.2-51.3):
+    never slower, 1-5% faster where the combine is a large share. Hence on wherever it
+    runs; ``HYGON_ATTN_DECODE_PDL=0`` turns it off.
+    """
+    forced = envs.decode_pdl()
+    if forced is False or getattr(device, "type", None) != "cuda" or gpu_is_hip():
+        return False
+    import torch
+
+    from hygon_attn_backend.ops._dispatch import triton_interpreter_on
+
+    if triton_interpreter_on():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_major(index) >= 9
 
 
 def decode_combine_chunk(*, rows_pad: int, head_dim_pad: int, num_warps: int,

@@ -213,6 +213,58 @@ def test_gpu_fused_combine_graph_replays_are_all_right():
     assert int(ws.counters.abs().sum()) == 0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch needs an NVIDIA GPU of sm_90+")
+def test_gpu_pdl_combine_equals_plain_launch_eager_and_replayed(monkeypatch):
+    """The combine as a programmatic dependent launch waits for the decode grid: its output
+    equals the plain two-launch form bit for bit, eagerly and over 100 graph replays with new
+    queries each time (a merge that read a partition before it was written would differ)."""
+    seq_lens = [1, 4000, 777, 32768, 0, 2500, 64, 9000]
+    q, k, v, table, lens, options = _problem(
+        hkv=8, group=4, head_dim=128, page=16, seq_lens=seq_lens, num_tokens=1,
+        dtype=torch.bfloat16, device="cuda", layout="bshd", sinks=True)
+    monkeypatch.setenv("HYGON_ATTN_DECODE_PDL", "0")
+    plain, plan, ws = _run(q, k, v, table, lens, page=16, partition_size=256, fused=False,
+                           **options)
+    assert not plan.pdl
+    monkeypatch.setenv("HYGON_ATTN_DECODE_PDL", "1")
+    out, pplan, _ = _run(q, k, v, table, lens, page=16, partition_size=256, fused=False,
+                         workspace=ws, **options)
+    assert pplan.pdl and pplan.num_launches == 2
+    torch.cuda.synchronize()
+    assert torch.equal(out, plain)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_decode_attention(q, k, v, table, lens, out=out, plan=pplan, **options)
+    qs = torch.randn((100,) + tuple(q.shape), dtype=q.dtype, device="cuda")
+    outs = torch.empty_like(qs)
+    for i in range(qs.shape[0]):
+        q.copy_(qs[i])
+        graph.replay()
+        outs[i].copy_(out)
+    eager = torch.stack([paged_decode_attention(qs[i], k, v, table, lens, plan=plan, **options)
+                         for i in range(qs.shape[0])])
+    torch.cuda.synchronize()
+    assert torch.equal(eager, outs)
+    _check(outs[7], qs[7], k, v, table, lens, **options)
+
+
+def test_pdl_rule_env_and_devices(monkeypatch):
+    """Never on a CPU tensor's plan, off with HYGON_ATTN_DECODE_PDL=0, a bad value named."""
+    monkeypatch.setenv("HYGON_ATTN_DECODE_PDL", "1")
+    assert tuning.decode_combine_pdl(torch.device("cpu")) is False
+    monkeypatch.setenv("HYGON_ATTN_DECODE_PDL", "0")
+    assert tuning.decode_combine_pdl(torch.device("cuda")) is False
+    if HAS_CUDA:  # the default: on where the GPU has it
+        monkeypatch.delenv("HYGON_ATTN_DECODE_PDL")
+        want = torch.cuda.get_device_capability()[0] >= 9 and not tuning.gpu_is_hip()
+        assert tuning.decode_combine_pdl(torch.device("cuda")) is want
+    monkeypatch.setenv("HYGON_ATTN_DECODE_PDL", "yes")
+    with pytest.raises(ValueError, match="HYGON_ATTN_DECODE_PDL"):
+        tuning.decode_combine_pdl(torch.device("cuda"))
+
+
 # ----------------------------------------------------------------------------- per-sequence split
 
 

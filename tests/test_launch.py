@@ -7,7 +7,7 @@ import torch
 from _budget import assert_within_budget
 from hygon_attn_backend import layouts, reference
 from hygon_attn_backend.kernels.decode import paged_decode_kernel
-from hygon_attn_backend.ops._launch import Launch
+from hygon_attn_backend.ops._launch import NO_LAYER, LayerArgs, Launch
 from hygon_attn_backend.ops.decode import plan_paged_decode
 
 
@@ -85,29 +85,58 @@ def test_signature_tells_apart_alignment_dtype_and_scalars():
                     {n: 0 for n in names if n not in per_call}, per_call,
                     num_warps=4, num_stages=1)
     buf = torch.zeros(64, dtype=torch.float16)
-    base = launch.signature((buf, buf, 7))
-    assert launch.signature((buf[8:], buf, 7)) == base  # 16 bytes further: same class
-    assert launch.signature((buf[1:], buf, 7)) != base  # 2 bytes off: unaligned
-    assert launch.signature((buf, buf.view(torch.bfloat16), 7)) != base
-    assert launch.signature((buf, buf, 8)) != base
-    with pytest.raises(TypeError, match="tensors"):
-        Launch(paged_decode_kernel, (1, 1, 1), {n: 0 for n in names if n not in per_call},
-               ("num_blocks", "out_ptr", "q_ptr"), num_warps=4, num_stages=1)
+    base = launch.signature(NO_LAYER, (buf, buf, 7))
+    assert launch.signature(NO_LAYER, (buf[8:], buf, 7)) == base  # 16 bytes further
+    assert launch.signature(NO_LAYER, (buf[1:], buf, 7)) != base  # 2 bytes off: unaligned
+    assert launch.signature(NO_LAYER, (buf, buf.view(torch.bfloat16), 7)) != base
+    assert launch.signature(NO_LAYER, (buf, buf, 8)) != base
+    for order in (("num_blocks", "out_ptr", "q_ptr"), ):
+        with pytest.raises(TypeError, match="tensors"):
+            Launch(paged_decode_kernel, (1, 1, 1), {n: 0 for n in names if n not in order},
+                   order, num_warps=4, num_stages=1)
+    with pytest.raises(TypeError, match="tensors"):  # the layer's part likewise
+        Launch(paged_decode_kernel, (1, 1, 1),
+               {n: 0 for n in names if n not in ("k_ptr", "num_blocks")}, (),
+               per_layer=("num_blocks", "k_ptr"), num_warps=4, num_stages=1)
+
+
+def test_layer_args_signature_read_once_and_told_apart():
+    """A layer's part of the signature is one int, equal for equal layers (alignment class,
+    dtypes, scalar values) and different when any of them differs."""
+    buf = torch.zeros(64, dtype=torch.float16)
+    base = LayerArgs((buf, buf), (3, 1.0))
+    assert LayerArgs((buf[8:], buf), (3, 1.0)).sig == base.sig
+    assert base.ints == (buf.data_ptr(), buf.data_ptr(), 3, 1.0)
+    assert base.values[0] is buf
+    for other in (LayerArgs((buf[1:], buf), (3, 1.0)),
+                  LayerArgs((buf, buf.view(torch.bfloat16)), (3, 1.0)),
+                  LayerArgs((buf, buf), (4, 1.0)), LayerArgs((buf, buf), (3, 2.0))):
+        assert other.sig != base.sig
+    names = list(paged_decode_kernel.arg_names)
+    per_layer, per_call = ("k_ptr", "num_blocks"), ("out_ptr", "q_ptr")
+    launch = Launch(paged_decode_kernel, (1, 1, 1),
+                    {n: 0 for n in names if n not in per_layer + per_call}, per_call,
+                    per_layer=per_layer, num_warps=4, num_stages=1)
+    with pytest.raises(TypeError, match="expected 2 layer and 2 call arguments"):
+        launch(base, buf, buf)  # four layer values where the launch takes two
 
 
 def test_direct_launch_passes_integer_pointers_and_falls_back_to_tensors(monkeypatch):
-    """The direct path hands the launcher every pointer (per-layer and batch-level) as an
-    integer address; a launcher that refuses integers gets tensors from then on."""
+    """The direct path hands the launcher every pointer (the call's, the layer's and the
+    batch-level ones) as an integer address; a launcher that refuses integers gets tensors
+    from then on."""
     from hygon_attn_backend.ops import _launch
 
     names = list(paged_decode_kernel.arg_names)
-    per_call = ("out_ptr", "q_ptr", "num_blocks")
+    per_layer, per_call = ("k_ptr", "stride_k_block"), ("out_ptr", "q_ptr", "num_blocks")
     table = torch.arange(8, dtype=torch.int32)
-    fixed = {n: 0 for n in names if n not in per_call}
+    fixed = {n: 0 for n in names if n not in per_call + per_layer}
     fixed["block_table_ptr"] = table
-    launch = Launch(paged_decode_kernel, (2, 1, 1), fixed, per_call, num_warps=4,
-                    num_stages=1)
+    launch = Launch(paged_decode_kernel, (2, 1, 1), fixed, per_call, per_layer=per_layer,
+                    num_warps=4, num_stages=1)
     out, q = torch.zeros(16, dtype=torch.float16), torch.ones(16, dtype=torch.float16)
+    k = torch.zeros(32, dtype=torch.float16)
+    layer = LayerArgs((k,), (77,))
     seen = []
 
     def fake_run(*args, refuse_ints=False):
@@ -118,22 +147,25 @@ def test_direct_launch_passes_integer_pointers_and_falls_back_to_tensors(monkeyp
 
     monkeypatch.setattr(_launch, "_no_hooks", lambda: True)
     monkeypatch.setattr(_launch, "_stream_of", lambda device: 0)
-    launch._compiled[launch.signature((out, q, 5))] = (fake_run, "fn", "meta", 0)
-    launch(out, q, 5)
+    launch._compiled[launch.signature(layer, (out, q, 5))] = (fake_run, "fn", "meta", 0)
+    launch(layer, out, q, 5)
     args = seen[-1]
     assert args[names.index("out_ptr")] == out.data_ptr()
     assert args[names.index("q_ptr")] == q.data_ptr()
+    assert args[names.index("k_ptr")] == k.data_ptr()
+    assert args[names.index("stride_k_block")] == 77
     assert args[names.index("block_table_ptr")] == table.data_ptr()
     assert args[names.index("num_blocks")] == 5
     assert all(not isinstance(a, torch.Tensor) for a in args)
 
-    launch._compiled[launch.signature((out, q, 5))] = (
+    launch._compiled[launch.signature(layer, (out, q, 5))] = (
         lambda *a: fake_run(*a, refuse_ints=True), "fn", "meta", 0)
-    launch(out, q, 5)
+    launch(layer, out, q, 5)
     args = seen[-1]
     assert args[names.index("q_ptr")] is q and args[names.index("block_table_ptr")] is table
+    assert args[names.index("k_ptr")] is k
     assert launch._int_pointers is False
-    launch(out, q, 5)  # stays on tensors
+    launch(layer, out, q, 5)  # stays on tensors
     assert seen[-1][names.index("out_ptr")] is out and len(seen) == 3
 
 
@@ -206,10 +238,10 @@ def test_forwarding_function_generated_once_per_layout():
                  if n not in per_call}
         launches.append(Launch(paged_decode_kernel, (step, 1, 1), fixed, per_call,
                                num_warps=4, num_stages=1))
-    layout = (len(names), tuple(names.index(n) for n in per_call))
+    layout = (len(names), (), tuple(names.index(n) for n in per_call))
     assert layout in _launch._BINDERS
     for step, launch in enumerate(launches, 1):
-        launch._forward(fake_run, "stream", "fn", "meta", 111, 222, 5)
+        launch._forward(fake_run, "stream", "fn", "meta", (), 111, 222, 5)
         args = calls[-1]
         assert args[:9] == (step, 1, 1, "stream", "fn", "meta", None, None, None)
         kernel_args = args[9:]
@@ -217,3 +249,22 @@ def test_forwarding_function_generated_once_per_layout():
         assert kernel_args[names.index("q_ptr")] == 222
         assert kernel_args[names.index("num_blocks")] == 5
         assert kernel_args[names.index("num_partitions")] == step
+
+
+def test_run_keeps_one_binding_per_cache_and_options(device):
+    """``plan.run`` resolves a layer's side once per (caches, options) and reuses it: the
+    same caches and options find it again, a new scale or cache gets its own, and the
+    reused binding gives the same output."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    k, v, table, lens = _problem(device, dtype, 4)
+    plan = plan_paged_decode(table, lens, num_q_heads=8, num_kv_heads=2, head_dim=64,
+                             page_size=16, q_dtype=dtype, kv_dtype=dtype)
+    q = torch.randn(6, 8, 64, device=device, dtype=dtype)
+    first = plan.run(q, k, v, scale=0.125).clone()
+    assert torch.equal(plan.run(q, k, v, scale=0.125), first) and len(plan._layers) == 1
+    other = plan.run(q, k, v, scale=0.25)
+    assert len(plan._layers) == 2 and not torch.equal(other, first)
+    k2, v2 = k.clone(), v.clone()
+    k2.mul_(2)  # a different cache: its own binding, read from its own memory
+    doubled = plan.run(q, k2, v2, scale=0.125)
+    assert len(plan._layers) == 3 and torch.equal(doubled, plan.run(q, k, v, scale=0.25))

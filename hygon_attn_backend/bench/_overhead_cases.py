@@ -130,12 +130,12 @@ def launcher_rows(calls) -> Iterator[Row]:
     (the floor of any Triton launch on this host) and each kernel that ``calls`` (each runs
     one layer through a plan) launch, to tell the launcher's cost from the Python around
     it. CUDA only (the interpreter has no launcher)."""
-    from hygon_attn_backend.ops._launch import Launch
+    from hygon_attn_backend.ops._launch import NO_LAYER, Launch
 
     recorded = []
     real_call = Launch.__call__
 
-    def record(self, *values):
+    def record(self, *values):  # the LayerArgs, then the call's values
         recorded.append((self, values))
         return real_call(self, *values)
 
@@ -145,12 +145,12 @@ def launcher_rows(calls) -> Iterator[Row]:
         noop = Launch(_noop_kernel(), (1, 1, 1), {}, ("x_ptr", "n"), num_warps=4,
                       num_stages=1)
         for _ in range(2):  # the first call compiles, the second takes the direct path
-            noop(x, 3)
+            noop(NO_LAYER, x, 3)
         for call in calls:
             call(), call()
     finally:
         Launch.__call__ = real_call
-    yield "empty kernel, 2 arguments: Triton's launcher alone", noop.direct_call(x, 3)
+    yield "empty kernel, 2 arguments: Triton's launcher alone", noop.direct_call(NO_LAYER, x, 3)
     seen = set()
     for launch, values in recorded:
         if launch is noop or id(launch) in seen:

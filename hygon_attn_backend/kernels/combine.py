@@ -117,11 +117,15 @@ def combine_partitions_kernel(
     SEQ_SPLIT: tl.constexpr,   # the decode launch's partitioning (seq_partitions)
     ALIGN: tl.constexpr,
     STAGES: tl.constexpr = 1,  # loads of partition chunks in flight
+    WAIT_PRIOR: tl.constexpr = False,  # launched early (sm_90 PDL): wait for the decode grid
 ):
     seq = tl.program_id(0).to(tl.int64)
     row = tl.program_id(1)  # t * num_q_heads + h
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     _, parts = seq_partitions(seq_len, partition_size, num_partitions, SEQ_SPLIT, ALIGN)
+    if WAIT_PRIOR:
+        # every write of the decode grid before it is visible after this (griddepcontrol)
+        tl.extra.cuda.gdc_wait()
     merge_partitions(out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
                      seq, parts, num_partitions, num_q_heads,
                      row // num_q_heads, row % num_q_heads,

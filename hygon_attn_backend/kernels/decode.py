@@ -68,7 +68,12 @@ def paged_decode_kernel(
     FUSED_COMBINE: tl.constexpr,    # SPLIT only: the last program of a group merges it
     COMBINE_ROWS_PAD: tl.constexpr,  # next power of two of NUM_TOKENS * HEADS_PER_PROG
     COMBINE_CHUNK: tl.constexpr,    # partitions the merge reads per step
+    LAUNCH_DEPENDENTS: tl.constexpr = False,  # let the combine launch start (sm_90 PDL)
 ):
+    if LAUNCH_DEPENDENTS:
+        # programmatic dependent launch: the combine grid may be scheduled once every
+        # program of this grid has started; it waits for this grid's writes (gdc_wait)
+        tl.extra.cuda.gdc_launch_dependents()
     head_prog = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
     part = tl.program_id(2)

@@ -15,6 +15,7 @@ import torch
 from hygon_attn_backend import reference, tuning
 from hygon_attn_backend.ops import _checks, _native
 from hygon_attn_backend.ops._dispatch import select_impl
+from hygon_attn_backend.ops._launch import NO_LAYER, Launch
 
 __all__ = ["WritePlan", "plan_write_kv"]
 
@@ -92,12 +93,11 @@ class WritePlan:
         if quant:
             # The kernel computes the fp8 codes itself (exact rounding on every backend).
             k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-        launch(k, v, k_cache, v_cache, ksp, vsp, ksv, vsv, v_cache.shape[0] * self.page_size,
+        launch(NO_LAYER, k, v, k_cache, v_cache, ksp, vsp, ksv, vsv, v_cache.shape[0] * self.page_size,
                *k.stride(), *v.stride(), *kcs, *v_cache.stride())
 
     def _make_launch(self, k_ndim, kv_dtype, k_dtype, from_ptr):
         from hygon_attn_backend.kernels.cache import write_kv_kernel
-        from hygon_attn_backend.ops._launch import Launch
 
         quant = kv_dtype in _checks.FP8_DTYPES
         block_h, num_warps = tuning.cache_write_config(self.num_kv_heads, self.head_dim)

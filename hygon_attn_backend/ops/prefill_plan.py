@@ -22,7 +22,9 @@ import torch
 from hygon_attn_backend import reference, tuning
 from hygon_attn_backend.ops import _checks
 from hygon_attn_backend.ops._dispatch import select_impl, triton_interpreter_on
-from hygon_attn_backend.ops.decode_plan import next_pow2, num_sms_of
+from hygon_attn_backend.ops._launch import LayerArgs, Launch, intern_key
+from hygon_attn_backend.ops.decode_plan import (next_pow2, num_sms_of, remember_layer,
+                                                value_or_id)
 
 __all__ = ["PrefillPlan", "PrefillLayer", "plan_prefix_prefill", "check_host_lengths"]
 
@@ -30,16 +32,20 @@ ScaleLike = _checks.ScaleLike
 PREFILL_Q_DTYPES = (torch.float16, torch.bfloat16)
 
 # Arguments of prefix_prefill_kernel that change per layer, in the order run() passes them.
-_PER_CALL = (
-    "q_ptr", "k_cache_ptr", "v_cache_ptr", "k_new_ptr", "v_new_ptr", "out_ptr", "lse_ptr",
-    "sinks_ptr", "block_table_ptr", "k_scale_ptr", "v_scale_ptr", "k_scale_val", "v_scale_val",
-    "stride_qt", "stride_qh", "stride_qd",
+#: what a :class:`PrefillLayer` supplies (its ``args``), in order
+_PER_LAYER = (
+    "k_cache_ptr", "v_cache_ptr", "sinks_ptr", "k_scale_ptr", "v_scale_ptr",
+    "k_scale_val", "v_scale_val",
     "stride_kb", "stride_kh", "stride_ks", "stride_kd",
-    "stride_vb", "stride_vh", "stride_vs", "stride_vd",
+    "stride_vb", "stride_vh", "stride_vs", "stride_vd", "num_blocks")
+#: what each call supplies
+_PER_CALL = (
+    "q_ptr", "k_new_ptr", "v_new_ptr", "out_ptr", "lse_ptr", "block_table_ptr",
+    "stride_qt", "stride_qh", "stride_qd",
     "stride_knt", "stride_knh", "stride_knd",
     "stride_vnt", "stride_vnh", "stride_vnd",
     "stride_ot", "stride_oh", "stride_od",
-    "stride_lset", "stride_lseh", "stride_bt", "stride_bt_block", "num_blocks", "max_blocks")
+    "stride_lset", "stride_lseh", "stride_bt", "stride_bt_block", "max_blocks")
 
 
 def _tile_map(cu: torch.Tensor, num_seqs: int, tok_m: int, max_tiles: int):
@@ -148,8 +154,7 @@ class PrefillLayer:
     """
 
     __slots__ = ("k_cache", "v_cache", "scale", "causal", "k_scale", "v_scale",
-                 "sliding_window", "soft_cap", "sinks", "key", "ks", "vs", "ksv", "vsv",
-                 "num_blocks", "kv_strides")
+                 "sliding_window", "soft_cap", "sinks", "key", "variant", "args")
 
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
                  scale: Optional[float] = None, causal: bool = True, k_scale: ScaleLike = None,
@@ -159,13 +164,17 @@ class PrefillLayer:
         self.k_scale, self.v_scale = k_scale, v_scale
         self.sliding_window, self.soft_cap, self.sinks = sliding_window, soft_cap, sinks
         quant = k_cache.dtype in _checks.FP8_DTYPES
-        # no scale pointers: the launch passes a placeholder in their place
-        from_ptr, self.ks, self.vs, self.ksv, self.vsv = _checks.scale_launch_args(
-            k_scale, v_scale, k_cache.device, used=quant)
+        from_ptr, ks, vs, ksv, vsv = _checks.scale_launch_args(k_scale, v_scale,
+                                                               k_cache.device, used=quant)
         self.key = (k_cache.dtype, k_cache.shape[2], bool(causal), quant, from_ptr,
                     sliding_window if causal else None, soft_cap, sinks is not None, scale)
-        self.num_blocks = k_cache.shape[0]
-        self.kv_strides = tuple(k_cache.stride()) + tuple(v_cache.stride())
+        self.variant = intern_key(self.key)
+        # the layer's launch arguments (_PER_LAYER); absent sinks / scale pointers: the K
+        # cache stands in (never read)
+        self.args = LayerArgs(
+            (k_cache, v_cache, k_cache if sinks is None else sinks,
+             k_cache if ks is None else ks, k_cache if vs is None else vs),
+            (ksv, vsv, *k_cache.stride(), *v_cache.stride(), k_cache.shape[0]))
 
 
 @dataclass(eq=False)
@@ -194,6 +203,8 @@ class PrefillPlan:
     head_dim: int = 0
     impl: str = "triton"
     _variants: Dict[tuple, object] = field(default_factory=dict, repr=False)
+    # the layers :meth:`run` built (see decode_plan.remember_layer)
+    _layers: Dict[tuple, "PrefillLayer"] = field(default_factory=dict, repr=False)
 
     @property
     def num_launches(self) -> int:
@@ -224,9 +235,14 @@ class PrefillPlan:
             v_scale=None, sliding_window=None, soft_cap=None, sinks=None):
         """Launch for one layer (arguments as :func:`ops.prefill.prefix_prefill_attention`,
         already checked; call it through that op with ``plan=``)."""
-        layer = PrefillLayer(k_cache, v_cache, scale=scale, causal=causal, k_scale=k_scale,
-                             v_scale=v_scale, sliding_window=sliding_window,
-                             soft_cap=soft_cap, sinks=sinks)
+        key = (id(k_cache), id(v_cache), scale, bool(causal), value_or_id(k_scale),
+               value_or_id(v_scale), sliding_window, soft_cap, id(sinks))
+        layer = self._layers.get(key)
+        if layer is None:
+            layer = remember_layer(self._layers, key, PrefillLayer(
+                k_cache, v_cache, scale=scale, causal=causal, k_scale=k_scale,
+                v_scale=v_scale, sliding_window=sliding_window, soft_cap=soft_cap,
+                sinks=sinks))
         return self.run_layer(layer, q, block_table, cu_seqlens_q, seq_lens_k, k_new=k_new,
                               v_new=v_new, out=out, return_lse=return_lse)
 
@@ -249,33 +265,31 @@ class PrefillPlan:
         if self.tile_req.shape[0] == 0 or self.total_q == 0:
             return (out, lse) if return_lse else out
         has_new = k_new is not None
-        key = (q.dtype, q.shape[2], has_new, bool(return_lse)) + layer.key
-        launch = self._variants.get(key)
+        # the variant: the layer's (interned) key and what the call decides (q's dtype and
+        # head size, K/V given with the call, the LSE asked for)
+        variant = (layer.variant, q.dtype, q.shape[2], has_new, return_lse)
+        launch = self._variants.get(variant)
         if launch is None:
-            launch = self._variants[key] = self._make_launch(*key, cu_seqlens_q, seq_lens_k,
-                                                             layer.k_cache)
-        ks = self.tile_req if layer.ks is None else layer.ks  # unused placeholders: any
-        vs = self.tile_req if layer.vs is None else layer.vs
-        kn, vn = (k_new, v_new) if has_new else (q, q)
+            launch = self._variants[variant] = self._make_launch(
+                q.dtype, q.shape[2], has_new, bool(return_lse), *layer.key, cu_seqlens_q,
+                seq_lens_k, layer.k_cache)
         # block ids outside [0, num_blocks) and columns past max_blocks are absent keys (the
         # kernel never reads them); an empty table is never read: any pointer stands in
         max_blocks = block_table.shape[1]
         bt = block_table if max_blocks else self.tile_req.view(1, -1)
-        kn_s = k_new.stride() if has_new else (0, 0, 0)
-        vn_s = v_new.stride() if has_new else (0, 0, 0)
+        if has_new:
+            kn, vn, kn_s, vn_s = k_new, v_new, k_new.stride(), v_new.stride()
+        else:  # placeholders, never read
+            kn, vn, kn_s, vn_s = q, q, (0, 0, 0), (0, 0, 0)
         lse_t, lse_s = (lse, lse.stride()) if return_lse else (out, (0, 0))
-        sinks = layer.sinks
-        launch(q, layer.k_cache, layer.v_cache, kn, vn, out, lse_t,
-               q if sinks is None else sinks, bt, ks, vs, layer.ksv, layer.vsv, *q.stride(),
-               *layer.kv_strides, *kn_s, *vn_s, *out.stride(), *lse_s, *bt.stride(),
-               layer.num_blocks, max_blocks)
+        launch(layer.args, q, kn, vn, out, lse_t, bt, *q.stride(), *kn_s, *vn_s,
+               *out.stride(), *lse_s, *bt.stride(), max_blocks)
         return (out, lse) if return_lse else out
 
     def _make_launch(self, q_dtype, head_dim, has_new, return_lse, kv_dtype, page_size, causal,
                      quant, from_ptr, window, soft_cap, has_sinks, scale, cu_seqlens_q,
                      seq_lens_k, k_cache):
         from hygon_attn_backend.kernels.prefill import prefix_prefill_kernel
-        from hygon_attn_backend.ops._launch import Launch
 
         check_prefill_options(scale=scale, sliding_window=window, soft_cap=soft_cap)
         if q_dtype not in PREFILL_Q_DTYPES:
@@ -298,7 +312,7 @@ class PrefillPlan:
             PAD_D=head_dim_pad != head_dim)
         num_kv_heads = self.num_kv_heads
         grid = (self.tile_req.shape[0], num_kv_heads, 1)
-        return Launch(prefix_prefill_kernel, grid, fixed, _PER_CALL,
+        return Launch(prefix_prefill_kernel, grid, fixed, _PER_CALL, per_layer=_PER_LAYER,
                       num_warps=self.num_warps, num_stages=self.num_stages)
 
 
