@@ -45,3 +45,23 @@ def tile_row_offsets(page, start, offs_n, stride_block, stride_slot,
     else:
         slot = (start + offs_n) % PAGE_SIZE  # [BLOCK_N]
     return tl.maximum(page, 0) * stride_block + slot.to(tl.int64) * stride_slot
+
+
+@triton.jit
+def table_row_present(bt_row_ptr, stride_bt_block, num_pages, max_blocks_per_seq, num_blocks,
+                      SCAN: tl.constexpr):
+    """True when the table row's block ids ``[0, num_pages)`` are all present: inside the
+    table's ``max_blocks_per_seq`` columns and in ``[0, num_blocks)``. A kernel checks this
+    once per program and then skips the per-key check of those pages (bad ids come only
+    from a hostile or broken table). Reads ``SCAN`` ids per step; the table is only read
+    inside its columns."""
+    n = tl.minimum(num_pages, max_blocks_per_seq)
+    offs = tl.arange(0, SCAN)  # [SCAN]
+    bad = tl.zeros([SCAN], dtype=tl.int32)
+    for start in range(0, n, SCAN):
+        cols = start + offs  # [SCAN]
+        inside = cols < n
+        ids = tl.load(bt_row_ptr + cols.to(tl.int64) * stride_bt_block, mask=inside,
+                      other=0).to(tl.int64)  # [SCAN]
+        bad += (inside & ((ids < 0) | (ids >= num_blocks))).to(tl.int32)
+    return (tl.sum(bad, 0) == 0) & (num_pages <= max_blocks_per_seq)

@@ -26,7 +26,8 @@ Softmax state ``m_i``, ``l_i``, ``acc`` is fp32 in log2 units (``exp2``).
 import triton
 import triton.language as tl
 
-from hygon_attn_backend.kernels.paged_kv import lookup_tile_pages, tile_row_offsets
+from hygon_attn_backend.kernels.paged_kv import (lookup_tile_pages, table_row_present,
+                                                 tile_row_offsets)
 from hygon_attn_backend.kernels.prefill_mask import tile_visibility
 from hygon_attn_backend.kernels.softmax import tanh_f32
 
@@ -37,7 +38,7 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
                    stride_k_block, stride_k_row, stride_kd,
                    stride_v_block, stride_v_row, stride_vd,
                    lo, hi, n_limit, key0, src0, window, qk_scale, cap_scale, soft_cap,
-                   v_mult, offs_n, offs_d, head_dim,
+                   v_mult, offs_n, offs_d, head_dim, row_present,
                    FROM_CACHE: tl.constexpr,
                    PAGE_SIZE: tl.constexpr, BOUND: tl.constexpr, CAUSAL: tl.constexpr,
                    WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, SCALE_V: tl.constexpr,
@@ -49,7 +50,10 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
     ``BLOCK_N`` boundary), else dense row ``src0 + n`` of ``k_new``/``v_new`` (then
     ``stride_*_row`` is the token stride). Cache keys whose block id is absent
     (``paged_kv.lookup_tile_pages``: outside ``[0, num_blocks)`` or past the table's
-    ``max_blocks`` columns) are never loaded and get logit ``-inf``. ``qk_scale``/
+    ``max_blocks`` columns) are never loaded and get logit ``-inf``; ``row_present`` (a
+    scalar the caller computed with ``paged_kv.table_row_present``) says every block id of
+    the stage is present, so the per-logit select is skipped (it costs ~25% of the kernel
+    where a tile spans pages, docs/notes-prefill.md v4). ``qk_scale``/
     ``cap_scale`` already hold the fp8 K scale of this stage's source; ``SCALE_V``
     multiplies P by ``v_mult`` (the fp8 V scale) before the PV product.
     acc: ``[BLOCK_M, HEAD_DIM]`` fp32, l_i/m_i: ``[BLOCK_M]`` fp32,
@@ -113,7 +117,8 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
                 vis = vis & key_ok[None, :]
             s = tl.where(vis, s, float("-inf"))
         elif FROM_CACHE and not ONE_PAGE:
-            s = tl.where(key_ok[None, :], s, float("-inf"))
+            if not row_present:  # rare: a bad id somewhere in the row
+                s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1) * s_mult)  # [BLOCK_M], scale > 0
         m_sub = m_new
         if ONE_PAGE:
@@ -158,6 +163,7 @@ def prefix_prefill_kernel(
     keys), cu_seqlens_q ``[B + 1]``, seq_lens_k ``[B]``, tile_req/tile_mblock ``[max_tiles]``.
     """
     TOK_M: tl.constexpr = BLOCK_M // GROUP
+    SCAN: tl.constexpr = 256  # block ids per step of the table check
     pid_t = tl.program_id(0)
     kv_head = tl.program_id(1)
     req = tl.load(tile_req_ptr + pid_t)
@@ -216,12 +222,14 @@ def prefix_prefill_kernel(
         if WINDOW and CAUSAL:
             lo1 = tl.maximum(0, len_p + m_tok0 - window + 1) // BLOCK_N * BLOCK_N
         full1 = len_p // BLOCK_N * BLOCK_N
+        present = table_row_present(bt_row, stride_bt_block, (full1 + PAGE_SIZE - 1) // PAGE_SIZE,
+                                    max_blocks, num_blocks, SCAN=SCAN)
         acc, l_i, m_i = _prefill_stage(
             acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
             stride_bt_block, max_blocks, num_blocks,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
             lo1, full1, len_p, 0, 0, window, qk_scale_c, cap_scale_c, soft_cap, v_scale,
-            offs_n, offs_d, head_dim,
+            offs_n, offs_d, head_dim, present,
             FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=False,
             CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
             PAD_D=PAD_D,
@@ -231,7 +239,7 @@ def prefix_prefill_kernel(
             stride_bt_block, max_blocks, num_blocks,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
             tl.maximum(full1, lo1), len_p, len_p, 0, 0, window, qk_scale_c, cap_scale_c,
-            soft_cap, v_scale, offs_n, offs_d, head_dim,
+            soft_cap, v_scale, offs_n, offs_d, head_dim, present,
             FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=True,
             CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
             PAD_D=PAD_D,
@@ -255,7 +263,7 @@ def prefix_prefill_kernel(
             stride_bt_block, max_blocks, num_blocks,
             stride_knt, stride_knt, stride_knd, stride_vnt, stride_vnt, stride_vnd,
             lo2, diag_lo, hi2, len_p, q_start, window, qk_scale, cap_scale, soft_cap, 1.0,
-            offs_n, offs_d, head_dim,
+            offs_n, offs_d, head_dim, present,
             FROM_CACHE=False, PAGE_SIZE=PAGE_SIZE, BOUND=False,
             CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=False,
             PAD_D=PAD_D,
@@ -265,7 +273,7 @@ def prefix_prefill_kernel(
             stride_bt_block, max_blocks, num_blocks,
             stride_knt, stride_knt, stride_knd, stride_vnt, stride_vnt, stride_vnd,
             tl.maximum(diag_lo, lo2), hi2, hi2, len_p, q_start, window, qk_scale, cap_scale,
-            soft_cap, 1.0, offs_n, offs_d, head_dim,
+            soft_cap, 1.0, offs_n, offs_d, head_dim, present,
             FROM_CACHE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
             CAUSAL=CAUSAL, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=False,
             PAD_D=PAD_D,
@@ -286,12 +294,15 @@ def prefix_prefill_kernel(
         lo = 0
         if WINDOW and CAUSAL:
             lo = tl.maximum(0, len_p + m_tok0 - window + 1) // BLOCK_N * BLOCK_N
+        present = table_row_present(bt_row, stride_bt_block,
+                                    (free_hi + PAGE_SIZE - 1) // PAGE_SIZE, max_blocks,
+                                    num_blocks, SCAN=SCAN)
         acc, l_i, m_i = _prefill_stage(  # ---- stage 1: no mask
             acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
             stride_bt_block, max_blocks, num_blocks,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
             lo, free_hi, hi, 0, 0, window, qk_scale_c, cap_scale_c, soft_cap, v_scale,
-            offs_n, offs_d, head_dim,
+            offs_n, offs_d, head_dim, present,
             FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE,
             BOUND=False, CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP,
             SCALE_V=KV_SCALED, PAD_D=PAD_D, BLOCK_N=BLOCK_N)
@@ -300,7 +311,7 @@ def prefix_prefill_kernel(
             stride_bt_block, max_blocks, num_blocks,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
             tl.maximum(free_hi, lo), hi, hi, 0, 0, window, qk_scale_c, cap_scale_c,
-            soft_cap, v_scale, offs_n, offs_d, head_dim,
+            soft_cap, v_scale, offs_n, offs_d, head_dim, present,
             FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=True,
             CAUSAL=CAUSAL, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
             PAD_D=PAD_D, BLOCK_N=BLOCK_N)
