@@ -26,8 +26,10 @@ def test_defaults_quick_and_overrides():
     assert q["head_dims"] == [64] and q["batches"] == [1, 8] and q["contexts"] == [1024]
     assert q["check_head_dim"] == 64
     pts = engine.planned_points(cfg)
-    assert (64, 4096) in pts and (8, 32768) in pts and (64, 16384) not in pts
-    assert all(b * c <= cfg["max_prefill_tokens"] for b, c in pts)
+    assert (64, 4096) in pts and (8, 32768) in pts and (64, 32768) in pts  # grouped prefill
+    assert all(b * c <= cfg["max_point_tokens"] for b, c in pts)
+    small = engine.resolve(_args("--max-point-tokens", "262144"))
+    assert (64, 16384) not in engine.planned_points(small)
     pool = engine.pool_tokens(cfg, 16)
     assert pool % 16 == 0 and pool >= max(b * (c + cfg["decode_steps"]) for b, c in pts)
 
@@ -377,3 +379,53 @@ def test_repeats_report_the_median_and_every_run(tmp_path):
     args = _args("--quick", "--repeats", "3", "--no-check")
     specs = engine.plan_specs(engine.resolve(args), args, str(tmp_path))
     assert all(s["repeats"] == 3 for s in specs)
+
+
+def test_request_groups_cover_every_request_within_the_limit():
+    assert child.request_groups([], 10) == []
+    assert child.request_groups([4, 4, 4], 100) == [(0, 3)]
+    assert child.request_groups([4, 4, 4, 4, 4], 8) == [(0, 2), (2, 4), (4, 5)]
+    assert child.request_groups([20, 3, 3], 10) == [(0, 1), (1, 3)]  # a long prompt alone
+    groups = child.request_groups([32768] * 64, 262144)
+    assert groups == [(i, i + 8) for i in range(0, 64, 8)]
+
+
+def test_grouped_extend_prefills_groups_and_merges_their_batches():
+    """Above the limit: one extend per group, the batches merged in order, the next ids
+    and logits concatenated; at or below it: the tool's extend unchanged."""
+
+    class Req:
+        def __init__(self, n):
+            self.origin_input_ids = [0] * n
+
+    class Batch:
+        def __init__(self, reqs):
+            self.reqs = list(reqs)
+
+        def merge_batch(self, other):
+            self.reqs = self.reqs + other.reqs
+
+    calls = []
+
+    def extend(reqs, runner):
+        calls.append(len(reqs))
+        ids = [len(calls)] * len(reqs)
+        return ids, [x * 10 for x in ids], Batch(reqs)
+
+    cat = lambda parts: [x for p in parts for x in p]  # noqa: E731
+    run = child.grouped_extend(extend, 8, cat)
+    reqs = [Req(4) for _ in range(5)]
+    ids, logits, batch = run(reqs, "runner")
+    assert calls == [2, 2, 1]
+    assert ids == [1, 1, 2, 2, 3] and logits == [10, 10, 20, 20, 30]
+    assert batch.reqs == reqs
+    calls.clear()
+    ids, _, batch = run(reqs[:2], "runner")
+    assert calls == [2] and batch.reqs == reqs[:2]
+
+
+def test_report_marks_a_prefill_taken_in_several_forwards():
+    side = {"status": "ok", "prefill_s": 1.5, "prefill_groups": 8}
+    assert report._ms(side, "prefill_s") == "1500.00 (8 fwd)"
+    assert report._ms(dict(side, prefill_groups=1), "prefill_s") == "1500.00"
+    assert report._ms(dict(side, decode_s=0.002), "decode_s") == "2.00"

@@ -10,7 +10,12 @@ start-up). Before the tool parses its arguments, SGLang's plugins are loaded (so
 * each (batch, input length) first runs once untimed (fresh random prompts, one decode
   step; the tool's own warm-up counts as that pass for its first point), so no kernel
   compiles inside a timed region;
-* points whose one prefill would exceed ``max_prefill_tokens`` are skipped (recorded);
+* a batch of more than ``max_prefill_tokens`` prompt tokens is prefilled in groups of
+  requests (one forward each, at most that many tokens unless one prompt is longer) whose
+  batches are then merged, as SGLang's scheduler merges a finished prefill into its
+  running batch, so the decode steps run on the whole batch (``grouped_extend``; the row's
+  ``prefill_groups`` says how many forwards the prefill took); points of more than
+  ``max_point_tokens`` tokens are skipped (recorded);
 * Triton compiles (``knobs.compilation.listener``, cache misses) and kernel loads
   (``knobs.runtime.kernel_load_start_hook``) are counted per phase: a timed point
   reports those inside it (0 expected), a warm pass the kernel names it compiled;
@@ -106,6 +111,45 @@ class CompileWatch:
 
     def since(self, mark: int, kind: str) -> list:
         return [e[2] for e in self.events[mark:] if e[1] == kind]
+
+
+def request_groups(lengths: list, limit: int) -> list:
+    """``[(lo, hi), ...]``: consecutive requests whose prompt tokens sum to at most
+    ``limit`` (a longer prompt forms a group of its own), covering every request in order."""
+    groups, lo, total = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > lo and total + n > limit:
+            groups.append((lo, i))
+            lo, total = i, 0
+        total += n
+    if lengths:
+        groups.append((lo, len(lengths)))
+    return groups
+
+
+def grouped_extend(extend: Callable, limit: int, cat: Callable) -> Callable:
+    """``one_batch.extend(reqs, model_runner)`` that prefills the requests in
+    :func:`request_groups` of at most ``limit`` tokens and merges the groups' batches
+    (``ScheduleBatch.merge_batch``, what SGLang's scheduler does when a prefill joins the
+    running batch); returns what ``extend`` returns for the whole batch. ``cat``:
+    ``torch.cat``."""
+
+    def run(reqs, model_runner):
+        groups = request_groups([len(r.origin_input_ids) for r in reqs], limit)
+        if len(groups) <= 1:
+            return extend(reqs, model_runner)
+        ids, logits, merged = [], [], None
+        for lo, hi in groups:
+            next_ids, next_logits, batch = extend(reqs[lo:hi], model_runner)
+            ids.append(next_ids)
+            logits.append(next_logits)
+            if merged is None:
+                merged = batch
+            else:
+                merged.merge_batch(batch)
+        return cat(ids), (None if any(x is None for x in logits) else cat(logits)), merged
+
+    return run
 
 
 def _attn_backend(runner):
@@ -236,18 +280,26 @@ def run_onebatch(spec: dict) -> int:
     watch = CompileWatch()
     print(f"[child] compile watch installed: {watch.install()}", flush=True)
     limit = int(spec["max_prefill_tokens"])
+    point_limit = int(spec.get("max_point_tokens") or limit)
     base = {"backend": spec["backend"], "head_dim": spec["head_dim"], "page": spec["page"],
             "layers": (spec.get("build") or {}).get("num_hidden_layers")}
 
     def record(row):
+        if row.get("batch") and row.get("ctx"):
+            row["prefill_groups"] = len(request_groups([row["ctx"]] * row["batch"], limit))
         _append(spec["result_path"], {**base, **row})
 
+    import torch
+
     ob.get_tokenizer = lambda *a, **k: None  # prompts are token ids: no tokenizer needed
+    # the tool prefills a whole batch in one forward: above `limit` tokens, in groups
+    # (sglang/benchmark/one_batch.py: _TorchBenchRunner.extend calls the module's extend)
+    ob.extend = grouped_extend(ob.extend, limit, torch.cat)
     ob.latency_test_run_once = wrap_run_once(
         ob.latency_test_run_once,
         make_reqs=lambda bs, il: ob.prepare_synthetic_inputs_for_latency_test(bs, il),
-        skip=lambda bs, il: (f"{bs} x {il} tokens in one prefill > {limit}"
-                             if bs * il > limit else None),
+        skip=lambda bs, il: (f"{bs} x {il} tokens > {point_limit}"
+                             if bs * il > point_limit else None),
         record=record, gate=Gate(spec.get("ready_path"), spec.get("lock_path")), watch=watch,
         breakdown=bool(spec.get("breakdown")), repeats=int(spec.get("repeats", 1)))
     ob.main(server_args, bench_args)

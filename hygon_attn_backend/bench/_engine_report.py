@@ -65,9 +65,13 @@ def _ms(side: Optional[dict], what: str) -> str:
     if not v:
         return "-"
     runs = side.get(what.replace("_s", "_runs_s")) or []
+    text = f"{v * 1e3:.2f}"
     if len(runs) > 1:  # the median and the range of the repeats
-        return f"{v * 1e3:.2f} [{min(runs) * 1e3:.2f}-{max(runs) * 1e3:.2f}]"
-    return f"{v * 1e3:.2f}"
+        text += f" [{min(runs) * 1e3:.2f}-{max(runs) * 1e3:.2f}]"
+    groups = side.get("prefill_groups") or 1
+    if what == "prefill_s" and groups > 1:  # the batch was prefilled in several forwards
+        text += f" ({groups} fwd)"
+    return text
 
 
 def _ratio(v: Optional[float]) -> str:

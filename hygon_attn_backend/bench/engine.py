@@ -36,9 +36,9 @@ HEADS = {64: (16, 4), 128: (32, 8)}  # head_dim -> (query heads, KV heads)
 VOCAB = 10240  # one_batch draws prompt ids below 10000
 DEFAULTS = dict(head_dims=[64, 128], pages=[16], contexts=[4096, 16384, 32768],
                 batches=[1, 8, 32, 64], layers=8, decode_steps=16,
-                max_prefill_tokens=262144)
+                max_prefill_tokens=262144, max_point_tokens=64 * 32768)
 QUICK = dict(head_dims=[64], pages=[16], contexts=[1024], batches=[1, 8], layers=2,
-             decode_steps=8, max_prefill_tokens=262144)
+             decode_steps=8, max_prefill_tokens=262144, max_point_tokens=262144)
 
 
 def add_engine_parser(sub) -> None:
@@ -56,8 +56,12 @@ def add_engine_parser(sub) -> None:
     p.add_argument("--decode-steps", type=int,
                    help="one_batch output_len: the median is over output_len - 1 steps")
     p.add_argument("--max-prefill-tokens", type=int,
-                   help="skip points whose one prefill (batch x ctx tokens) is larger "
-                        "(one_batch prefills the whole batch at once: activations and time)")
+                   help="prompt tokens per prefill forward: a larger batch is prefilled in "
+                        "groups of requests, merged before the decode steps (one_batch "
+                        "itself prefills a whole batch at once)")
+    p.add_argument("--max-point-tokens", type=int,
+                   help="skip points of more batch x ctx tokens (the KV pool is sized for "
+                        "the largest point; default 64 x 32k)")
     p.add_argument("--quick", action="store_true",
                    help="smoke subset: head_dim 64, page 16, ctx 1k, batches 1 and 8, "
                         "2 layers, a short token check")
@@ -102,9 +106,10 @@ def resolve(args) -> dict:
 
 
 def planned_points(cfg: dict) -> List[tuple]:
-    """``(batch, ctx)`` pairs that fit ``max_prefill_tokens`` (the rest are skipped)."""
+    """``(batch, ctx)`` pairs of at most ``max_point_tokens`` tokens (the rest are
+    skipped); those above ``max_prefill_tokens`` are prefilled in groups of requests."""
     return [(b, c) for b in cfg["batches"] for c in cfg["contexts"]
-            if b * c <= cfg["max_prefill_tokens"]]
+            if b * c <= cfg["max_point_tokens"]]
 
 
 def pool_tokens(cfg: dict, page: int) -> int:
@@ -226,6 +231,7 @@ def plan_specs(cfg: dict, args, work: str) -> List[dict]:
                         "batches": cfg["batches"], "contexts": cfg["contexts"],
                         "decode_steps": cfg["decode_steps"],
                         "max_prefill_tokens": cfg["max_prefill_tokens"],
+                        "max_point_tokens": cfg["max_point_tokens"],
                         "max_total_tokens": pool_tokens(cfg, page),
                         "max_running_requests": max(cfg["batches"]) + 8,
                         "mem_fraction": args.mem_fraction,
