@@ -121,14 +121,19 @@ def prefill_tile() -> Optional[Tuple[int, int, int, int]]:
     return block_m, block_n, num_warps, num_stages
 
 
-def decode_pdl() -> Optional[bool]:
-    """``HYGON_ATTN_DECODE_PDL``: ``True``/``False`` forced, ``None`` unset."""
-    raw = _raw("HYGON_ATTN_DECODE_PDL")
+def _switch(name: str) -> Optional[bool]:
+    """A ``0``/``1`` variable: ``True``/``False`` forced, ``None`` unset."""
+    raw = _raw(name)
     if raw is None:
         return None
     if raw not in ("0", "1"):
-        raise ValueError(f"HYGON_ATTN_DECODE_PDL must be 0 or 1, got {raw!r}")
+        raise ValueError(f"{name} must be 0 or 1, got {raw!r}")
     return raw == "1"
+
+
+def decode_pdl() -> Optional[bool]:
+    """``HYGON_ATTN_DECODE_PDL``: ``True``/``False`` forced, ``None`` unset."""
+    return _switch("HYGON_ATTN_DECODE_PDL")
 
 
 def write_kv_block_h() -> Optional[int]:
@@ -145,12 +150,7 @@ def sglang_check_pages() -> bool:
 
 def native_auto() -> Optional[bool]:
     """``HYGON_ATTN_NATIVE_AUTO``: ``True``/``False`` forced, ``None`` unset."""
-    raw = _raw("HYGON_ATTN_NATIVE_AUTO")
-    if raw is None:
-        return None
-    if raw not in ("0", "1"):
-        raise ValueError(f"HYGON_ATTN_NATIVE_AUTO must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    return _switch("HYGON_ATTN_NATIVE_AUTO")
 
 
 def csrc_dir() -> Optional[str]:

@@ -54,6 +54,21 @@ def _run(q, k, v, table, lens, *, page, partition_size, fused, workspace=None, *
     return out, plan, workspace
 
 
+def _replays(q, k, v, table, lens, out, plan, count, **options):
+    """Capture one planned call in a CUDA graph and replay it ``count`` times with new
+    queries copied into ``q``: ``(queries, outputs)``, ``[count, *q.shape]`` each."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_decode_attention(q, k, v, table, lens, out=out, plan=plan, **options)
+    qs = torch.randn((count,) + tuple(q.shape), dtype=q.dtype, device="cuda")
+    outs = torch.empty_like(qs)
+    for i in range(count):
+        q.copy_(qs[i])
+        graph.replay()
+        outs[i].copy_(out)
+    return qs, outs
+
+
 def _check(out, q, k, v, table, lens, **options):
     ref64 = reference.paged_decode_attention(q, k, v, table, lens, **options,
                                              compute_dtype=torch.float64)
@@ -194,15 +209,7 @@ def test_gpu_fused_combine_graph_replays_are_all_right():
                                        seq_lens=seq_lens, num_tokens=1,
                                        dtype=torch.bfloat16, device="cuda", layout="bshd")
     out, plan, ws = _run(q, k, v, table, lens, page=16, partition_size=512, fused=True)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        paged_decode_attention(q, k, v, table, lens, out=out, plan=plan)
-    qs = torch.randn((200,) + tuple(q.shape), dtype=q.dtype, device="cuda")
-    outs = torch.empty_like(qs)
-    for i in range(qs.shape[0]):
-        q.copy_(qs[i])
-        graph.replay()
-        outs[i].copy_(out)
+    qs, outs = _replays(q, k, v, table, lens, out, plan, 200)
     torch.cuda.synchronize()
     for i in range(0, qs.shape[0], 40):
         _check(outs[i], qs[i], k, v, table, lens)
@@ -234,15 +241,7 @@ def test_gpu_pdl_combine_equals_plain_launch_eager_and_replayed(monkeypatch):
     assert pplan.pdl and pplan.num_launches == 2
     torch.cuda.synchronize()
     assert torch.equal(out, plain)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        paged_decode_attention(q, k, v, table, lens, out=out, plan=pplan, **options)
-    qs = torch.randn((100,) + tuple(q.shape), dtype=q.dtype, device="cuda")
-    outs = torch.empty_like(qs)
-    for i in range(qs.shape[0]):
-        q.copy_(qs[i])
-        graph.replay()
-        outs[i].copy_(out)
+    qs, outs = _replays(q, k, v, table, lens, out, pplan, 100, **options)
     eager = torch.stack([paged_decode_attention(qs[i], k, v, table, lens, plan=plan, **options)
                          for i in range(qs.shape[0])])
     torch.cuda.synchronize()
