@@ -227,6 +227,8 @@ class DecodeLayer:
     (cache strides, scale pointers, the launch variant's key). Independent of the batch: an
     engine builds one per layer and passes it to every step's :meth:`DecodePlan.run_layer`
     (rebuilt when the cache tensors or the options change).
+    The tensors' addresses are read once (the binding holds the tensors): a cache whose
+    storage is replaced in place (``set_``, a resize) needs a new binding.
 
     k_cache / v_cache: ``[num_blocks, num_kv_heads, page_size, head_dim]`` views (the
     split-x K: ``[num_blocks, num_kv_heads, head_dim // x, page_size, x]``); the options

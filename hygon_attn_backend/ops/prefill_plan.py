@@ -148,6 +148,8 @@ class PrefillLayer:
     arguments they give (cache strides, scale pointers, part of the variant's key).
     Independent of the batch: an engine builds one per layer and passes it to every
     step's :meth:`PrefillPlan.run_layer` (rebuilt when the caches or options change).
+    The tensors' addresses are read once (the binding holds the tensors): a cache whose
+    storage is replaced in place (``set_``, a resize) needs a new binding.
 
     k_cache / v_cache: ``[num_blocks, num_kv_heads, page_size, head_dim]`` views; the
     options as in :func:`ops.prefill.prefix_prefill_attention`.
