@@ -90,6 +90,18 @@ int chunks_are_vectors(const void* base, int elem_bytes, int64_t d_stride, int64
   return 1;
 }
 
+bool fits_int32(int64_t x) { return x >= 0 && x <= 2147483647LL; }
+
+// The split-N loop's cp.async stages: 2 unless the environment says 2..MAX (-1: bad value).
+// Two stages keep one tile in flight while a tile is computed, three keep two; the stage
+// area is 35 KB per stage at head_dim 128, so 3 stages leave room for 2 programs an SM
+// (4 warps each) where 2 stages fit 3. The default is the measured one (docs/native.md).
+int split_n_stages(const char* env) {
+  if (!env || !env[0]) return 2;
+  if (env[1] != '\0' || env[0] < '2' || env[0] > '0' + hab_decode::MAX_SPLIT_N_STAGES) return -1;
+  return env[0] - '0';
+}
+
 }  // namespace
 
 extern "C" int hab_runtime_warp_size(void) {
@@ -114,6 +126,15 @@ extern "C" const char* hab_paged_decode(const HabDecodeParams* pp, void* stream)
   if (kv_bytes == 2 && p.kv_dtype != p.q_dtype) return "paged_decode: a 16-bit KV cache must have q's dtype";
   const int warp = hab_runtime_warp_size();
   if (warp < 0) return "paged_decode: no device";
+  // the kernel addresses a block with 32-bit non-negative block and slot strides (StageGeometry)
+  const int64_t slot_span[2] = {(p.page_size - 1) * p.k_stride[2], (p.page_size - 1) * p.v_stride[2]};
+  if (!fits_int32(p.k_stride[0]) || !fits_int32(p.v_stride[0]) || !fits_int32(slot_span[0]) ||
+      !fits_int32(slot_span[1]))
+    return "paged_decode: cache block and slot strides must be non-negative and a block must span fewer than "
+           "2^31 elements";
+  // and a table row with 32-bit column offsets
+  if (!fits_int32(p.max_blocks_per_seq) || !fits_int32((p.max_blocks_per_seq - 1) * p.bt_stride[1]))
+    return "paged_decode: a block-table row must span fewer than 2^31 entries";
 
   // K: chunk of 8 channels d0..d0+7; 4-D: stride k_stride[3]; split-x: x (a multiple of 8)
   // contiguous channels at stride k_stride[4], chunks of x at k_stride[3]
@@ -127,9 +148,12 @@ extern "C" const char* hab_paged_decode(const HabDecodeParams* pp, void* stream)
   }
   const int v_vec = chunks_are_vectors(p.v_cache, kv_bytes, p.v_stride[3], 8, p.v_stride, 3);
 
-  // HYGON_ATTN_NATIVE_SPLIT_N=0 runs the shared-softmax loop where the split-N loop applies
+  // HYGON_ATTN_NATIVE_SPLIT_N=0 runs the shared-softmax loop where the split-N loop applies;
+  // HYGON_ATTN_NATIVE_STAGES sets that loop's cp.async stages
   const char* split_env = getenv("HYGON_ATTN_NATIVE_SPLIT_N");
-  const hab_decode::Flags flags{k_vec, v_vec, !(split_env && split_env[0] == '0')};
+  const int stages = split_n_stages(getenv("HYGON_ATTN_NATIVE_STAGES"));
+  if (stages < 0) return "paged_decode: HYGON_ATTN_NATIVE_STAGES must be 2, 3 or 4";
+  const hab_decode::Flags flags{k_vec, v_vec, !(split_env && split_env[0] == '0'), stages};
   // head_dim padded to 64 / 128 / 256 (padded channels are zeros, never loaded or stored)
   const char* err;
   switch (p.head_dim) {

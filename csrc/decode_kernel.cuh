@@ -19,6 +19,7 @@
 #pragma once
 
 #include "compat.h"
+#include "fastdiv.h"
 #include "fp8.cuh"
 #include "hab_ops.h"
 #include "tile_mma.cuh"
@@ -26,6 +27,7 @@
 namespace hab_decode {
 
 constexpr int NUM_WARPS = 4;
+constexpr int MAX_SPLIT_N_STAGES = 4;
 constexpr float LOG2E = 1.4426950408889634f;
 
 template <int HEAD_DIM_PAD> struct TileN { static constexpr int value = HEAD_DIM_PAD > 128 ? 32 : 64; };
@@ -48,11 +50,12 @@ struct Layout {
   static constexpr int M_OFF = S_OFF + MP * LDS * 4;       // m, l, alpha: [MP] floats each
   static constexpr int OK_OFF = M_OFF + 3 * MP * 4;        // token visible flags [BLOCK_N]
   static constexpr int BYTES = OK_OFF + BLOCK_N * 4;
-  // split-N loop: Q, then two cp.async stages of (K, V, token flags); the warps' merge
-  // (m, l, O of 16 rows each) reuses the stages
-  static constexpr int SPLIT_N_BYTES = K_OFF + 2 * (2 * BLOCK_N * LDK * 2 + BLOCK_N * 4);
-  static_assert(NUM_WARPS * 16 * (2 + HEAD_DIM_PAD) * 4 <= 2 * (2 * BLOCK_N * LDK * 2 + BLOCK_N * 4) || MP > 16,
-                "the merge fits in the stages");
+  // split-N loop: Q, then 2..MAX_SPLIT_N_STAGES cp.async stages of (K, V, token flags);
+  // the warps' merge (m, l, O of 16 rows each) reuses the stages
+  static constexpr int SPLIT_N_STAGE_BYTES = 2 * BLOCK_N * LDK * 2 + BLOCK_N * 4;
+  static constexpr int split_n_bytes(int stages) { return K_OFF + stages * SPLIT_N_STAGE_BYTES; }
+  static_assert(NUM_WARPS * 16 * (2 + HEAD_DIM_PAD) * 4 <= 2 * SPLIT_N_STAGE_BYTES || MP > 16,
+                "the merge fits in two stages");
   static_assert(HEAD_DIM_PAD % 16 == 0, "head_dim must be a multiple of 16");
 };
 
@@ -117,12 +120,24 @@ HAB_DEV uint4 fp8_to_compute(uint4 raw, int kv_dtype) {
 }
 
 // What a thread needs to address its chunks of a K/V tile.
+// Block and slot strides are 32-bit and non-negative (the entry point checks), so a
+// chunk's offset is one wide multiply-add on the block id plus 32-bit math.
 struct StageGeometry {
   const uint8_t* k_base;
   const uint8_t* v_base;
   int64_t k_doff, v_doff, k_sd;  // channel offsets of the thread's chunk, K's channel stride
-  int n0, page_size, kv_bytes;
+  HabFastDiv page;  // token index -> (block, slot)
+  int k_block, k_slot, v_block, v_slot;  // strides of a block and of a slot, in elements
+  int n0, kv_bytes;
   bool d_ok;  // the chunk is inside head_dim
+  HAB_DEV int slot_of(int token) const { return page.mod(token, page.div(token)); }
+  // block >= 0, strides >= 0: an unsigned 32 x 32 -> 64 multiply (one wide IMAD)
+  HAB_DEV int64_t k_offset(int block, int slot) const {
+    return int64_t(uint64_t(uint32_t(block)) * uint32_t(k_block)) + (slot * k_slot + k_doff);
+  }
+  HAB_DEV int64_t v_offset(int block, int slot) const {
+    return int64_t(uint64_t(uint32_t(block)) * uint32_t(v_block)) + (slot * v_slot + v_doff);
+  }
 };
 
 // Issue the K and V loads of one tile: item i is token start + n0 + i * STEP of block
@@ -135,9 +150,9 @@ HAB_DEV void issue_loads(uint4 (&k_reg)[ITEMS], uint4 (&v_reg)[ITEMS], const int
     k_reg[i] = make_uint4(0u, 0u, 0u, 0u);
     v_reg[i] = make_uint4(0u, 0u, 0u, 0u);
     if (pg[i] >= 0 && g.d_ok) {
-      const int64_t slot = (start + g.n0 + i * STEP) % g.page_size;
-      const int64_t k_off = int64_t(pg[i]) * p.k_stride[0] + slot * p.k_stride[2] + g.k_doff;
-      const int64_t v_off = int64_t(pg[i]) * p.v_stride[0] + slot * p.v_stride[2] + g.v_doff;
+      const int slot = g.slot_of(start + g.n0 + i * STEP);
+      const int64_t k_off = g.k_offset(pg[i], slot);
+      const int64_t v_off = g.v_offset(pg[i], slot);
       k_reg[i] = load_chunk<MODE>(g.k_base, k_off, g.k_sd, g.kv_bytes);
       v_reg[i] = load_chunk<MODE>(g.v_base, v_off, p.v_stride[3], g.kv_bytes);
     }
@@ -147,6 +162,7 @@ HAB_DEV void issue_loads(uint4 (&k_reg)[ITEMS], uint4 (&v_reg)[ITEMS], const int
 struct Flags {  // per launch, computed on the host
   int k_vec, v_vec;
   int split_n;  // mma.sync targets, <= 16 rows, head_dim <= 128: the split-N loop
+  int stages;   // the split-N loop's cp.async stages, 2..MAX_SPLIT_N_STAGES (stages - 1 tiles in flight)
 };
 
 // The split-N loop (decode_split_n) applies: mma.sync unit, one 16-row tile, and one
@@ -260,7 +276,7 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
   const uint8_t* k_base = static_cast<const uint8_t*>(p.k_cache) + (int64_t(kv_head) * p.k_stride[1]) * kv_bytes;
   const uint8_t* v_base = static_cast<const uint8_t*>(p.v_cache) + (int64_t(kv_head) * p.v_stride[1]) * kv_bytes;
   const int64_t k_sd = p.k_split_x > 0 ? p.k_stride[4] : p.k_stride[3];  // innermost d stride of K
-  const int page_size = int(p.page_size);
+  const HabFastDiv page_div(int(p.page_size));
   const int split_x = int(p.k_split_x);
 
   // ---- staging: thread tid stages channels d0 .. d0 + 7 of tokens n_i = tid / CH + i * STEP
@@ -275,6 +291,8 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
                                      : int64_t(d0) * p.k_stride[3];
   const int64_t v_doff = int64_t(d0) * p.v_stride[3];
   const int64_t bt_row = seq * p.bt_stride[0];
+  // the table's columns in 32-bit (the entry point checks that a row spans < 2^31 entries)
+  const int max_blk = int(p.max_blocks_per_seq), bt_col = int(p.bt_stride[1]);
   uint4 k_reg[ITEMS], v_reg[ITEMS];
   int pg_next[ITEMS];  // block id of each item's token in the next tile to load, -1: skip
   auto lookup = [&](int tile) {
@@ -282,10 +300,9 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int j = start + n0 + i * STEP;
-      const int blk = j / page_size;
+      const int blk = page_div.div(j);
       int64_t page = -1;
-      if (j < part_end && blk < p.max_blocks_per_seq)
-        page = load_index(p.block_table, p.table_is_int64, bt_row + blk * p.bt_stride[1]);
+      if (j < part_end && blk < max_blk) page = load_index(p.block_table, p.table_is_int64, bt_row + blk * bt_col);
       pg_next[i] = (page >= 0 && page < p.num_blocks) ? int(page) : -1;
     }
   };
@@ -296,7 +313,19 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
   const int v_mode = flags.v_vec ? (kv_bytes == 2 ? LOAD_VEC16 : LOAD_VEC8) : LOAD_STRIDED;
   const bool fast = k_mode == LOAD_VEC16 && v_mode == LOAD_VEC16;
   const bool fp8 = kv_bytes == 1;
-  const StageGeometry geo{k_base, v_base, k_doff, v_doff, k_sd, n0, page_size, kv_bytes, d_ok};
+  const StageGeometry geo{k_base,
+                          v_base,
+                          k_doff,
+                          v_doff,
+                          k_sd,
+                          page_div,
+                          int(p.k_stride[0]),
+                          int(p.k_stride[2]),
+                          int(p.v_stride[0]),
+                          int(p.v_stride[2]),
+                          n0,
+                          kv_bytes,
+                          d_ok};
   auto load_tile = [&](int tile) {
     const int start = loop_start + tile * BLOCK_N;
     int pg[ITEMS];
@@ -345,7 +374,8 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
     if (split_n_run) {
       decode_split_n<KIND, HEAD_DIM_PAD, ITEMS, STEP>(p, num_tiles, loop_start, part_end, seq_len, rows, row0, group,
                                          kv_head, seq, part, head_dim, qk_scale, sm_scale, v_scale,
-                                         use_cap, use_window, q_s, smem + L::K_OFF, geo, lookup, pg_next);
+                                         use_cap, use_window, q_s, smem + L::K_OFF, flags.stages, geo, lookup,
+                                         pg_next);
       return;
     }
   }
@@ -516,10 +546,13 @@ const char* launch(const HabDecodeParams& p, Flags flags, hab_stream_t stream) {
   if (hab_get_device(&dev) != hab_success) return "paged_decode: no device";
   const uint64_t bit = uint64_t(1) << (dev & 63);
   // the split-N loop's layout where it may run (decided again on the device)
-  const bool split_n = HAB_CUDA_BUILD && SplitN<KIND, ROWS, HEAD_DIM_PAD, 32>::value_on_host && flags.split_n &&
-                       flags.k_vec && flags.v_vec && p.kv_dtype == p.q_dtype;
-  constexpr int MAX_BYTES = L::BYTES > L::SPLIT_N_BYTES ? L::BYTES : L::SPLIT_N_BYTES;
-  const int bytes = split_n ? MAX_BYTES : L::BYTES;
+  constexpr bool SPLIT_N_SHAPE = HAB_CUDA_BUILD && SplitN<KIND, ROWS, HEAD_DIM_PAD, 32>::value_on_host;
+  const bool split_n = SPLIT_N_SHAPE && flags.split_n && flags.k_vec && flags.v_vec && p.kv_dtype == p.q_dtype;
+  // sized for the most stages once, so that a later launch with more stages fits
+  constexpr int SPLIT_N_MAX = SPLIT_N_SHAPE ? L::split_n_bytes(MAX_SPLIT_N_STAGES) : 0;
+  constexpr int MAX_BYTES = L::BYTES > SPLIT_N_MAX ? L::BYTES : SPLIT_N_MAX;
+  const int split_n_bytes = L::split_n_bytes(flags.stages);
+  const int bytes = split_n && split_n_bytes > L::BYTES ? split_n_bytes : L::BYTES;
   if (!(configured & bit)) {
     if (MAX_BYTES > 48 * 1024) {
       const hab_error_t e = hab_func_set_max_dynamic_smem(kernel, MAX_BYTES);

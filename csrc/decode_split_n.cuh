@@ -14,6 +14,13 @@ namespace hab_decode {
 // of the P V product, so a tile needs no shared-memory round trip and no barrier beyond
 // the staging ones. The four warps' (m, l, O) are merged once at the end, through shared
 // memory (the K/V staging area, free by then).
+//
+// Pipeline: `stages` cp.async stages (a runtime value, 2..MAX_SPLIT_N_STAGES), one commit
+// group per tile. At the top of tile t the groups 0..t+stages-2 are committed; waiting
+// until at most stages-2 are pending means tile t landed. The barrier after it also says
+// every warp is done with tile t-1, whose stage, (t+stages-1) % stages, then takes tile
+// t+stages-1. So stages-1 tiles are in flight while a tile is computed (2 stages: one,
+// the next tile). Past the last tile an empty group keeps the count uniform.
 HAB_DEV void cp_async16(void* smem_dst, const void* gmem_src, bool fill) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   const int src_bytes = fill ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
@@ -21,12 +28,19 @@ HAB_DEV void cp_async16(void* smem_dst, const void* gmem_src, bool fill) {
 }
 HAB_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 HAB_DEV void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+// wait until at most `pending` (0..MAX_SPLIT_N_STAGES - 2) of this thread's groups are in flight
+HAB_DEV void cp_async_wait_pending(int pending) {
+  static_assert(MAX_SPLIT_N_STAGES == 4, "one case per pending count");
+  if (pending >= 2) asm volatile("cp.async.wait_group 2;\n" ::);
+  else if (pending == 1) asm volatile("cp.async.wait_group 1;\n" ::);
+  else asm volatile("cp.async.wait_group 0;\n" ::);
+}
 
 template <typename KIND, int HEAD_DIM_PAD, int ITEMS, int STEP, typename Lookup>
 HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_start, int part_end, int seq_len,
                             int rows, int row0, int group, int kv_head, int64_t seq, int part, int head_dim,
                             float qk_scale, float sm_scale, float v_scale, bool use_cap, bool use_window,
-                            const uint16_t* q_s, uint8_t* stage_smem, const StageGeometry& geo,
+                            const uint16_t* q_s, uint8_t* stage_smem, int stages, const StageGeometry& geo,
                             Lookup& lookup, int (&pg_next)[ITEMS]) {
   typedef Layout<16, HEAD_DIM_PAD> L;
   typedef HabWarpTile<KIND, 32> Tile;
@@ -35,14 +49,14 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
   const int g = lane >> 2, t4 = lane & 3;
   const int d0 = 8 * (tid % L::CH);
   // stage s: K [BLOCK_N][LDK], V [BLOCK_N][LDK], token flags [BLOCK_N]
-  constexpr int STAGE_BYTES = 2 * BLOCK_N * L::LDK * 2 + BLOCK_N * 4;
+  constexpr int STAGE_BYTES = L::SPLIT_N_STAGE_BYTES;
   auto k_stage = [&](int s) { return reinterpret_cast<uint16_t*>(stage_smem + s * STAGE_BYTES); };
   auto v_stage = [&](int s) { return k_stage(s) + BLOCK_N * L::LDK; };
   auto ok_stage = [&](int s) { return reinterpret_cast<int*>(stage_smem + s * STAGE_BYTES + 2 * BLOCK_N * L::LDK * 2); };
   // K/V chunks of a tile straight into shared memory (cp.async, no registers); bad
   // tokens are zero-filled without a read
-  auto issue = [&](int tile) {
-    const int start = loop_start + tile * BLOCK_N, s = tile & 1;
+  auto issue = [&](int tile, int s) {  // s: the stage it goes to, tile % stages
+    const int start = loop_start + tile * BLOCK_N;
     int pg[ITEMS];
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) pg[i] = pg_next[i];
@@ -57,9 +71,9 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
       const uint8_t* k_src = geo.k_base;
       const uint8_t* v_src = geo.v_base;
       if (fill) {
-        const int64_t slot = (start + n) % geo.page_size;
-        k_src += 2 * (int64_t(pg[i]) * p.k_stride[0] + slot * p.k_stride[2] + geo.k_doff);
-        v_src += 2 * (int64_t(pg[i]) * p.v_stride[0] + slot * p.v_stride[2] + geo.v_doff);
+        const int slot = geo.slot_of(start + n);
+        k_src += 2 * geo.k_offset(pg[i], slot);
+        v_src += 2 * geo.v_offset(pg[i], slot);
       }
       cp_async16(ks + n * L::LDK + d0, k_src, fill);
       cp_async16(vs + n * L::LDK + d0, v_src, fill);
@@ -92,18 +106,24 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[ct][e] = 0.f;
 
-  if (num_tiles > 0) {
-    lookup(0);
-    issue(0);
+  if (num_tiles > 0) lookup(0);
+  for (int t = 0; t < stages - 1; ++t) {  // prologue: tiles 0 .. stages-2
+    if (t < num_tiles) issue(t, t);
+    else cp_async_commit();
   }
-  for (int tile = 0; tile < num_tiles; ++tile) {
+  // stage indices advance by one per tile (a run-time modulo is a division)
+  auto next_stage = [&](int s) { return s + 1 == stages ? 0 : s + 1; };
+  int s = 0, s_ahead = stages - 1;  // stages of `tile` and of `tile + stages - 1`
+  for (int tile = 0; tile < num_tiles; ++tile, s = next_stage(s), s_ahead = next_stage(s_ahead)) {
     const int start = loop_start + tile * BLOCK_N;
-    const uint16_t* k_s = k_stage(tile & 1);
-    const uint16_t* v_s = v_stage(tile & 1);
-    const int* ok_s = ok_stage(tile & 1);
-    cp_async_wait_all();  // this thread's copies of the tile landed
-    __syncthreads();      // everyone's did, and every warp is done with the other stage
-    if (tile + 1 < num_tiles) issue(tile + 1);  // in flight during this tile's math
+    const uint16_t* k_s = k_stage(s);
+    const uint16_t* v_s = v_stage(s);
+    const int* ok_s = ok_stage(s);
+    cp_async_wait_pending(stages - 2);  // this thread's copies of the tile landed
+    __syncthreads();                    // everyone's did, and every warp is done with tile - 1
+    const int ahead = tile + stages - 1;
+    if (ahead < num_tiles) issue(ahead, s_ahead);  // in flight during this tile's math (tile - 1's stage)
+    else cp_async_commit();
 
     // S = Q K_w^T: [16 rows, 16 tokens], element e of the lane: row g + 8 (e & 3) / 2,
     // token 16 w + 8 (e / 4) + 2 t4 + (e & 1)
@@ -114,6 +134,18 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
 #pragma unroll 2
     for (int kk = 0; kk < HEAD_DIM_PAD / 16; ++kk)
       Tile::template mma<true>(c, q_s + kk * 16, L::LDK, k_w + kk * 16, 1, L::LDK, lane, 16);
+    // logits in log2 units (the soft cap is a warp-uniform branch around all 8), then the
+    // mask as selects: no per-element branch
+    if (use_cap) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float x = c[e] * sm_scale / p.soft_cap;
+        c[e] = p.soft_cap * (1.f - 2.f / (exp2f(x * (2.f * LOG2E)) + 1.f)) * LOG2E;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) c[e] *= qk_scale;
+    }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -121,17 +153,8 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
       const int n = warp * 16 + Tile::col(lane, e), j = start + n;
       bool vis = row_ok[k] && ok_s[n] && j <= pos[k];
       if (use_window) vis = vis && j > pos[k] - int(p.sliding_window);
-      float sv = -INFINITY;
-      if (vis) {
-        if (use_cap) {
-          const float x = c[e] * sm_scale / p.soft_cap;
-          sv = p.soft_cap * (1.f - 2.f / (exp2f(x * (2.f * LOG2E)) + 1.f)) * LOG2E;
-        } else {
-          sv = c[e] * qk_scale;
-        }
-      }
-      c[e] = sv;
-      mx[k] = fmaxf(mx[k], sv);
+      c[e] = vis ? c[e] : -INFINITY;
+      mx[k] = fmaxf(mx[k], c[e]);
     }
     float alpha[2], mu[2];
 #pragma unroll
@@ -166,7 +189,8 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
   // ---- merge the warps: m_w, l_w [NUM_WARPS][16], O_w [NUM_WARPS][16][HEAD_DIM_PAD] fp32
 #pragma unroll
   for (int k = 0; k < 2; ++k) l[k] = hab_group_sum<4>(l[k]);
-  __syncthreads();  // the stages are free (no copy is outstanding after the last wait)
+  cp_async_wait_all();  // only empty groups can be pending here; the merge reuses the stages
+  __syncthreads();
   float* mw = reinterpret_cast<float*>(stage_smem);
   float* lw = mw + NUM_WARPS * 16;
   float* ow = lw + NUM_WARPS * 16;

@@ -36,6 +36,8 @@ VARIABLES = {
                               "never (default: the measured rule, tuning.native_preferred)",
     "HYGON_ATTN_NATIVE_SPLIT_N": "0: the native decode's shared-softmax loop instead of the "
                                  "split-N loop (read by the kernel's entry point)",
+    "HYGON_ATTN_NATIVE_STAGES": "2, 3 or 4: cp.async stages of the native split-N decode loop "
+                                "(default 2; read by the kernel's entry point)",
     "HYGON_ATTN_CSRC": "the csrc/ folder the native extension is built from (default: beside "
                        "the package in a source checkout)",
 }

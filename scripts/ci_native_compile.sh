@@ -6,6 +6,7 @@
 #     gfx90a (MFMA path), -Wall -Werror
 #   - binding.cpp with g++ against the CPU torch, -Wall -Werror; one .so per vendor linked
 #     and loaded into torch (torch.ops.hygon_attn must hold every op)
+#   - check_fastdiv.cpp built and run on the host (the page-size division of the kernels)
 #
 # The tools install themselves: Debian's hipcc if missing (apt), the pinned CUDA 13.0 pip
 # wheels into a venv under /tmp (the cu12 wheels hold no nvcc; the five must be pinned
@@ -58,6 +59,8 @@ for f in $KERNELS; do
     -c "$f" -o "$OUT/hip_$b.o"
 done
 job binding g++ -O1 -std=c++17 -fPIC -Wall -Werror $TORCH_INC -c binding.cpp -o "$OUT/binding.o"
+# host check of the kernels' division by a multiplier (csrc/fastdiv.h), exhaustive per divisor
+job fastdiv sh -c "g++ -O2 -std=c++17 -Wall -Werror check_fastdiv.cpp -o '$OUT/check_fastdiv' && '$OUT/check_fastdiv'"
 
 failed=0
 for i in "${!pids[@]}"; do

@@ -149,3 +149,20 @@ def test_parser_knows_the_new_flags_and_simulate():
 def test_an_unknown_peer_is_a_usage_error():
     with pytest.raises(SystemExit, match="unknown peer"):
         cli.main(["bench", "decode", "--compare", "sdpa,nope"])
+
+
+def test_decode_impl_list_times_each_and_reports_what_cannot_run(tmp_path):
+    """--impl triton,native: one row per implementation; native needs a GPU, so on the
+    CPU its row says why instead of failing the run."""
+    out = tmp_path / "d.csv"
+    argv = ["bench", "decode", "--shapes", "2,40", "--groups", "", "--per-head-groups", "",
+            "--partitions", "auto", "--impl", "triton,native", "--csv", str(out)] + TINY
+    assert cli.main(argv) == 0
+    rows = {r["impl"]: r for r in _rows(out)}
+    assert set(rows) == {"hygon [triton]", "hygon [native]"}
+    assert rows["hygon [triton]"]["status"] == "ok"
+    assert "needs CUDA/HIP tensors" in rows["hygon [native]"]["status"]
+    with pytest.raises(SystemExit, match="--impl"):
+        cli.main(["bench", "decode", "--impl", "triton,cuda"])
+    with pytest.raises(SystemExit, match="without repeats"):
+        cli.main(["bench", "decode", "--impl", "native,native"])

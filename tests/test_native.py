@@ -66,17 +66,39 @@ def test_native_decode_layouts(layout, page_size, partition_size):
 
 
 @gpu
-@pytest.mark.parametrize("split_n", ["0", "1"])
+@pytest.mark.parametrize("split_n,stages", [("0", "2"), ("1", "2"), ("1", "3"), ("1", "4")])
 @pytest.mark.parametrize("partition_size", [None, 256])
 @pytest.mark.parametrize("head_dim,group", [(64, 1), (128, 8), (96, 16)])
-def test_native_decode_both_loops(monkeypatch, split_n, partition_size, head_dim, group):
-    """Groups up to 16 at head_dim <= 128 run the split-N loop on mma.sync GPUs;
-    HYGON_ATTN_NATIVE_SPLIT_N=0 runs the shared-softmax loop on the same cases."""
+def test_native_decode_both_loops(monkeypatch, split_n, stages, partition_size, head_dim, group):
+    """Groups up to 16 at head_dim <= 128 run the split-N loop on mma.sync GPUs, with 2-4
+    cp.async stages (HYGON_ATTN_NATIVE_STAGES; partitions of 256 tokens are 4 tiles, fewer
+    than some prologues, and 1000 tokens unsplit are 16); HYGON_ATTN_NATIVE_SPLIT_N=0 runs
+    the shared-softmax loop on the same cases."""
     monkeypatch.setenv("HYGON_ATTN_NATIVE_SPLIT_N", split_n)
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_STAGES", stages)
     _native_case(num_kv_heads=2, group=group, head_dim=head_dim, page_size=16,
                  seq_lens=[1000, 1, 77, 0], layout="bshd", dtype=torch.bfloat16,
                  partition_size=partition_size, sinks=torch.randn(2 * group, device="cuda"),
                  sliding_window=500)
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [3, 24, 48])
+def test_native_decode_odd_page_sizes(page_size):
+    """Page sizes that are not powers of two: the token -> (block, slot) division by a
+    multiplier (csrc/fastdiv.h) on the device, in both loops' staging."""
+    for group in (4, 32):  # split-N loop (16 rows), shared-softmax loop (32 rows)
+        _native_case(num_kv_heads=2, group=group, head_dim=128, page_size=page_size,
+                     seq_lens=[1000, 7, 95], layout="bshd", dtype=torch.bfloat16,
+                     partition_size=None)
+
+
+@gpu
+def test_native_decode_bad_stages(monkeypatch):
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_STAGES", "5")
+    with pytest.raises(RuntimeError, match="HYGON_ATTN_NATIVE_STAGES must be 2, 3 or 4"):
+        _native_case(num_kv_heads=2, group=4, head_dim=128, page_size=16, seq_lens=[100],
+                     layout="bshd", dtype=torch.bfloat16, partition_size=None)
 
 
 @gpu

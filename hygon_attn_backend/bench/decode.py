@@ -11,7 +11,8 @@ against the reference before it is timed (see :mod:`hygon_attn_backend.bench._ti
 
 Our points per (B, ctx) shape and page size: the shipped partition heuristic (``auto``),
 the DCU baseline rule, optional forced partition sizes, and the per-query-head variant at
-the groups of ``--per-head-groups``. A G sweep at one shape varies the KV heads at a fixed
+the groups of ``--per-head-groups``; each with every implementation of ``--impl``
+(``triton,native`` puts the native kernels of ``csrc/`` beside the Triton ones). A G sweep at one shape varies the KV heads at a fixed
 query head count.
 """
 
@@ -61,6 +62,9 @@ def add_decode_parser(subparsers) -> argparse.ArgumentParser:
                    help="GQA groups of the G sweep (Hq fixed, Hkv = Hq / G); '' skips it")
     p.add_argument("--per-head-groups", default="8",
                    help="groups at which the per-query-head variant is also timed")
+    p.add_argument("--impl", default="auto",
+                   help="our implementations, comma list of auto, triton, native (e.g. "
+                        "'triton,native': each partition choice is timed with both)")
     _add_common(p, rep_ms=60.0)
     p.set_defaults(func=_cli, bench_func=_cli)
     return p
@@ -98,6 +102,16 @@ def _partition_size(choice, prob, device):
     return int(choice)
 
 
+def _parse_impls(text: str) -> list:
+    """``--impl``: a comma list of ``auto``, ``triton``, ``native`` (no repeats)."""
+    impls = [x.strip() for x in str(text).split(",") if x.strip()]
+    bad = [x for x in impls if x not in ("auto", "triton", "native")]
+    if not impls or bad or len(set(impls)) != len(impls):
+        raise ValueError(f"--impl: a comma list of auto, triton, native without repeats, "
+                         f"got {text!r}")
+    return impls
+
+
 def _our_label(choice) -> str:
     return {"auto": "hygon", "auto-fused": "hygon (fused combine)",
             "auto-launch": "hygon (combine launch)", "dcu": "hygon (dcu rule)",
@@ -110,6 +124,10 @@ def run_decode_bench(args) -> dict:
     import torch
     from hygon_attn_backend.bench import _timing
 
+    try:
+        impls = _parse_impls(args.impl)  # a bad list fails before any device work
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
     started = _harness.start(args, "decode")
     if started is None:
         return {}
@@ -139,14 +157,16 @@ def run_decode_bench(args) -> dict:
             base = dict(op="decode", batch=batch, ctx=ctx, num_q_heads=hq, num_kv_heads=hkv,
                         head_dim=dim, page=page)
             made = []
-            for choice in partitions:
-                # the shipped rule is planned by the op itself (per-sequence split)
-                auto = isinstance(choice, str) and choice.startswith("auto")
-                size = None if auto else _partition_size(choice, prob, device)
-                made.append(_make(lambda: ours_decode(
-                    prob, partition_size=size,
-                    fused_combine={"auto-fused": True, "auto-launch": False}.get(choice),
-                    label=_our_label(choice)), _our_label(choice)))
+            for impl in impls:
+                for choice in partitions:
+                    # the shipped rule is planned by the op itself (per-sequence split)
+                    auto = isinstance(choice, str) and choice.startswith("auto")
+                    size = None if auto else _partition_size(choice, prob, device)
+                    label = _our_label(choice) + (f" [{impl}]" if len(impls) > 1 else "")
+                    made.append(_make(lambda: ours_decode(
+                        prob, partition_size=size, impl=impl,
+                        fused_combine={"auto-fused": True, "auto-launch": False}.get(choice),
+                        label=label), label))
             if hq // hkv in per_head_groups:
                 size = _partition_size("auto", prob, device)
                 made.append(_make(lambda: ours_decode(prob, partition_size=size,

@@ -46,11 +46,11 @@ def parse_compare(text: str) -> list:
 # ----------------------------------------------------------------------------- ours
 
 def ours_decode(prob, *, partition_size: Optional[int], kv_head_grid: bool = True,
-                tile=None, fused_combine: Optional[bool] = None,
+                tile=None, fused_combine: Optional[bool] = None, impl: str = "auto",
                 label: str = "hygon") -> Runner:
     """Our paged decode planned once (``plan_paged_decode`` with a workspace, the host-known
-    ``max_seq_len`` and optional ``partition_size`` / ``tile`` / ``fused_combine``),
-    launched per call."""
+    ``max_seq_len`` and optional ``partition_size`` / ``tile`` / ``fused_combine``, the
+    implementation ``impl``), launched per call."""
     import torch
     from hygon_attn_backend.ops.decode import allocate_decode_workspace, plan_paged_decode
     kview, vview = prob.kv_views()
@@ -63,7 +63,7 @@ def ours_decode(prob, *, partition_size: Optional[int], kv_head_grid: bool = Tru
         num_kv_heads=prob.num_kv_heads, head_dim=prob.head_dim, page_size=kview.shape[2],
         q_dtype=prob.q.dtype, kv_dtype=kview.dtype, max_seq_len=prob.ctx,
         partition_size=partition_size, workspace=ws, kv_head_grid=kv_head_grid, tile=tile,
-        fused_combine=fused_combine)
+        fused_combine=fused_combine, impl=impl)
     out = torch.empty_like(prob.q)
     fn = lambda: plan.run(prob.q, kview, vview, out=out)
     note = ""
