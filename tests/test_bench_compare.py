@@ -159,9 +159,13 @@ def test_decode_impl_list_times_each_and_reports_what_cannot_run(tmp_path):
             "--partitions", "auto", "--impl", "triton,native", "--csv", str(out)] + TINY
     assert cli.main(argv) == 0
     rows = {r["impl"]: r for r in _rows(out)}
-    assert set(rows) == {"hygon [triton]", "hygon [native]"}
+    assert set(rows) == {"hygon [triton]", "hygon [native]", "device copy, same bytes"}
     assert rows["hygon [triton]"]["status"] == "ok"
+    copy = rows["device copy, same bytes"]  # the reference row, on by default
+    assert copy["status"] == "ok" and float(copy["value"]) > 0
     assert "needs CUDA/HIP tensors" in rows["hygon [native]"]["status"]
+    assert cli.main(argv + ["--no-same-bytes-copy"]) == 0
+    assert "device copy, same bytes" not in {r["impl"] for r in _rows(out)}
     with pytest.raises(SystemExit, match="--impl"):
         cli.main(["bench", "decode", "--impl", "triton,cuda"])
     with pytest.raises(SystemExit, match="without repeats"):

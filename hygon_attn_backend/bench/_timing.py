@@ -96,6 +96,20 @@ def copy_ceiling(rep_ms: float, *, device="cuda"):
     return 2 * nbytes / ms / 1e6, ms
 
 
+def same_bytes_copy_ms(nbytes: int, rep_ms: float, *, device="cuda") -> float:
+    """Milliseconds of a device copy that moves ``nbytes`` (reads half, writes half), timed
+    as the decode calls are: a CUDA-graph replay, the L2 cleared before each. The reference
+    for a decode of that many bytes: the fixed costs of a short call (launch, the write-back
+    of the L2 the clear dirtied, the ramp of a wave) are in both."""
+    import torch
+
+    half = max(16, nbytes // 2 // 16 * 16)
+    src = torch.empty(half, device=device, dtype=torch.uint8).random_(0, 256)
+    dst = torch.empty_like(src)
+    fn = lambda: dst.copy_(src)
+    return graph_ms(fn, rep_ms, device=device)
+
+
 def matmul_ceiling(rep_ms: float, *, device="cuda"):
     """bf16 ``8192^3`` matmul in TFLOP/s (random operands), and its milliseconds. On a
     CPU a 512^3 float32 matmul stands in."""

@@ -12,7 +12,11 @@ against the reference before it is timed (see :mod:`hygon_attn_backend.bench._ti
 Our points per (B, ctx) shape and page size: the shipped partition heuristic (``auto``),
 the DCU baseline rule, optional forced partition sizes, and the per-query-head variant at
 the groups of ``--per-head-groups``; each with every implementation of ``--impl``
-(``triton,native`` puts the native kernels of ``csrc/`` beside the Triton ones). A G sweep at one shape varies the KV heads at a fixed
+(``triton,native`` puts the native kernels of ``csrc/`` beside the Triton ones). Beside
+them, a device copy moving the same bytes, timed the same way (``--same-bytes-copy``): at
+small batch a call is short enough that fixed costs (launch, the L2 write-back after the
+clear, the first wave's ramp) weigh, and this row shows how much of the gap to the big
+copy any kernel of that size pays. A G sweep at one shape varies the KV heads at a fixed
 query head count.
 """
 
@@ -62,6 +66,9 @@ def add_decode_parser(subparsers) -> argparse.ArgumentParser:
                    help="GQA groups of the G sweep (Hq fixed, Hkv = Hq / G); '' skips it")
     p.add_argument("--per-head-groups", default="8",
                    help="groups at which the per-query-head variant is also timed")
+    p.add_argument("--same-bytes-copy", action=argparse.BooleanOptionalAction, default=True,
+                   help="time a device copy moving each shape's KV bytes beside it (the "
+                        "reference for short calls; default on)")
     p.add_argument("--impl", default="auto",
                    help="our implementations, comma list of auto, triton, native (e.g. "
                         "'triton,native': each partition choice is timed with both)")
@@ -178,10 +185,24 @@ def run_decode_bench(args) -> dict:
             rows += _harness.run_all(made, lambda out: problems.check_decode(prob, out),
                                      base=base, graph=True, rep_ms=args.rep_ms,
                                      work=prob.kv_bytes(), ceiling=copy, device=device)
+            if args.same_bytes_copy:
+                rows.append(_same_bytes_copy_row(prob.kv_bytes(), base, copy, args.rep_ms,
+                                                 device))
+                _harness.print_row(rows[-1])
             prob = made = None  # free the caches before the next shape
     _harness.emit(rows, meta, args, op="decode", unit="GB/s", ceiling=copy,
                   ceiling_name="copy", title=f"decode {args.dtype}, Hq={hq}, D={dim}")
     return dict(meta, rows=rows)
+
+
+def _same_bytes_copy_row(nbytes: int, base: dict, copy: float, rep_ms: float, device) -> dict:
+    """A row for a device copy moving the shape's KV bytes, timed as the decode calls."""
+    from hygon_attn_backend.bench import _timing
+    ms = _timing.same_bytes_copy_ms(nbytes, rep_ms, device=device)
+    value = nbytes / ms / 1e6
+    return dict(base, impl="device copy, same bytes", note="reference, not attention",
+                status="ok", ms=ms, value=value, unit="GB/s", ceiling=copy,
+                pct=100 * value / copy)
 
 
 def _make(factory, label):
