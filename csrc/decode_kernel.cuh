@@ -50,10 +50,11 @@ struct Layout {
   static constexpr int M_OFF = S_OFF + MP * LDS * 4;       // m, l, alpha: [MP] floats each
   static constexpr int OK_OFF = M_OFF + 3 * MP * 4;        // token visible flags [BLOCK_N]
   static constexpr int BYTES = OK_OFF + BLOCK_N * 4;
-  // split-N loop: Q, then 2..MAX_SPLIT_N_STAGES cp.async stages of (K, V, token flags);
-  // the warps' merge (m, l, O of 16 rows each) reuses the stages
+  // split-N loop: Q, then 2..MAX_SPLIT_N_STAGES cp.async stages of (K, V, token flags),
+  // then two tiles' block ids; the warps' merge (m, l, O of 16 rows each) reuses the stages
   static constexpr int SPLIT_N_STAGE_BYTES = 2 * BLOCK_N * LDK * 2 + BLOCK_N * 4;
-  static constexpr int split_n_bytes(int stages) { return K_OFF + stages * SPLIT_N_STAGE_BYTES; }
+  // after the stages: the block ids of two tiles, int [2][BLOCK_N]
+  static constexpr int split_n_bytes(int stages) { return K_OFF + stages * SPLIT_N_STAGE_BYTES + 2 * BLOCK_N * 4; }
   static_assert(NUM_WARPS * 16 * (2 + HEAD_DIM_PAD) * 4 <= 2 * SPLIT_N_STAGE_BYTES || MP > 16,
                 "the merge fits in two stages");
   static_assert(HEAD_DIM_PAD % 16 == 0, "head_dim must be a multiple of 16");
@@ -295,16 +296,17 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
   const int max_blk = int(p.max_blocks_per_seq), bt_col = int(p.bt_stride[1]);
   uint4 k_reg[ITEMS], v_reg[ITEMS];
   int pg_next[ITEMS];  // block id of each item's token in the next tile to load, -1: skip
+  // block id of token j of this sequence, -1 past the partition, past the table or bad
+  auto block_of = [&](int j) {
+    const int blk = page_div.div(j);
+    int64_t page = -1;
+    if (j < part_end && blk < max_blk) page = load_index(p.block_table, p.table_is_int64, bt_row + blk * bt_col);
+    return (page >= 0 && page < p.num_blocks) ? int(page) : -1;
+  };
   auto lookup = [&](int tile) {
     const int start = loop_start + tile * BLOCK_N;
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int j = start + n0 + i * STEP;
-      const int blk = page_div.div(j);
-      int64_t page = -1;
-      if (j < part_end && blk < max_blk) page = load_index(p.block_table, p.table_is_int64, bt_row + blk * bt_col);
-      pg_next[i] = (page >= 0 && page < p.num_blocks) ? int(page) : -1;
-    }
+    for (int i = 0; i < ITEMS; ++i) pg_next[i] = block_of(start + n0 + i * STEP);
   };
   uint32_t ok_bits = 0;
   // the common case (16-bit KV, both caches vector-loadable) gets its own loop; fp8 and
@@ -372,10 +374,9 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 #if defined(HAB_HAS_MMA_SYNC)
   if constexpr (SplitN<KIND, ROWS, HEAD_DIM_PAD, WARP>::value) {
     if (split_n_run) {
-      decode_split_n<KIND, HEAD_DIM_PAD, ITEMS, STEP>(p, num_tiles, loop_start, part_end, seq_len, rows, row0, group,
-                                         kv_head, seq, part, head_dim, qk_scale, sm_scale, v_scale,
-                                         use_cap, use_window, q_s, smem + L::K_OFF, flags.stages, geo, lookup,
-                                         pg_next);
+      decode_split_n<KIND, HEAD_DIM_PAD, ITEMS, STEP>(p, num_tiles, loop_start, seq_len, rows, row0, group, kv_head,
+                                                     seq, part, head_dim, qk_scale, sm_scale, v_scale, use_cap,
+                                                     use_window, q_s, smem + L::K_OFF, flags.stages, geo, block_of);
       return;
     }
   }

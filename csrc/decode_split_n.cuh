@@ -36,12 +36,17 @@ HAB_DEV void cp_async_wait_pending(int pending) {
   else asm volatile("cp.async.wait_group 0;\n" ::);
 }
 
-template <typename KIND, int HEAD_DIM_PAD, int ITEMS, int STEP, typename Lookup>
-HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_start, int part_end, int seq_len,
-                            int rows, int row0, int group, int kv_head, int64_t seq, int part, int head_dim,
-                            float qk_scale, float sm_scale, float v_scale, bool use_cap, bool use_window,
-                            const uint16_t* q_s, uint8_t* stage_smem, int stages, const StageGeometry& geo,
-                            Lookup& lookup, int (&pg_next)[ITEMS]) {
+// Block ids: thread tid < BLOCK_N reads the block id of token tid of a tile (one table
+// read per token instead of one per staged chunk: the 16 threads staging one token's
+// chunks share it) into ids[tile & 1][tid] in shared memory. The read of tile A + 1 is
+// issued after the barrier of the iteration that stages tile A and stored after that
+// iteration's math, so its latency overlaps a tile; the next barrier publishes it. The
+// buffer A + 1 & 1 was last read by issue(A - 1), before that barrier.
+template <typename KIND, int HEAD_DIM_PAD, int ITEMS, int STEP, typename BlockOf>
+HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_start, int seq_len, int rows,
+                            int row0, int group, int kv_head, int64_t seq, int part, int head_dim, float qk_scale,
+                            float sm_scale, float v_scale, bool use_cap, bool use_window, const uint16_t* q_s,
+                            uint8_t* stage_smem, int stages, const StageGeometry& geo, BlockOf& block_of) {
   typedef Layout<16, HEAD_DIM_PAD> L;
   typedef HabWarpTile<KIND, 32> Tile;
   constexpr int BLOCK_N = L::BLOCK_N, CT = HEAD_DIM_PAD / 16;
@@ -50,17 +55,22 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
   const int d0 = 8 * (tid % L::CH);
   // stage s: K [BLOCK_N][LDK], V [BLOCK_N][LDK], token flags [BLOCK_N]
   constexpr int STAGE_BYTES = L::SPLIT_N_STAGE_BYTES;
+  static_assert((L::LDK * 2) % 16 == 0 && L::K_OFF % 16 == 0 && STAGE_BYTES % 16 == 0 &&
+                    (BLOCK_N * L::LDK * 2) % 16 == 0,
+                "ldmatrix and cp.async need 16-byte aligned rows in every stage");
   auto k_stage = [&](int s) { return reinterpret_cast<uint16_t*>(stage_smem + s * STAGE_BYTES); };
   auto v_stage = [&](int s) { return k_stage(s) + BLOCK_N * L::LDK; };
   auto ok_stage = [&](int s) { return reinterpret_cast<int*>(stage_smem + s * STAGE_BYTES + 2 * BLOCK_N * L::LDK * 2); };
+  int* ids = reinterpret_cast<int*>(stage_smem + stages * STAGE_BYTES);  // [2][BLOCK_N] block ids, -1: skip
+  auto block_of_tile = [&](int tile) { return block_of(loop_start + tile * BLOCK_N + tid); };  // tid < BLOCK_N
   // K/V chunks of a tile straight into shared memory (cp.async, no registers); bad
   // tokens are zero-filled without a read
   auto issue = [&](int tile, int s) {  // s: the stage it goes to, tile % stages
     const int start = loop_start + tile * BLOCK_N;
+    const int* tile_ids = ids + (tile & 1) * BLOCK_N;
     int pg[ITEMS];
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) pg[i] = pg_next[i];
-    lookup(tile + 1);  // read ahead
+    for (int i = 0; i < ITEMS; ++i) pg[i] = tile_ids[geo.n0 + i * STEP];
     uint16_t* ks = k_stage(s);
     uint16_t* vs = v_stage(s);
     int* oks = ok_stage(s);
@@ -106,10 +116,17 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[ct][e] = 0.f;
 
-  if (num_tiles > 0) lookup(0);
-  for (int t = 0; t < stages - 1; ++t) {  // prologue: tiles 0 .. stages-2
-    if (t < num_tiles) issue(t, t);
-    else cp_async_commit();
+  // prologue: tiles 0 .. stages-2 (their block ids read here, one barrier each)
+  if (tid < BLOCK_N && num_tiles > 0) ids[tid] = block_of_tile(0);
+  for (int t = 0; t < stages - 1; ++t) {
+    __syncthreads();  // ids of tile t are visible; issue(t - 1) is done with the other buffer
+    if (t < num_tiles) {
+      const int next = tid < BLOCK_N && t + 1 < num_tiles ? block_of_tile(t + 1) : -1;
+      issue(t, t);
+      if (tid < BLOCK_N) ids[((t + 1) & 1) * BLOCK_N + tid] = next;
+    } else {
+      cp_async_commit();
+    }
   }
   // stage indices advance by one per tile (a run-time modulo is a division)
   auto next_stage = [&](int s) { return s + 1 == stages ? 0 : s + 1; };
@@ -122,8 +139,13 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
     cp_async_wait_pending(stages - 2);  // this thread's copies of the tile landed
     __syncthreads();                    // everyone's did, and every warp is done with tile - 1
     const int ahead = tile + stages - 1;
-    if (ahead < num_tiles) issue(ahead, s_ahead);  // in flight during this tile's math (tile - 1's stage)
-    else cp_async_commit();
+    int next_id = -1;  // block id of token tid of tile ahead + 1, stored after the math
+    if (ahead < num_tiles) {
+      if (tid < BLOCK_N && ahead + 1 < num_tiles) next_id = block_of_tile(ahead + 1);
+      issue(ahead, s_ahead);  // in flight during this tile's math (tile - 1's stage)
+    } else {
+      cp_async_commit();
+    }
 
     // S = Q K_w^T: [16 rows, 16 tokens], element e of the lane: row g + 8 (e & 3) / 2,
     // token 16 w + 8 (e / 4) + 2 t4 + (e & 1)
@@ -132,8 +154,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
     for (int e = 0; e < 8; ++e) c[e] = 0.f;
     const uint16_t* k_w = k_s + warp * 16 * L::LDK;
 #pragma unroll 2
-    for (int kk = 0; kk < HEAD_DIM_PAD / 16; ++kk)
-      Tile::template mma<true>(c, q_s + kk * 16, L::LDK, k_w + kk * 16, 1, L::LDK, lane, 16);
+    for (int kk = 0; kk < HEAD_DIM_PAD / 16; ++kk) Tile::mma_ldsm(c, q_s + kk * 16, L::LDK, k_w + kk * 16, L::LDK, lane);
     // logits in log2 units (the soft cap is a warp-uniform branch around all 8), then the
     // mask as selects: no per-element branch
     if (use_cap) {
@@ -182,8 +203,9 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
     for (int ct = 0; ct < CT; ++ct) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) o[ct][e] *= alpha[(e & 3) >> 1];
-      Tile::mma_a_regs(o[ct], a, v_w + ct * 16, L::LDK, lane);
+      Tile::mma_a_regs_ldsm(o[ct], a, v_w + ct * 16, L::LDK, lane);
     }
+    if (tid < BLOCK_N && ahead < num_tiles) ids[((ahead + 1) & 1) * BLOCK_N + tid] = next_id;
   }
 
   // ---- merge the warps: m_w, l_w [NUM_WARPS][16], O_w [NUM_WARPS][16][HEAD_DIM_PAD] fp32

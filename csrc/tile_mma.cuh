@@ -137,6 +137,54 @@ struct HabWarpTile<KIND, WARP, HAB_UNIT_MMA_SYNC> {
       hab_mma_m16n8k16<KIND>(*reinterpret_cast<float(*)[4]>(c + 4 * h), a, b);
     }
   }
+
+  // The same two products with the operands read by ldmatrix: one instruction loads four
+  // 8x8 16-bit matrices, lanes 8q..8q+7 giving the row addresses of matrix q, whose
+  // (row l/4, cols 2(l%4)..+1) lands in register q of lane l (.trans: rows 2(l%4)..+1,
+  // col l/4). Every row address must be 16-byte aligned (row strides and column offsets
+  // multiples of 8 elements).
+  //
+  // mma_ldsm: A(m, k) = A[m * lda + k], B(k, n) = B[n * ldb_n + k] (k contiguous, as K rows):
+  // A's matrices in register order are (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15),
+  // (m 8-15, k 8-15) = a0..a3; B's are (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
+  // (n 8-15, k 8-15) = b0, b1 of n-half 0, then of n-half 1.
+  HAB_DEV static void mma_ldsm(float (&c)[kElems], const uint16_t* A, int lda, const uint16_t* B, int ldb_n,
+                               int lane) {
+    const int q = lane >> 3, r = lane & 7;
+    uint32_t a[4], b[4];
+    ldsm_x4<false>(a, A + ((q & 1) * 8 + r) * lda + (q >> 1) * 8);
+    ldsm_x4<false>(b, B + ((q >> 1) * 8 + r) * ldb_n + (q & 1) * 8);
+    const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+    hab_mma_m16n8k16<KIND>(*reinterpret_cast<float(*)[4]>(c), a, b0);
+    hab_mma_m16n8k16<KIND>(*reinterpret_cast<float(*)[4]>(c + 4), a, b1);
+  }
+
+  // mma_a_regs_ldsm: A in registers, B(k, n) = B[k * ldb_k + n] (n contiguous, as V rows),
+  // read transposed: matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15),
+  // (k 8-15, n 8-15) = b0, b1 of n-half 0, then of n-half 1.
+  HAB_DEV static void mma_a_regs_ldsm(float (&c)[kElems], const uint32_t (&a)[4], const uint16_t* B, int ldb_k,
+                                      int lane) {
+    const int q = lane >> 3, r = lane & 7;
+    uint32_t b[4];
+    ldsm_x4<true>(b, B + ((q & 1) * 8 + r) * ldb_k + (q >> 1) * 8);
+    const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+    hab_mma_m16n8k16<KIND>(*reinterpret_cast<float(*)[4]>(c), a, b0);
+    hab_mma_m16n8k16<KIND>(*reinterpret_cast<float(*)[4]>(c + 4), a, b1);
+  }
+
+  template <bool TRANS>
+  HAB_DEV static void ldsm_x4(uint32_t (&r)[4], const uint16_t* row) {
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    if (TRANS) {
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                   : "r"(addr));
+    } else {
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                   : "r"(addr));
+    }
+  }
 };
 #endif  // HAB_HAS_MMA_SYNC
 
