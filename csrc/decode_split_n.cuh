@@ -77,14 +77,12 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int n = geo.n0 + i * STEP;
+      // no branch: a skipped chunk addresses block 0, slot 0 (a valid address that a
+      // zero-byte copy does not read)
       const bool fill = pg[i] >= 0 && geo.d_ok;
-      const uint8_t* k_src = geo.k_base;
-      const uint8_t* v_src = geo.v_base;
-      if (fill) {
-        const int slot = geo.slot_of(start + n);
-        k_src += 2 * geo.k_offset(pg[i], slot);
-        v_src += 2 * geo.v_offset(pg[i], slot);
-      }
+      const int blk = fill ? pg[i] : 0, slot = fill ? geo.slot_of(start + n) : 0;
+      const uint8_t* k_src = geo.k_base + 2 * geo.k_offset(blk, slot);
+      const uint8_t* v_src = geo.v_base + 2 * geo.v_offset(blk, slot);
       cp_async16(ks + n * L::LDK + d0, k_src, fill);
       cp_async16(vs + n * L::LDK + d0, v_src, fill);
       if (d0 == 0) oks[n] = pg[i] >= 0;
