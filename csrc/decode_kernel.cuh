@@ -288,9 +288,11 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
   static_assert(STEP * CH == THREADS && ITEMS * THREADS == CHUNKS, "tile chunks split evenly");
   const int n0 = tid / CH, d0 = 8 * (tid % CH);
   const bool d_ok = d0 < head_dim;
-  const int64_t k_doff = split_x > 0 ? int64_t(d0 / split_x) * p.k_stride[3] + int64_t(d0 % split_x) * p.k_stride[4]
-                                     : int64_t(d0) * p.k_stride[3];
-  const int64_t v_doff = int64_t(d0) * p.v_stride[3];
+  // a chunk past head_dim is never read; its offsets are 0, so its address stays in the row
+  const int64_t k_doff = !d_ok ? 0
+                         : split_x > 0 ? int64_t(d0 / split_x) * p.k_stride[3] + int64_t(d0 % split_x) * p.k_stride[4]
+                                       : int64_t(d0) * p.k_stride[3];
+  const int64_t v_doff = d_ok ? int64_t(d0) * p.v_stride[3] : 0;
   const int64_t bt_row = seq * p.bt_stride[0];
   // the table's columns in 32-bit (the entry point checks that a row spans < 2^31 entries)
   const int max_blk = int(p.max_blocks_per_seq), bt_col = int(p.bt_stride[1]);

@@ -77,8 +77,8 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int n = geo.n0 + i * STEP;
-      // no branch: a skipped chunk addresses block 0, slot 0 (a valid address that a
-      // zero-byte copy does not read)
+      // no branch: a skipped chunk addresses block 0, slot 0 of the head (inside the cache;
+      // a zero-byte copy reads nothing)
       const bool fill = pg[i] >= 0 && geo.d_ok;
       const int blk = fill ? pg[i] : 0, slot = fill ? geo.slot_of(start + n) : 0;
       const uint8_t* k_src = geo.k_base + 2 * geo.k_offset(blk, slot);
