@@ -133,12 +133,14 @@ struct StageGeometry {
   bool d_ok;  // the chunk is inside head_dim
   HAB_DEV int slot_of(int token) const { return page.mod(token, page.div(token)); }
   // block >= 0, strides >= 0: an unsigned 32 x 32 -> 64 multiply (one wide IMAD)
-  HAB_DEV int64_t k_offset(int block, int slot) const {
-    return int64_t(uint64_t(uint32_t(block)) * uint32_t(k_block)) + (slot * k_slot + k_doff);
+  HAB_DEV int64_t k_row(int block, int slot) const {  // channel 0 of the head's row
+    return int64_t(uint64_t(uint32_t(block)) * uint32_t(k_block)) + slot * k_slot;
   }
-  HAB_DEV int64_t v_offset(int block, int slot) const {
-    return int64_t(uint64_t(uint32_t(block)) * uint32_t(v_block)) + (slot * v_slot + v_doff);
+  HAB_DEV int64_t v_row(int block, int slot) const {
+    return int64_t(uint64_t(uint32_t(block)) * uint32_t(v_block)) + slot * v_slot;
   }
+  HAB_DEV int64_t k_offset(int block, int slot) const { return k_row(block, slot) + k_doff; }  // the thread's chunk
+  HAB_DEV int64_t v_offset(int block, int slot) const { return v_row(block, slot) + v_doff; }
 };
 
 // Issue the K and V loads of one tile: item i is token start + n0 + i * STEP of block
@@ -252,7 +254,7 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
   // the split-N loop (mma.sync targets, 16-bit KV read as 16-byte vectors) lays out its
   // shared memory differently: the shared-softmax state below would overlap its stages
   const bool split_n_run = SplitN<KIND, ROWS, HEAD_DIM_PAD, WARP>::value && flags.split_n && flags.k_vec &&
-                           flags.v_vec && kv_bytes == 2;
+                           flags.v_vec && kv_bytes == 2 && p.k_split_x == 0;
   for (int i = tid; i < MP * L::LDP && !split_n_run; i += THREADS) p_s[i] = 0;
   for (int r = tid; r < MP && !split_n_run; r += THREADS) {
     float m0 = -INFINITY, l0 = 0.f;
@@ -376,7 +378,7 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 #if defined(HAB_HAS_MMA_SYNC)
   if constexpr (SplitN<KIND, ROWS, HEAD_DIM_PAD, WARP>::value) {
     if (split_n_run) {
-      decode_split_n<KIND, HEAD_DIM_PAD, ITEMS, STEP>(p, num_tiles, loop_start, seq_len, rows, row0, group, kv_head,
+      decode_split_n<KIND, HEAD_DIM_PAD>(p, num_tiles, loop_start, seq_len, rows, row0, group, kv_head,
                                                      seq, part, head_dim, qk_scale, sm_scale, v_scale, use_cap,
                                                      use_window, q_s, smem + L::K_OFF, flags.stages, geo, block_of);
       return;
@@ -550,7 +552,8 @@ const char* launch(const HabDecodeParams& p, Flags flags, hab_stream_t stream) {
   const uint64_t bit = uint64_t(1) << (dev & 63);
   // the split-N loop's layout where it may run (decided again on the device)
   constexpr bool SPLIT_N_SHAPE = HAB_CUDA_BUILD && SplitN<KIND, ROWS, HEAD_DIM_PAD, 32>::value_on_host;
-  const bool split_n = SPLIT_N_SHAPE && flags.split_n && flags.k_vec && flags.v_vec && p.kv_dtype == p.q_dtype;
+  const bool split_n = SPLIT_N_SHAPE && flags.split_n && flags.k_vec && flags.v_vec && p.kv_dtype == p.q_dtype &&
+                       p.k_split_x == 0;
   // sized for the most stages once, so that a later launch with more stages fits
   constexpr int SPLIT_N_MAX = SPLIT_N_SHAPE ? L::split_n_bytes(MAX_SPLIT_N_STAGES) : 0;
   constexpr int MAX_BYTES = L::BYTES > SPLIT_N_MAX ? L::BYTES : SPLIT_N_MAX;

@@ -42,7 +42,7 @@ HAB_DEV void cp_async_wait_pending(int pending) {
 // issued after the barrier of the iteration that stages tile A and stored after that
 // iteration's math, so its latency overlaps a tile; the next barrier publishes it. The
 // buffer A + 1 & 1 was last read by issue(A - 1), before that barrier.
-template <typename KIND, int HEAD_DIM_PAD, int ITEMS, int STEP, typename BlockOf>
+template <typename KIND, int HEAD_DIM_PAD, typename BlockOf>
 HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_start, int seq_len, int rows,
                             int row0, int group, int kv_head, int64_t seq, int part, int head_dim, float qk_scale,
                             float sm_scale, float v_scale, bool use_cap, bool use_window, const uint16_t* q_s,
@@ -52,7 +52,6 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
   constexpr int BLOCK_N = L::BLOCK_N, CT = HEAD_DIM_PAD / 16;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane >> 2, t4 = lane & 3;
-  const int d0 = 8 * (tid % L::CH);
   // stage s: K [BLOCK_N][LDK], V [BLOCK_N][LDK], token flags [BLOCK_N]
   constexpr int STAGE_BYTES = L::SPLIT_N_STAGE_BYTES;
   static_assert((L::LDK * 2) % 16 == 0 && L::K_OFF % 16 == 0 && STAGE_BYTES % 16 == 0 &&
@@ -63,29 +62,42 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
   auto ok_stage = [&](int s) { return reinterpret_cast<int*>(stage_smem + s * STAGE_BYTES + 2 * BLOCK_N * L::LDK * 2); };
   int* ids = reinterpret_cast<int*>(stage_smem + stages * STAGE_BYTES);  // [2][BLOCK_N] block ids, -1: skip
   auto block_of_tile = [&](int tile) { return block_of(loop_start + tile * BLOCK_N + tid); };  // tid < BLOCK_N
-  // K/V chunks of a tile straight into shared memory (cp.async, no registers); bad
-  // tokens are zero-filled without a read
+  // K/V rows of a tile straight into shared memory (cp.async, no registers); bad tokens
+  // are zero-filled without a read. TPT threads stage one token: thread u of a token copies
+  // chunks u, u + TPT, ... (8 channels each), so each copy instruction of the warp covers
+  // whole 32-byte sectors (threads u, u + 1 hold adjacent chunks), and a thread computes one
+  // row address per token and pass instead of one per chunk. Needs rows whose channels are
+  // contiguous (the split-N condition; split-x K runs the shared-softmax loop).
+  constexpr int TPT = 4, CPT = L::CH / TPT, TOKENS_PER_PASS = NUM_WARPS * 32 / TPT;
+  constexpr int PASSES = BLOCK_N / TOKENS_PER_PASS;
+  static_assert(L::CH % TPT == 0 && PASSES * TOKENS_PER_PASS == BLOCK_N, "a tile's rows split evenly");
+  const int u = tid % TPT, tn0 = tid / TPT;  // chunk lane, first token of this thread
   auto issue = [&](int tile, int s) {  // s: the stage it goes to, tile % stages
     const int start = loop_start + tile * BLOCK_N;
     const int* tile_ids = ids + (tile & 1) * BLOCK_N;
-    int pg[ITEMS];
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) pg[i] = tile_ids[geo.n0 + i * STEP];
     uint16_t* ks = k_stage(s);
     uint16_t* vs = v_stage(s);
     int* oks = ok_stage(s);
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int n = geo.n0 + i * STEP;
-      // no branch: a skipped chunk addresses block 0, slot 0 of the head (inside the cache;
-      // a zero-byte copy reads nothing)
-      const bool fill = pg[i] >= 0 && geo.d_ok;
-      const int blk = fill ? pg[i] : 0, slot = fill ? geo.slot_of(start + n) : 0;
-      const uint8_t* k_src = geo.k_base + 2 * geo.k_offset(blk, slot);
-      const uint8_t* v_src = geo.v_base + 2 * geo.v_offset(blk, slot);
-      cp_async16(ks + n * L::LDK + d0, k_src, fill);
-      cp_async16(vs + n * L::LDK + d0, v_src, fill);
-      if (d0 == 0) oks[n] = pg[i] >= 0;
+    for (int pass = 0; pass < PASSES; ++pass) {
+      const int n = tn0 + pass * TOKENS_PER_PASS;
+      const int pg = tile_ids[n];
+      const bool tok_ok = pg >= 0;
+      // no branch: a skipped token addresses block 0, slot 0 of the head (inside the
+      // cache; a zero-byte copy reads nothing)
+      const int blk = tok_ok ? pg : 0, slot = tok_ok ? geo.slot_of(start + n) : 0;
+      const uint8_t* k_row = geo.k_base + 2 * geo.k_row(blk, slot);
+      const uint8_t* v_row = geo.v_base + 2 * geo.v_row(blk, slot);
+      uint16_t* k_dst = ks + n * L::LDK + 8 * u;
+      uint16_t* v_dst = vs + n * L::LDK + 8 * u;
+#pragma unroll
+      for (int j = 0; j < CPT; ++j) {  // chunk u + TPT j: channels 8 (u + TPT j) ..
+        const bool fill = tok_ok && 8 * (u + TPT * j) < head_dim;
+        const int off = fill ? 16 * (u + TPT * j) : 0;  // a skipped chunk stays in the row
+        cp_async16(k_dst + 8 * TPT * j, k_row + off, fill);
+        cp_async16(v_dst + 8 * TPT * j, v_row + off, fill);
+      }
+      if (u == 0) oks[n] = tok_ok;
     }
     cp_async_commit();
   };
