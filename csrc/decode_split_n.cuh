@@ -209,12 +209,16 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
     const uint32_t a[4] = {hab_pack2(pb[0], pb[1]), hab_pack2(pb[2], pb[3]), hab_pack2(pb[4], pb[5]),
                            hab_pack2(pb[6], pb[7])};
     const uint16_t* v_w = v_s + warp * 16 * L::LDK;
+    // the accumulators change scale only when a row's running max moved (alpha != 1);
+    // past the first tiles that is rare, so the warp skips the 8 x CT multiplies together
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int ct = 0; ct < CT; ++ct) {
+      for (int ct = 0; ct < CT; ++ct)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) o[ct][e] *= alpha[(e & 3) >> 1];
-      Tile::mma_a_regs_ldsm(o[ct], a, v_w + ct * 16, L::LDK, lane);
+        for (int e = 0; e < 8; ++e) o[ct][e] *= alpha[(e & 3) >> 1];
     }
+#pragma unroll
+    for (int ct = 0; ct < CT; ++ct) Tile::mma_a_regs_ldsm(o[ct], a, v_w + ct * 16, L::LDK, lane);
     if (tid < BLOCK_N && ahead < num_tiles) ids[((ahead + 1) & 1) * BLOCK_N + tid] = next_id;
   }
 
