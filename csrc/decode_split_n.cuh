@@ -37,8 +37,8 @@ HAB_DEV void cp_async_wait_pending(int pending) {
 }
 
 // Block ids: thread tid < BLOCK_N reads the block id of token tid of a tile (one table
-// read per token instead of one per staged chunk: the 16 threads staging one token's
-// chunks share it) into ids[tile & 1][tid] in shared memory. The read of tile A + 1 is
+// read per token instead of one per staged chunk: the threads staging one token's row
+// share it) into ids[tile & 1][tid] in shared memory. The read of tile A + 1 is
 // issued after the barrier of the iteration that stages tile A and stored after that
 // iteration's math, so its latency overlaps a tile; the next barrier publishes it. The
 // buffer A + 1 & 1 was last read by issue(A - 1), before that barrier.
