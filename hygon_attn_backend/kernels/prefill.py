@@ -63,7 +63,13 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
     # a tile inside one page has one (scalar) block id: an absent page drops the whole
     # tile through the running max (no per-element select in the unmasked stages)
     ONE_PAGE: tl.constexpr = FROM_CACHE and PAGE_SIZE % BLOCK_N == 0
-    for start_n in range(lo, hi, BLOCK_N):
+    # The diagonal / last partial tile (1-2 tiles a program) runs without software
+    # pipelining. Two pipelined loops in a row (the unmasked walk, then this one) make
+    # ptxas serialize every wgmma of the kernel ("C7515: ... non wgmma instructions
+    # defining accumulator registers"): with this loop unpipelined, the 8-warp tiles and
+    # 256x32 on 16 warps compile with asynchronous wgmma (sm_90, Triton 3.6;
+    # scripts/prefill_ptxas.py, docs/notes-prefill.md v5).
+    for start_n in tl.range(lo, hi, BLOCK_N, num_stages=1 if (BOUND or CAUSAL) else None):
         n = start_n + offs_n  # [BLOCK_N]
         if FROM_CACHE:
             page = lookup_tile_pages(bt_row_ptr, stride_bt_block, start_n, offs_n,

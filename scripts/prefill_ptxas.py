@@ -1,0 +1,118 @@
+"""Compile the prefix-prefill kernel for sm_90 on any machine (no GPU) and report, per
+tile, what ptxas says about it: registers, spills, shared memory and whether it
+serializes the kernel's wgmma instructions (its C7510-C7520 "Potential Performance Loss"
+notes). A serialized kernel waits for every wgmma before issuing the next one, so a tile
+that compiles without that note is the one worth timing.
+
+Needs the Triton version of the GPU machine beside the project's (its compiler and the
+ptxas it bundles), e.g. ``pip install --target /tmp/t36 triton==3.6.0``, then:
+
+    PYTHONPATH=/tmp/t36 python scripts/prefill_ptxas.py --tiles "256,64,16,3;128,64,8,3"
+
+Shapes of the compile: bf16, head_dim 128, GQA group 4, page size ``--page``, every key
+from the cache (``--k-new`` for dense new keys), causal, no window / soft cap / sinks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+POINTERS = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "k_new_ptr": "*bf16",
+            "v_new_ptr": "*bf16", "out_ptr": "*bf16", "lse_ptr": "*fp32", "sinks_ptr": "*fp32",
+            "block_table_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "seq_lens_k_ptr": "*i32",
+            "tile_req_ptr": "*i32", "tile_mblock_ptr": "*i32", "k_scale_ptr": "*fp32",
+            "v_scale_ptr": "*fp32"}
+FLOATS = {"sm_scale", "k_scale_val", "v_scale_val", "soft_cap"}
+# innermost strides of contiguous tensors: Triton specializes an argument equal to 1
+UNIT_STRIDES = {"stride_qd", "stride_kd", "stride_vd", "stride_knd", "stride_vnd", "stride_od",
+                "stride_bt_block", "stride_lseh"}
+
+
+def compile_tile(block_m: int, block_n: int, warps: int, stages: int, *, page: int,
+                 k_new: bool, head_dim: int = 128, group: int = 4):
+    """``(ptx, shared bytes)`` of the kernel for one tile, compiled for sm_90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from hygon_attn_backend.kernels.prefill import prefix_prefill_kernel as kernel
+
+    const = dict(GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
+                 PAGE_SIZE=page, CAUSAL=True, HAS_K_NEW=k_new, RETURN_LSE=False,
+                 SCALE_FROM_PTR=False, WINDOW=False, SOFT_CAP=False, HAS_SINKS=False,
+                 KV_SCALED=False, PAD_D=False)
+    names = kernel.arg_names
+    signature, attrs = {}, {}
+    for i, name in enumerate(names):
+        if name in const:
+            signature[name] = "constexpr"
+        elif name in UNIT_STRIDES:
+            signature[name] = "constexpr"
+            const[name] = 1
+        elif name in POINTERS:
+            signature[name] = POINTERS[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in FLOATS:
+            signature[name] = "fp32"
+        else:  # sizes and strides: int32, the strides multiples of 16 (page-aligned caches)
+            signature[name] = "i32"
+            if name.startswith("stride"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=kernel, signature=signature,
+                    constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=warps, num_stages=stages))
+    return compiled.asm["ptx"], compiled.metadata.shared
+
+
+def ptxas_report(ptx: str) -> dict:
+    """Registers, spill bytes and serialization notes of ``ptxas -arch=sm_90a -v``."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as fh:
+            fh.write(ptx)
+        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"],
+                             capture_output=True, text=True, check=True)
+    text = out.stdout + out.stderr
+    regs = re.search(r"Used (\d+) registers", text)
+    spill = re.search(r"(\d+) bytes spill stores", text)
+    notes = re.findall(r"\((C75\d\d)\) Potential Performance Loss: ([^\n]*)", text)
+    return {"registers": int(regs.group(1)) if regs else None,
+            "spill_bytes": int(spill.group(1)) if spill else None,
+            "serialized": [f"{code}: {msg.split(' in the function')[0]}" for code, msg in notes]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiles", default="256,64,16,3;256,32,16,3;128,64,8,3;128,128,8,3",
+                        help="';'-separated BLOCK_M,BLOCK_N,warps,stages")
+    parser.add_argument("--page", type=int, default=16)
+    parser.add_argument("--k-new", action="store_true", help="dense new keys (SGLang's extend)")
+    args = parser.parse_args(argv)
+    import triton
+    print(f"# prefix_prefill_kernel for sm_90a, Triton {triton.__version__}, bf16, head_dim 128, "
+          f"group 4, page {args.page}, {'dense new keys' if args.k_new else 'keys from the cache'}")
+    print("| tile | shared bytes | registers | spill bytes | wgmma |")
+    print("| --- | --- | --- | --- | --- |")
+    for item in args.tiles.split(";"):
+        bm, bn, warps, stages = (int(x) for x in item.split(","))
+        ptx, shared = compile_tile(bm, bn, warps, stages, page=args.page, k_new=args.k_new)
+        rep = ptxas_report(ptx)
+        wgmma = "; ".join(rep["serialized"]) or "asynchronous"
+        print(f"| {bm}x{bn}, {warps}w, {stages}s | {shared} | {rep['registers']} | "
+              f"{rep['spill_bytes']} | {wgmma} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
