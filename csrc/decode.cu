@@ -133,7 +133,8 @@ extern "C" const char* hab_paged_decode(const HabDecodeParams* pp, void* stream)
     return "paged_decode: cache block and slot strides must be non-negative and a block must span fewer than "
            "2^31 elements";
   // and a table row with 32-bit column offsets
-  if (!fits_int32(p.max_blocks_per_seq) || !fits_int32((p.max_blocks_per_seq - 1) * p.bt_stride[1]))
+  const int64_t last_column = p.max_blocks_per_seq > 0 ? p.max_blocks_per_seq - 1 : 0;
+  if (!fits_int32(p.max_blocks_per_seq) || !fits_int32(last_column * p.bt_stride[1]))
     return "paged_decode: a block-table row must span fewer than 2^31 entries";
 
   // K: chunk of 8 channels d0..d0+7; 4-D: stride k_stride[3]; split-x: x (a multiple of 8)

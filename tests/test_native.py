@@ -94,6 +94,19 @@ def test_native_decode_odd_page_sizes(page_size):
 
 
 @gpu
+def test_native_decode_table_without_columns():
+    """Every sequence empty and a block table of zero columns: zeros, no error (the entry
+    point's 32-bit checks of the table's span must accept it)."""
+    q = torch.randn(2, 8, 64, dtype=torch.float16, device="cuda")
+    k = torch.randn(4, 2, 16, 64, dtype=torch.float16, device="cuda")
+    v = torch.randn_like(k)
+    table = torch.zeros(2, 0, dtype=torch.int32, device="cuda")
+    lens = torch.zeros(2, dtype=torch.int32, device="cuda")
+    out = paged_decode_attention(q, k, v, table, lens, impl="native")
+    assert out.shape == q.shape and not out.isnan().any() and out.abs().max().item() == 0.0
+
+
+@gpu
 def test_native_decode_bad_stages(monkeypatch):
     monkeypatch.setenv("HYGON_ATTN_NATIVE_STAGES", "5")
     with pytest.raises(RuntimeError, match="HYGON_ATTN_NATIVE_STAGES must be 2, 3 or 4"):
