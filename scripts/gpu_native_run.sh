@@ -22,7 +22,7 @@ timeout 180 "$PY" -m pytest -q tests/test_native.py -m gpu -p no:cacheprovider >
 grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
 grep -E "^FAILED" "$OUT/tests.log" | head -20
 stamp "bench"
-timeout 150 "$PY" scripts/bench_native_decode.py --rep-ms "${1:-50}" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+timeout 240 "$PY" scripts/bench_native_decode.py --rep-ms "${1:-50}" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
 stamp "sanitizer"
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
