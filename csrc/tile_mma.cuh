@@ -122,23 +122,7 @@ struct HabWarpTile<KIND, WARP, HAB_UNIT_MMA_SYNC> {
     }
   }
 
-  // C += A B with A already in registers in the m16n8k16 A layout (e.g. P built from an
-  // S fragment: the C layout of two n-halves is the A layout of one k-step) and B(k, n) =
-  // B[k * ldb_k + n] (n contiguous).
-  HAB_DEV static void mma_a_regs(float (&c)[kElems], const uint32_t (&a)[4], const uint16_t* B, int ldb_k,
-                                 int lane) {
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int n = 8 * h + g;
-      uint32_t b[2];
-      b[0] = hab_pack2(B[(2 * t) * ldb_k + n], B[(2 * t + 1) * ldb_k + n]);
-      b[1] = hab_pack2(B[(2 * t + 8) * ldb_k + n], B[(2 * t + 9) * ldb_k + n]);
-      hab_mma_m16n8k16<KIND>(*reinterpret_cast<float(*)[4]>(c + 4 * h), a, b);
-    }
-  }
-
-  // The same two products with the operands read by ldmatrix: one instruction loads four
+  // The products with the operands read by ldmatrix: one instruction loads four
   // 8x8 16-bit matrices, lanes 8q..8q+7 giving the row addresses of matrix q, whose
   // (row l/4, cols 2(l%4)..+1) lands in register q of lane l (.trans: rows 2(l%4)..+1,
   // col l/4). Every row address must be 16-byte aligned (row strides and column offsets
@@ -159,9 +143,11 @@ struct HabWarpTile<KIND, WARP, HAB_UNIT_MMA_SYNC> {
     hab_mma_m16n8k16<KIND>(*reinterpret_cast<float(*)[4]>(c + 4), a, b1);
   }
 
-  // mma_a_regs_ldsm: A in registers, B(k, n) = B[k * ldb_k + n] (n contiguous, as V rows),
-  // read transposed: matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15),
-  // (k 8-15, n 8-15) = b0, b1 of n-half 0, then of n-half 1.
+  // mma_a_regs_ldsm: A already in registers in the m16n8k16 A layout (e.g. P built from an
+  // S fragment: the C layout of two n-halves is the A layout of one k-step), B(k, n) =
+  // B[k * ldb_k + n] (n contiguous, as V rows), read transposed: matrices (k 0-7, n 0-7),
+  // (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15) = b0, b1 of n-half 0, then of
+  // n-half 1.
   HAB_DEV static void mma_a_regs_ldsm(float (&c)[kElems], const uint32_t (&a)[4], const uint16_t* B, int ldb_k,
                                       int lane) {
     const int q = lane >> 3, r = lane & 7;
