@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Several GPU checks and benchmarks in one call of a lent GPU machine, each under its own
+# time limit, logs and JSON under $OUT (default ./gpu-logs), a short summary per step.
+#
+# Usage: scripts/gpu_queue.sh STEP[=SECONDS] ...
+# Steps:
+#   native-build    hygon-attn build-native, in the background (joined by the next native-*)
+#   prefill-tests   the GPU tests of the prefill, bounds, launch and vLLM-core kernels
+#   native-tests    tests/test_native.py on the GPU
+#   native-bench    scripts/bench_native_decode.py (Triton beside native, 2/3/4 stages)
+#   native-sanitize compute-sanitizer memcheck + racecheck on scripts/native_sanitize.py
+#   prefill-tiles   bench prefill over the tile sweep in $PREFILL_TILES, page 16 and 64
+#   decode-bench    bench decode (default shapes, same-bytes copy rows, triton + native)
+#   sanitize        scripts/sanitize.sh (every Triton kernel, hostile inputs)
+#   fuzz-prefill    hygon-attn fuzz --op prefill --seed 11
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-logs}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/hab-ext}
+PY=${PYTHON:-python3}
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+BUILD_PID=
+PREFILL_TILES=${PREFILL_TILES:-"default;256,64,16,3;256,32,16,3;128,64,8,3;128,128,8,3"}
+PREFILL_SHAPES=${PREFILL_SHAPES:-"1,0,8192;1,4096,4096;8,2048,512;32,1024,128;4,16384,1024"}
+
+join_build() {
+  if [ -n "$BUILD_PID" ]; then
+    wait "$BUILD_PID"; echo "build rc=$? $(tail -1 "$OUT/native-build.log")"; BUILD_PID=
+  fi
+}
+
+run_step() {
+  local name=$1 limit=$2
+  stamp "$name (limit $limit s)"
+  case $name in
+    native-build)
+      timeout "$limit" "$PY" -m hygon_attn_backend build-native >"$OUT/native-build.log" 2>&1 &
+      BUILD_PID=$! ;;
+    prefill-tests)
+      timeout "$limit" "$PY" -m pytest -q -m gpu -n 10 -p no:cacheprovider \
+        tests/test_prefill.py tests/test_bounds.py tests/test_vllm_core_kernels.py \
+        tests/test_launch.py >"$OUT/$name.log" 2>&1
+      tail -1 "$OUT/$name.log"; grep -E "^FAILED" "$OUT/$name.log" | head -20 ;;
+    native-tests)
+      join_build
+      timeout "$limit" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py \
+        >"$OUT/$name.log" 2>&1
+      tail -1 "$OUT/$name.log"; grep -E "^FAILED" "$OUT/$name.log" | head -20 ;;
+    native-bench)
+      join_build
+      timeout "$limit" "$PY" scripts/bench_native_decode.py --rep-ms 50 \
+        --json "$OUT/native-bench.json" >"$OUT/$name.log" 2>&1
+      echo "rc=$?"; tail -40 "$OUT/$name.log" ;;
+    native-sanitize)
+      join_build
+      for tool in memcheck racecheck; do
+        timeout "$(( limit / 2 ))" compute-sanitizer --tool "$tool" "$PY" \
+          scripts/native_sanitize.py >"$OUT/native-sanitize-$tool.log" 2>&1
+        echo "$tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|done' \
+          "$OUT/native-sanitize-$tool.log" | tr '\n' ' ')"
+      done ;;
+    prefill-tiles)
+      timeout "$limit" "$PY" -m hygon_attn_backend bench prefill --shapes "$PREFILL_SHAPES" \
+        --block-sizes 16,64 --kv-source both --tiles "$PREFILL_TILES" --rep-ms 40 \
+        --json "$OUT/prefill-tiles.json" --markdown "$OUT/prefill-tiles.md" \
+        >"$OUT/$name.log" 2>&1
+      echo "rc=$?"; tail -60 "$OUT/$name.log" | cut -c1-160 ;;
+    decode-bench)
+      join_build
+      timeout "$limit" "$PY" -m hygon_attn_backend bench decode --impl triton,native \
+        --rep-ms 40 --json "$OUT/decode-bench.json" --markdown "$OUT/decode-bench.md" \
+        >"$OUT/$name.log" 2>&1
+      echo "rc=$?"; tail -60 "$OUT/$name.log" | cut -c1-160 ;;
+    sanitize)
+      OUT="$OUT/sanitize" timeout "$limit" scripts/sanitize.sh >"$OUT/$name.log" 2>&1
+      echo "rc=$?"; tail -8 "$OUT/$name.log" ;;
+    fuzz-prefill)
+      timeout "$limit" "$PY" -m hygon_attn_backend fuzz --op prefill --seed 11 --cases 400 \
+        >"$OUT/$name.log" 2>&1
+      echo "rc=$?"; tail -6 "$OUT/$name.log" ;;
+    *) echo "unknown step $name"; return 2 ;;
+  esac
+}
+
+for arg in "$@"; do
+  run_step "${arg%%=*}" "$( [ "$arg" != "${arg#*=}" ] && echo "${arg#*=}" || echo 120 )"
+done
+join_build
+stamp "done"
