@@ -18,7 +18,7 @@ import os
 import torch
 import triton
 
-from hygon_attn_backend.bench.decode import copy_gbps, kv_bytes
+from hygon_attn_backend.bench._timing import copy_ceiling
 from hygon_attn_backend.ops.decode import allocate_decode_workspace, paged_decode_attention
 
 # (batch, context, Hq, Hkv): G = 1 (32/32), G = 8 (32/4), G = 16 (64/4)
@@ -59,11 +59,12 @@ def time_graph_replay(fn, rep_ms):
 
 
 def run(rep_ms: float):
-    copy, _ = copy_gbps(rep_ms)
+    copy, _ = copy_ceiling(rep_ms)
     rows = []
     for batch, ctx, hq, hkv in SHAPES:
         q, k, v, table, lens = build(batch, ctx, hq, hkv)
-        nbytes = kv_bytes([ctx] * batch, hkv, q.shape[-1], k.element_size())
+        # K and V of every token, read once
+        nbytes = 2 * batch * ctx * hkv * q.shape[-1] * k.element_size()
         ws = allocate_decode_workspace(max_num_seqs=batch, num_q_heads=hq, num_kv_heads=hkv,
                                        head_dim=q.shape[-1], max_context_len=table.shape[1] * 16,
                                        device=q.device)

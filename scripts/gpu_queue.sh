@@ -10,7 +10,8 @@
 #   native-bench    scripts/bench_native_decode.py (Triton beside native, 2/3/4 stages)
 #   native-sanitize compute-sanitizer memcheck + racecheck on scripts/native_sanitize.py
 #   prefill-tiles   bench prefill over the tile sweep in $PREFILL_TILES, page 16 and 64
-#   decode-bench    bench decode (default shapes, same-bytes copy rows, triton + native)
+#   decode-bench    bench decode (default shapes, same-bytes copy rows, triton + native;
+#                   more options in $DECODE_ARGS)
 #   sanitize        scripts/sanitize.sh (every Triton kernel, hostile inputs)
 #   fuzz-prefill    hygon-attn fuzz --op prefill --seed 11
 set -uo pipefail
@@ -69,8 +70,9 @@ run_step() {
       echo "rc=$?"; tail -60 "$OUT/$name.log" | cut -c1-160 ;;
     decode-bench)
       join_build
+      # shellcheck disable=SC2086
       timeout "$limit" "$PY" -m hygon_attn_backend bench decode --impl triton,native \
-        --rep-ms 40 --json "$OUT/decode-bench.json" --markdown "$OUT/decode-bench.md" \
+        ${DECODE_ARGS:-} --rep-ms 40 --json "$OUT/decode-bench.json" --markdown "$OUT/decode-bench.md" \
         >"$OUT/$name.log" 2>&1
       echo "rc=$?"; tail -60 "$OUT/$name.log" | cut -c1-160 ;;
     sanitize)
