@@ -21,17 +21,19 @@ void* stream_of(const at::Tensor& t) {
   return impl->getStream(t.device()).native_handle();
 }
 
-int dtype_code(const at::Tensor& t, const char* name) {
-  switch (t.scalar_type()) {
+int dtype_code(at::ScalarType type, const char* name) {
+  switch (type) {
     case at::kHalf: return HAB_F16;
     case at::kBFloat16: return HAB_BF16;
     case at::kFloat: return HAB_F32;
     case at::kFloat8_e4m3fn: return HAB_FP8_E4M3;
     case at::kFloat8_e5m2: return HAB_FP8_E5M2;
-    default: TORCH_CHECK(false, "hygon_attn native: unsupported dtype for ", name, ": ", t.scalar_type());
+    default: TORCH_CHECK(false, "hygon_attn native: unsupported dtype for ", name, ": ", type);
   }
   return -1;
 }
+
+int dtype_code(const at::Tensor& t, const char* name) { return dtype_code(t.scalar_type(), name); }
 
 int index_is_int64(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong,
@@ -126,7 +128,8 @@ void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
                   const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& k_scale,
                   const std::optional<at::Tensor>& v_scale, at::Tensor& max_logits, at::Tensor& exp_sums,
                   at::Tensor& partial_out, double scale, double k_scale_value, double v_scale_value,
-                  double soft_cap, int64_t sliding_window, int64_t partition_size, int64_t num_partitions) {
+                  double soft_cap, int64_t sliding_window, int64_t partition_size, int64_t num_partitions,
+                  int64_t loop_stages) {
   TORCH_CHECK(q.dim() == 4 && out.sizes() == q.sizes(), "paged_decode: q, out must be [S, T, Hq, D]");
   TORCH_CHECK(v_cache.dim() == 4 && (k_cache.dim() == 4 || k_cache.dim() == 5), "paged_decode: cache ranks");
   TORCH_CHECK(partition_size > 0 && num_partitions >= 1, "paged_decode: partitions");
@@ -181,6 +184,7 @@ void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
   p.sliding_window = sliding_window;
   p.partition_size = partition_size;
   p.num_partitions = num_partitions;
+  p.loop_stages = loop_stages;
   for (int i = 0; i < 4; ++i) {
     p.q_stride[i] = q.stride(i);
     p.o_stride[i] = out.stride(i);
@@ -204,6 +208,12 @@ void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
 
 int64_t warp_size() { return hab_runtime_warp_size(); }
 
+int64_t decode_programs_per_sm(at::ScalarType q_dtype, at::ScalarType kv_dtype, int64_t head_dim, int64_t rows,
+                               int64_t loop_stages) {
+  return hab_decode_programs_per_sm(dtype_code(q_dtype, "q_dtype"), dtype_code(kv_dtype, "kv_dtype"), int(head_dim),
+                                    int(rows), int(loop_stages));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(hygon_attn, m) {
@@ -214,8 +224,10 @@ TORCH_LIBRARY(hygon_attn, m) {
         "Tensor seq_lens, Tensor? sinks, Tensor? k_scale, Tensor? v_scale, Tensor(b!) max_logits, "
         "Tensor(c!) exp_sums, Tensor(d!) partial_out, float scale, float k_scale_value, "
         "float v_scale_value, float soft_cap, int sliding_window, int partition_size, "
-        "int num_partitions) -> ()");
+        "int num_partitions, int loop_stages) -> ()");
   m.def("warp_size() -> int", &warp_size);
+  m.def("decode_programs_per_sm(ScalarType q_dtype, ScalarType kv_dtype, int head_dim, int rows, int loop_stages) -> int",
+        &decode_programs_per_sm);
 }
 
 TORCH_LIBRARY_IMPL(hygon_attn, CUDA, m) {

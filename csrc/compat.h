@@ -27,6 +27,8 @@ typedef hipError_t hab_error_t;
 #define hab_func_set_max_dynamic_smem(f, bytes) \
   hipFuncSetAttribute(reinterpret_cast<const void*>(f), hipFuncAttributeMaxDynamicSharedMemorySize, (bytes))
 #define hab_get_device hipGetDevice
+#define hab_occupancy(n, f, threads, bytes) \
+  hipOccupancyMaxActiveBlocksPerMultiprocessor((n), reinterpret_cast<const void*>(f), (threads), (bytes))
 #else
 #define HAB_CUDA 1
 #include <cuda_runtime.h>
@@ -39,6 +41,7 @@ typedef cudaError_t hab_error_t;
 #define hab_func_set_max_dynamic_smem(f, bytes) \
   cudaFuncSetAttribute((f), cudaFuncAttributeMaxDynamicSharedMemorySize, (bytes))
 #define hab_get_device cudaGetDevice
+#define hab_occupancy(n, f, threads, bytes) cudaOccupancyMaxActiveBlocksPerMultiprocessor((n), (f), (threads), (bytes))
 #endif
 
 // ------------------------------------------------------------------ warp size, features

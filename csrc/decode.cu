@@ -5,8 +5,6 @@
 // o_p = acc_p / l_p in the workspace. out = sum_p w_p o_p / sum_p w_p with
 // w_p = l_p 2^(m_p - M), M = max_p m_p, over the cdiv(seq_len, partition_size)
 // partitions that exist (later ones were never written). seq_len 0 gives zeros.
-#include <stdlib.h>
-
 #include "compat.h"
 #include "decode_kernel.cuh"
 #include "hab_ops.h"
@@ -92,14 +90,26 @@ int chunks_are_vectors(const void* base, int elem_bytes, int64_t d_stride, int64
 
 bool fits_int32(int64_t x) { return x >= 0 && x <= 2147483647LL; }
 
-// The split-N loop's cp.async stages: 2 unless the environment says 2..MAX (-1: bad value).
-// Two stages keep one tile in flight while a tile is computed, three keep two; the stage
-// area is 35 KB per stage at head_dim 128, so 3 stages leave room for 2 programs an SM
-// (4 warps each) where 2 stages fit 3. The default is the measured one (docs/native.md).
-int split_n_stages(const char* env) {
-  if (!env || !env[0]) return 2;
-  if (env[1] != '\0' || env[0] < '2' || env[0] > '0' + hab_decode::MAX_SPLIT_N_STAGES) return -1;
-  return env[0] - '0';
+// The loop choice of HabDecodeParams::loop_stages: 0, the shared-softmax loop; 2..MAX, the
+// split-N loop where it applies, with that many cp.async stages (two keep one tile in
+// flight while a tile is computed, three keep two; at head_dim 128 a stage is 35 KB, so 3
+// stages fit 2 programs an SM where 2 stages fit 3). The caller plans it
+// (tuning.native_decode_stages); false for any other value.
+bool loop_flags(int64_t loop_stages, hab_decode::Flags* flags) {
+  if (loop_stages != 0 && (loop_stages < 2 || loop_stages > hab_decode::MAX_SPLIT_N_STAGES)) return false;
+  flags->split_n = loop_stages != 0;
+  flags->stages = loop_stages != 0 ? int(loop_stages) : 2;
+  return true;
+}
+
+const char* launch_for_head_dim(const HabDecodeParams& p, hab_decode::Flags flags, int warp, void* stream) {
+  // head_dim padded to 64 / 128 / 256 (padded channels are zeros, never loaded or stored)
+  switch (p.head_dim) {
+    case 64: return hab_decode_launch_d64(p, flags, warp, stream);
+    case 80: case 96: case 128: return hab_decode_launch_d128(p, flags, warp, stream);
+    case 192: case 256: return hab_decode_launch_d256(p, flags, warp, stream);
+    default: return "paged_decode: native head_dim must be 64, 80, 96, 128, 192 or 256";
+  }
 }
 
 }  // namespace
@@ -149,20 +159,9 @@ extern "C" const char* hab_paged_decode(const HabDecodeParams* pp, void* stream)
   }
   const int v_vec = chunks_are_vectors(p.v_cache, kv_bytes, p.v_stride[3], 8, p.v_stride, 3);
 
-  // HYGON_ATTN_NATIVE_SPLIT_N=0 runs the shared-softmax loop where the split-N loop applies;
-  // HYGON_ATTN_NATIVE_STAGES sets that loop's cp.async stages
-  const char* split_env = getenv("HYGON_ATTN_NATIVE_SPLIT_N");
-  const int stages = split_n_stages(getenv("HYGON_ATTN_NATIVE_STAGES"));
-  if (stages < 0) return "paged_decode: HYGON_ATTN_NATIVE_STAGES must be 2, 3 or 4";
-  const hab_decode::Flags flags{k_vec, v_vec, !(split_env && split_env[0] == '0'), stages};
-  // head_dim padded to 64 / 128 / 256 (padded channels are zeros, never loaded or stored)
-  const char* err;
-  switch (p.head_dim) {
-    case 64: err = hab_decode_launch_d64(p, flags, warp, stream); break;
-    case 80: case 96: case 128: err = hab_decode_launch_d128(p, flags, warp, stream); break;
-    case 192: case 256: err = hab_decode_launch_d256(p, flags, warp, stream); break;
-    default: return "paged_decode: native head_dim must be 64, 80, 96, 128, 192 or 256";
-  }
+  hab_decode::Flags flags{k_vec, v_vec, 0, 2, nullptr};
+  if (!loop_flags(p.loop_stages, &flags)) return "paged_decode: loop_stages must be 0, 2, 3 or 4";
+  const char* err = launch_for_head_dim(p, flags, warp, stream);
   if (err) return err;
   if (p.num_partitions > 1) {
     const int64_t rows = p.num_tokens * p.num_q_heads;
@@ -172,4 +171,21 @@ extern "C" const char* hab_paged_decode(const HabDecodeParams* pp, void* stream)
   }
   const hab_error_t e = hab_get_last_error();
   return e == hab_success ? nullptr : hab_error_string(e);
+}
+
+extern "C" int hab_decode_programs_per_sm(int q_dtype, int kv_dtype, int head_dim, int rows, int loop_stages) {
+  if (rows <= 0 || (q_dtype != HAB_F16 && q_dtype != HAB_BF16)) return -1;
+  const int warp = hab_runtime_warp_size();
+  if (warp < 0) return -1;
+  HabDecodeParams p{};
+  p.q_dtype = p.out_dtype = q_dtype;
+  p.kv_dtype = kv_dtype;
+  p.head_dim = head_dim;
+  p.num_tokens = 1;
+  p.num_q_heads = rows;
+  p.num_kv_heads = 1;
+  int programs = 0;
+  hab_decode::Flags flags{1, 1, 0, 2, &programs};
+  if (!loop_flags(loop_stages, &flags)) return -1;
+  return launch_for_head_dim(p, flags, warp, nullptr) ? -1 : programs;
 }

@@ -166,6 +166,7 @@ struct Flags {  // per launch, computed on the host
   int k_vec, v_vec;
   int split_n;  // mma.sync targets, <= 16 rows, head_dim <= 128: the split-N loop
   int stages;   // the split-N loop's cp.async stages, 2..MAX_SPLIT_N_STAGES (stages - 1 tiles in flight)
+  int* programs_per_sm;  // host pointer: set, the launcher writes the occupancy there and launches nothing
 };
 
 // The split-N loop (decode_split_n) applies: mma.sync unit, one 16-row tile, and one
@@ -569,6 +570,10 @@ const char* launch(const HabDecodeParams& p, Flags flags, hab_stream_t stream) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
 #endif
     configured |= bit;
+  }
+  if (flags.programs_per_sm) {  // an occupancy query (the partition rule), no launch
+    const hab_error_t e = hab_occupancy(flags.programs_per_sm, kernel, NUM_WARPS * WARP, bytes);
+    return e == hab_success ? nullptr : hab_error_string(e);
   }
   dim3 grid(unsigned(p.num_kv_heads * row_chunks), unsigned(p.num_seqs), unsigned(p.num_partitions));
   kernel<<<grid, NUM_WARPS * WARP, bytes, stream>>>(p, flags, row_chunks);

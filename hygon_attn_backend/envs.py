@@ -35,9 +35,9 @@ VARIABLES = {
     "HYGON_ATTN_NATIVE_AUTO": "1: impl=auto takes the native kernels wherever they run; 0: "
                               "never (default: the measured rule, tuning.native_preferred)",
     "HYGON_ATTN_NATIVE_SPLIT_N": "0: the native decode's shared-softmax loop instead of the "
-                                 "split-N loop (read by the kernel's entry point)",
+                                 "split-N loop (read when a decode is planned)",
     "HYGON_ATTN_NATIVE_STAGES": "2, 3 or 4: cp.async stages of the native split-N decode loop "
-                                "(default 2; read by the kernel's entry point)",
+                                "(default: tuning.native_decode_stages; read when planned)",
     "HYGON_ATTN_CSRC": "the csrc/ folder the native extension is built from (default: beside "
                        "the package in a source checkout)",
 }
@@ -153,6 +153,19 @@ def sglang_check_pages() -> bool:
 def native_auto() -> Optional[bool]:
     """``HYGON_ATTN_NATIVE_AUTO``: ``True``/``False`` forced, ``None`` unset."""
     return _switch("HYGON_ATTN_NATIVE_AUTO")
+
+
+def native_split_n() -> Optional[bool]:
+    """``HYGON_ATTN_NATIVE_SPLIT_N``: ``False`` runs the shared-softmax loop, ``None`` unset."""
+    return _switch("HYGON_ATTN_NATIVE_SPLIT_N")
+
+
+def native_stages() -> Optional[int]:
+    """``HYGON_ATTN_NATIVE_STAGES``: 2, 3 or 4, or ``None`` unset."""
+    value = _int("HYGON_ATTN_NATIVE_STAGES")
+    if value is not None and value not in (2, 3, 4):
+        raise ValueError(f"HYGON_ATTN_NATIVE_STAGES must be 2, 3 or 4, got {value}")
+    return value
 
 
 def csrc_dir() -> Optional[str]:

@@ -18,7 +18,7 @@ from typing import Optional
 
 from hygon_attn_backend import envs
 
-OPS = ("write_kv", "copy_blocks", "paged_decode", "warp_size")
+OPS = ("write_kv", "copy_blocks", "paged_decode", "warp_size", "decode_programs_per_sm")
 _EXT_NAME = "hygon_attn_native"
 _SOURCES = ("cache_kernels.cu", "decode.cu", "decode_d64.cu", "decode_d128.cu", "decode_d256.cu",
             "binding.cpp")

@@ -79,6 +79,88 @@ def native_preferred(op: str, *, is_hip: bool, group: int = 1) -> bool:
     return is_hip
 
 
+def native_decode_stages() -> int:
+    """The native decode's loop (``HabDecodeParams::loop_stages``): 0 runs the
+    shared-softmax loop, 2-4 the split-N loop (where it applies) with that many cp.async
+    stages, i.e. 1-3 KV tiles in flight while one is computed.
+
+    Reasoning: a stage is ~35 KB at head_dim 128, so 2 stages fit 3 programs an SM and 3
+    stages fit 2, each with twice the tiles in flight; 4 stages fit one program an SM.
+    Measurement (H200, bf16, D=128, page 16, graph replay with the L2 cleared,
+    ``scripts/bench_native_decode.py``, docs/native.md 2026-12-01): 3 stages against 2
+    took 14-20% off at G=8 and G=16 ((64, 4k) 208 -> 177 us, (64, 16k) 717 -> 572 us),
+    2% at (64, 4k) / (64, 16k) G=1 and 15% at (1, 32k) G=1, and lost 2-6% at (256, 2k)
+    (8,192 programs: occupancy, not tiles in flight, is what that shape needs); 4 stages
+    lost 40-60% everywhere. Hence 3.
+    Override: ``HYGON_ATTN_NATIVE_SPLIT_N=0`` (the shared-softmax loop),
+    ``HYGON_ATTN_NATIVE_STAGES=2|3|4``.
+    """
+    if envs.native_split_n() is False:
+        return 0
+    forced = envs.native_stages()
+    return forced if forced is not None else NATIVE_DECODE_STAGES
+
+
+NATIVE_DECODE_STAGES = 3
+NATIVE_PROGRAM_TILES = 1    # a program's fixed cost (Q, the warps' merge, its output), in tiles
+NATIVE_COMBINE_TILES = 2    # the combine launch of a split call, in tiles
+NATIVE_MAX_WAVES = 8        # waves a split grid may take
+NATIVE_MIN_SPLIT_GAIN = 0.1  # a split must save this share of the unsplit cost
+
+
+def native_decode_partition_size(*, programs: int, max_context_len: int, block_n: int,
+                                 programs_per_sm: int, num_sms: int,
+                                 max_partitions: "int | None" = None) -> int:
+    """Tokens per partition of the native decode (``>= max_context_len``: no split).
+
+    ``programs``: the grid's programs per partition (sequences x KV heads x row chunks);
+    ``programs_per_sm``: how many of them fit on an SM at once (the runtime's occupancy
+    calculator, ``_native.decode_programs_per_sm``).
+    Reasoning: each native program streams its partition at about the same speed once the
+    chip is full, so a launch takes about ``waves x (tiles per program + 1)`` tile times,
+    ``waves = ceil(programs x partitions / slots)`` with ``slots = programs_per_sm x
+    num_sms``, plus ~2 tile times for the combine when split. The Triton rule's aim of ~4
+    programs an SM leaves the native kernel (2-3 programs an SM) in a second, mostly empty
+    wave: (64, 4k) 32/8 (512 programs on 396 slots) read 72% of the copy and (1, 128k) 64
+    partitions x 8 heads 58%. For each wave count ``w <= NATIVE_MAX_WAVES`` the best
+    partition count is the largest that still fits ``w`` waves, ``floor(w x slots /
+    programs)``; this takes the cheapest of those, with partitions of at least
+    ``DECODE_MIN_PARTITION`` tokens in whole tiles and at most ``max_partitions`` (what a
+    caller's workspace holds), if it saves ``NATIVE_MIN_SPLIT_GAIN`` of the unsplit cost.
+    A grid of ``NATIVE_MAX_WAVES / 2`` waves or more unsplit is not split (its tail is a
+    small share, and the programs of a real batch end at different times anyway).
+    Measurement: docs/native.md (2026-12-01, second run).
+    Override: ``HYGON_ATTN_PARTITION_SIZE`` / ``PA_PARTITION_SIZE`` (the plan checks them
+    first) or ``partition_size=``.
+    """
+    ctx = max(int(max_context_len), 1)
+    tiles = -(-ctx // block_n)
+    whole = tiles * block_n
+    programs = max(1, int(programs))
+    slots = max(1, int(programs_per_sm) * int(num_sms))
+    min_tiles = max(1, DECODE_MIN_PARTITION // block_n)
+    max_parts = max(1, -(-tiles // min_tiles))
+    if max_partitions is not None:
+        max_parts = max(1, min(max_parts, int(max_partitions)))
+    if max_parts <= 1 or 2 * programs >= NATIVE_MAX_WAVES * slots:
+        return whole
+
+    def cost(parts: int) -> "tuple[int, int]":
+        per = -(-tiles // parts)
+        waves = -(-(programs * parts) // slots)
+        return waves * (per + NATIVE_PROGRAM_TILES) + (NATIVE_COMBINE_TILES if parts > 1 else 0), parts
+
+    unsplit = cost(1)[0]
+    best = None
+    for waves in range(1, NATIVE_MAX_WAVES + 1):
+        parts = min(waves * slots // programs, max_parts)
+        if parts > 1:
+            best = cost(parts) if best is None else min(best, cost(parts))
+    if best is None or best[0] > (1 - NATIVE_MIN_SPLIT_GAIN) * unsplit:
+        return whole
+    return -(-tiles // best[1]) * block_n
+
+
 def gpu_is_hip() -> bool:
     """True on ROCm/DTK torch (AMD and Hygon GPUs)."""
     import torch

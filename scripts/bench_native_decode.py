@@ -4,7 +4,9 @@ Method (the project's): each op is captured in a CUDA graph and the graph replay
 with ``triton.testing.do_bench`` (median; it clears the L2 before every call), on a cache
 whose pages are a random permutation of its blocks; 100% is a device-to-device copy
 (bytes read + written) measured in the same run. KV bytes = 2 * sum(seq_len) * Hkv * D *
-elem_size. The split rule is the op's own (``tuning.decode_partition_size``) for all.
+elem_size. Each implementation plans its own split (Triton: ``tuning.decode_partition_size``,
+native: ``tuning.native_decode_partition_size``), except ``native_tparts``: native on the
+Triton rule's partition size.
 
 Usage: python scripts/bench_native_decode.py [--rep-ms 200] [--json out.json]
 """
@@ -19,17 +21,20 @@ import torch
 import triton
 
 from hygon_attn_backend.bench._timing import copy_ceiling
+from hygon_attn_backend import tuning
 from hygon_attn_backend.ops.decode import allocate_decode_workspace, paged_decode_attention
+from hygon_attn_backend.ops.decode_plan import plan_paged_decode
 
-# (batch, context, Hq, Hkv): G = 1 (32/32), G = 8 (32/4), G = 16 (64/4)
-HEADS = ((32, 32), (32, 4), (64, 4))
-# native: the default loop (split-N where it applies, 2 cp.async stages); native_s3 /
-# native_s4: HYGON_ATTN_NATIVE_STAGES=3 / 4; native_shared: HYGON_ATTN_NATIVE_SPLIT_N=0
-VARIANTS = ("triton", "native", "native_s3", "native_s4", "native_shared")
-ENV = {"native": ("1", "2"), "native_s3": ("1", "3"), "native_s4": ("1", "4"),
-       "native_shared": ("0", "2"), "triton": ("1", "2")}  # (SPLIT_N, STAGES)
+# (batch, context, Hq, Hkv): G = 1 (32/32), G = 4 (32/8), G = 8 (32/4), G = 16 (64/4)
+HEADS = ((32, 32), (32, 8), (32, 4), (64, 4))
+# native: the planned loop (tuning.native_decode_stages) and split; native_s2: 2 cp.async
+# stages; native_tparts: the planned loop on the Triton rule's partitions; native_shared:
+# the shared-softmax loop (HYGON_ATTN_NATIVE_SPLIT_N=0)
+VARIANTS = ("triton", "native", "native_s2", "native_tparts", "native_shared")
+ENV = {"native": ("", ""), "native_s2": ("1", "2"), "native_tparts": ("", ""),
+       "native_shared": ("0", ""), "triton": ("", "")}  # (SPLIT_N, STAGES); "": unset
 SHAPES = [(b, c, hq, hkv) for b, c in ((64, 4096), (64, 16384), (256, 2048), (1, 32768))
-          for hq, hkv in HEADS]
+          for hq, hkv in HEADS] + [(8, 8192, 32, 8), (1, 131072, 32, 8)]
 
 
 def build(batch, ctx, hq, hkv, *, dim=128, page=16, dtype=torch.bfloat16, seed=0):
@@ -41,6 +46,16 @@ def build(batch, ctx, hq, hkv, *, dim=128, page=16, dtype=torch.bfloat16, seed=0
     lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
     q = torch.randn(batch, hq, dim, device="cuda", dtype=dtype, generator=gen)
     return q, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), table, lens
+
+
+def native_partitions(batch, ctx, hq, hkv, q, k, ws) -> int:
+    """Partitions of the native plan for this shape with this workspace."""
+    table = torch.zeros(batch, -(-ctx // 16), dtype=torch.int32, device="cuda")
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    plan = plan_paged_decode(table, lens, num_q_heads=hq, num_kv_heads=hkv,
+                             head_dim=q.shape[-1], page_size=16, q_dtype=q.dtype,
+                             kv_dtype=k.dtype, workspace=ws, impl="native")
+    return plan.config.num_partitions
 
 
 def time_graph_replay(fn, rep_ms):
@@ -69,17 +84,27 @@ def run(rep_ms: float):
                                        head_dim=q.shape[-1], max_context_len=table.shape[1] * 16,
                                        device=q.device)
         row = {"batch": batch, "ctx": ctx, "hq": hq, "hkv": hkv, "group": hq // hkv}
+        triton_size = tuning.decode_partition_size(
+            num_seqs=batch, num_kv_heads=hkv, group=hq // hkv, max_context_len=ctx,
+            num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+        triton_size = None if triton_size >= ctx else triton_size  # None: unsplit
+        row["native_partitions"] = native_partitions(batch, ctx, hq, hkv, q, k, ws)
         outs = {}
         for variant in VARIANTS:
             impl = "native" if variant.startswith("native") else variant
-            split_n, stages = ENV[variant]
-            os.environ["HYGON_ATTN_NATIVE_SPLIT_N"] = split_n
-            os.environ["HYGON_ATTN_NATIVE_STAGES"] = stages
+            for name, value in zip(("HYGON_ATTN_NATIVE_SPLIT_N", "HYGON_ATTN_NATIVE_STAGES"),
+                                   ENV[variant]):
+                if value:
+                    os.environ[name] = value
+                else:
+                    os.environ.pop(name, None)
+            size = triton_size if variant == "native_tparts" else None
             out = torch.empty_like(q)
             outs[variant] = out
             # defaults bind this shape's tensors (the loop deletes them before the next)
-            fn = lambda q=q, k=k, v=v, table=table, lens=lens, out=out, ws=ws, impl=impl: \
-                paged_decode_attention(q, k, v, table, lens, out=out, workspace=ws, impl=impl)
+            fn = lambda q=q, k=k, v=v, table=table, lens=lens, out=out, ws=ws, impl=impl, \
+                size=size: paged_decode_attention(q, k, v, table, lens, out=out, workspace=ws,
+                                                  impl=impl, partition_size=size)
             ms = time_graph_replay(fn, rep_ms)
             gbps = nbytes / ms / 1e6
             row[variant] = {"us": 1000 * ms, "gbps": gbps, "pct_copy": 100 * gbps / copy}
@@ -91,8 +116,9 @@ def run(rep_ms: float):
               f"{row['triton']['us']:8.1f} us {row['triton']['gbps']:6.0f} GB/s "
               f"{row['triton']['pct_copy']:5.1f}% | native {row['native']['us']:8.1f} us "
               f"{row['native']['gbps']:6.0f} GB/s {row['native']['pct_copy']:5.1f}% | "
-              f"native/triton speed {row['native_over_triton']:.2f}x | 3 stages "
-              f"{row['native_s3']['us']:8.1f} us, 4 stages {row['native_s4']['us']:8.1f} us, "
+              f"native/triton speed {row['native_over_triton']:.2f}x "
+              f"({row['native_partitions']} parts) | 2 stages {row['native_s2']['us']:8.1f} us, "
+              f"Triton's parts {row['native_tparts']['us']:8.1f} us, "
               f"shared-softmax loop {row['native_shared']['us']:8.1f} us | max|diff| "
               f"{row['max_abs_diff']:.2e}",
               flush=True)

@@ -82,6 +82,51 @@ def test_native_decode_both_loops(monkeypatch, split_n, stages, partition_size, 
                  sliding_window=500)
 
 
+def test_native_stage_rule(monkeypatch):
+    """tuning.native_decode_stages: the measured default, the split-N switch, the override."""
+    monkeypatch.delenv("HYGON_ATTN_NATIVE_STAGES", raising=False)
+    monkeypatch.delenv("HYGON_ATTN_NATIVE_SPLIT_N", raising=False)
+    assert tuning.native_decode_stages() == tuning.NATIVE_DECODE_STAGES == 3
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_STAGES", "2")
+    assert tuning.native_decode_stages() == 2
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_SPLIT_N", "0")
+    assert tuning.native_decode_stages() == 0
+
+
+@pytest.mark.parametrize("programs,ctx", [(8, 32768), (8, 131072), (32, 32768), (512, 4096),
+                                          (512, 16384), (8192, 2048), (64, 8192), (1, 300)])
+@pytest.mark.parametrize("per_sm", [2, 3])
+def test_native_partition_rule(programs, ctx, per_sm):
+    """tuning.native_decode_partition_size: whole tiles of at least 256 tokens (or the
+    whole context), and a grid that is never worse, by the rule's own cost, than unsplit
+    or than the Triton rule's partition count."""
+    sms, block_n = 132, 64
+    slots = per_sm * sms
+    size = tuning.native_decode_partition_size(programs=programs, max_context_len=ctx,
+                                               block_n=block_n, programs_per_sm=per_sm,
+                                               num_sms=sms)
+    tiles = -(-ctx // block_n)
+    assert size % block_n == 0 and (size >= tuning.DECODE_MIN_PARTITION or size >= ctx)
+
+    def cost(parts):
+        per = -(-tiles // parts)
+        waves = -(-(programs * parts) // slots)
+        return waves * (per + tuning.NATIVE_PROGRAM_TILES) + \
+            (tuning.NATIVE_COMBINE_TILES if parts > 1 else 0)
+
+    parts = -(-ctx // size)
+    assert cost(parts) <= cost(1)
+    triton_size = tuning.decode_partition_size(num_seqs=programs, num_kv_heads=1, group=1,
+                                               max_context_len=ctx, num_sms=sms)
+    assert cost(parts) <= cost(-(-ctx // triton_size))
+    if 2 * programs >= tuning.NATIVE_MAX_WAVES * slots:  # many waves already: no split
+        assert parts == 1
+    capped = tuning.native_decode_partition_size(
+        programs=programs, max_context_len=ctx, block_n=block_n, programs_per_sm=per_sm,
+        num_sms=sms, max_partitions=2)
+    assert -(-ctx // capped) <= 2
+
+
 @gpu
 @pytest.mark.parametrize("page_size", [3, 24, 48])
 def test_native_decode_odd_page_sizes(page_size):
@@ -108,10 +153,33 @@ def test_native_decode_table_without_columns():
 
 @gpu
 def test_native_decode_bad_stages(monkeypatch):
+    """A bad stage count is refused when the call is planned (the variable named), and the
+    native op itself refuses a loop it has no code for."""
     monkeypatch.setenv("HYGON_ATTN_NATIVE_STAGES", "5")
-    with pytest.raises(RuntimeError, match="HYGON_ATTN_NATIVE_STAGES must be 2, 3 or 4"):
+    with pytest.raises(ValueError, match="HYGON_ATTN_NATIVE_STAGES must be 2, 3 or 4"):
         _native_case(num_kv_heads=2, group=4, head_dim=128, page_size=16, seq_lens=[100],
                      layout="bshd", dtype=torch.bfloat16, partition_size=None)
+    monkeypatch.delenv("HYGON_ATTN_NATIVE_STAGES")
+    q = torch.randn(1, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(2, 2, 16, 128, dtype=torch.bfloat16, device="cuda")
+    table = torch.zeros(1, 1, dtype=torch.int32, device="cuda")
+    lens = torch.full((1,), 5, dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="loop_stages must be 0, 2, 3 or 4"):
+        native.load().paged_decode(torch.empty_like(q), q, k, k, table, lens, None, None, None,
+                                   q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, 5)
+
+
+@gpu
+def test_native_decode_occupancy_query():
+    """The occupancy the partition rule plans with: at least one program an SM, fewer as
+    the split-N loop's stages (35 KB each at head_dim 128) grow, and -1 for a loop the
+    kernel has no code for."""
+    ops = native.load()
+    per = {s: ops.decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16, s)
+           for s in (0, 2, 3, 4)}
+    assert min(per.values()) >= 1, per
+    assert per[2] >= per[3] >= per[4] and per[2] > per[4], per
+    assert ops.decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16, 5) == -1
 
 
 @gpu

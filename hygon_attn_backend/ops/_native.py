@@ -8,6 +8,7 @@ arguments. Scale arguments are what ``_checks.check_scale`` returns: a float or 
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import torch
@@ -56,13 +57,34 @@ def decode_unsupported(*, head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.d
     return None
 
 
+def decode_block_n(head_dim: int) -> int:
+    """KV tokens per tile of the native decode (``Layout::BLOCK_N``): 64, 32 past D=128."""
+    return 64 if head_dim <= 128 else 32
+
+
+@functools.lru_cache(maxsize=None)
+def decode_programs_per_sm(*, device_index: int, q_dtype: torch.dtype, kv_dtype: torch.dtype,
+                           head_dim: int, rows: int, loop_stages: int) -> int:
+    """Native decode programs that fit on one SM at once (the runtime's occupancy
+    calculator for the instantiation a launch of ``rows = G * T`` query rows per KV head
+    would take; 16-byte aligned K/V rows assumed)."""
+    with torch.cuda.device(device_index):
+        n = int(_ops().decode_programs_per_sm(q_dtype, kv_dtype, head_dim, rows, loop_stages))
+    if n < 1:
+        raise RuntimeError(f"native decode: no occupancy for head_dim={head_dim}, rows={rows}, "
+                           f"loop_stages={loop_stages} ({q_dtype}, KV {kv_dtype})")
+    return n
+
+
 def paged_decode(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                  scale: float, k_scale, v_scale, soft_cap: Optional[float],
                  sliding_window: Optional[int], sinks: Optional[torch.Tensor],
-                 partition_size: int, num_partitions: int, workspace) -> None:
+                 partition_size: int, num_partitions: int, loop_stages: int,
+                 workspace) -> None:
     """q4, out4: ``[S, T, Hq, D]``; caches as ``paged_decode_attention`` takes them;
-    ``workspace`` (a ``DecodeWorkspace``) is read only when ``num_partitions > 1``."""
+    ``workspace`` (a ``DecodeWorkspace``) is read only when ``num_partitions > 1``;
+    ``loop_stages``: :func:`tuning.native_decode_stages`."""
     k_t, k_val = _scale_pair(k_scale)
     v_t, v_val = _scale_pair(v_scale)
     sinks_f32 = sinks.to(torch.float32).contiguous() if sinks is not None else None
@@ -72,4 +94,5 @@ def paged_decode(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.Tensor,
         ml = es = po = out4  # unused by a one-partition launch
     _ops().paged_decode(out4, q4, k_cache, v_cache, block_table, seq_lens, sinks_f32, k_t, v_t,
                         ml, es, po, float(scale), k_val, v_val, float(soft_cap or 0.0),
-                        int(sliding_window or 0), int(partition_size), int(num_partitions))
+                        int(sliding_window or 0), int(partition_size), int(num_partitions),
+                        int(loop_stages))

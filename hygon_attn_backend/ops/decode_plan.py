@@ -83,20 +83,28 @@ def allocate_decode_workspace(*, max_num_seqs: int, num_q_heads: int, num_kv_hea
     """Allocate the split-KV scratch for every call with ``num_seqs <= max_num_seqs``,
     sequences up to ``max_context_len`` and ``num_tokens`` query tokens per sequence.
 
-    The slot count is the largest ``num_seqs * num_partitions`` that the partition rule
+    The slot count is the largest ``num_seqs * num_partitions`` that the partition rules
     (``partition_size`` if given, else :func:`tuning.decode_partition_size` with the
-    environment override) picks over that range; pass ``num_slots`` to size it yourself.
+    environment override, and the native kernel's
+    :func:`tuning.native_decode_partition_size` at ``NATIVE_SIZING_PROGRAMS_PER_SM``, an
+    occupancy above the kernel's) pick over that range; pass ``num_slots`` to size it
+    yourself. A native plan never takes more partitions than its workspace holds.
     """
     device = torch.device(device)
     group = num_q_heads // max(1, num_kv_heads)
     if num_slots is None:
         num_slots = 1
         sms = num_sms_of(device)
+        row_chunks = -(-(num_tokens * group) // 64)
         for seqs in range(1, max_num_seqs + 1):
-            size = partition_size or tuning.decode_partition_size(
-                num_seqs=seqs, num_kv_heads=num_kv_heads, group=group,
-                max_context_len=max_context_len, num_sms=sms)
-            parts = _num_partitions_for(size, max_context_len)
+            sizes = [partition_size] if partition_size else [
+                tuning.decode_partition_size(
+                    num_seqs=seqs, num_kv_heads=num_kv_heads, group=group,
+                    max_context_len=max_context_len, num_sms=sms),
+                tuning.native_decode_partition_size(
+                    programs=seqs * num_kv_heads * row_chunks, max_context_len=max_context_len,
+                    block_n=32, programs_per_sm=NATIVE_SIZING_PROGRAMS_PER_SM, num_sms=sms)]
+            parts = max(_num_partitions_for(size, max_context_len) for size in sizes)
             if parts > 1:
                 num_slots = max(num_slots, seqs * parts)
     rows = num_tokens * num_q_heads
@@ -106,6 +114,9 @@ def allocate_decode_workspace(*, max_num_seqs: int, num_q_heads: int, num_kv_hea
                            partial_out=torch.empty((num_slots, rows, head_dim), **f32),
                            counters=torch.zeros(max(1, max_num_seqs) * num_q_heads,
                                                 dtype=torch.int32, device=device))
+
+
+NATIVE_SIZING_PROGRAMS_PER_SM = 4  # workspace sizing: the native kernel fits 2-3 (D <= 128)
 
 
 @dataclass
@@ -312,6 +323,7 @@ class DecodePlan:
     kv_head_grid: bool = True
     fused_combine: bool = False
     pdl: bool = False  # the combine launch is a programmatic dependent launch (sm_90+)
+    native_stages: int = 0  # impl "native": its loop (tuning.native_decode_stages)
     _variants: Dict[int, tuple] = field(default_factory=dict, repr=False)
     # the layers :meth:`run` built, by the identity of what built them (see remember_layer)
     _layers: Dict[tuple, "DecodeLayer"] = field(default_factory=dict, repr=False)
@@ -416,7 +428,8 @@ class DecodePlan:
             v_scale=1.0 if layer.v_scale is None else layer.v_scale,
             soft_cap=layer.soft_cap, sliding_window=layer.sliding_window, sinks=layer.sinks,
             partition_size=cfg.partition_size if self.split else _WHOLE_SEQUENCE,
-            num_partitions=cfg.num_partitions, workspace=self.workspace)
+            num_partitions=cfg.num_partitions, loop_stages=self.native_stages,
+            workspace=self.workspace)
         return out
 
     def _make_launches(self, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft_cap,
@@ -571,8 +584,17 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
     sm_scale = float(scale) if scale is not None else head_dim ** -0.5
     config = None
     fused = False
+    native_stages = tuning.native_decode_stages() if chosen == "native" else 0
     if chosen != "reference" and num_seqs and max_blocks:
         max_context = max_seq_len if max_seq_len is not None else max_blocks * page_size
+        if chosen == "native" and partition_size is None and \
+                tuning.decode_partition_size_env() is None:
+            partition_size = _native_partition_size(
+                num_seqs=num_seqs, num_tokens=num_tokens, num_q_heads=num_q_heads,
+                num_kv_heads=num_kv_heads, head_dim=head_dim, q_dtype=q_dtype,
+                kv_dtype=kv_dtype, max_context=max_context, loop_stages=native_stages,
+                device=device, max_partitions=None if workspace is None
+                else workspace.max_logits.shape[0] // num_seqs)
         config = decode_launch_config(
             num_seqs=num_seqs, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
             num_tokens=num_tokens, head_dim=head_dim, page_size=page_size,
@@ -600,6 +622,25 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         kv_dtype=kv_dtype, device=device,
         max_seq_len=max_seq_len if max_seq_len is not None else max_blocks * page_size,
         scale=sm_scale, config=config, workspace=workspace, kv_head_grid=kv_head_grid,
+        native_stages=native_stages,
         fused_combine=fused, pdl=chosen == "triton" and config is not None
         and config.num_partitions > 1 and not fused and tuning.decode_combine_pdl(device))
 
+
+
+def _native_partition_size(*, num_seqs, num_tokens, num_q_heads, num_kv_heads, head_dim,
+                           q_dtype, kv_dtype, max_context, loop_stages, device,
+                           max_partitions) -> int:
+    """The native decode's partition size: whole waves of its own occupancy
+    (:func:`tuning.native_decode_partition_size`), no more partitions than a caller's
+    workspace holds."""
+    rows = num_tokens * (num_q_heads // num_kv_heads)
+    row_chunks = -(-rows // 64)  # the kernel runs more than 64 rows in chunks of 64
+    per_sm = _native.decode_programs_per_sm(
+        device_index=device.index if device.index is not None else torch.cuda.current_device(),
+        q_dtype=q_dtype, kv_dtype=kv_dtype, head_dim=head_dim, rows=min(rows, 64),
+        loop_stages=loop_stages)
+    return tuning.native_decode_partition_size(
+        programs=num_seqs * num_kv_heads * row_chunks, max_context_len=max_context,
+        block_n=_native.decode_block_n(head_dim), programs_per_sm=per_sm,
+        num_sms=num_sms_of(device), max_partitions=max_partitions)
