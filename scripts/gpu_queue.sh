@@ -12,6 +12,8 @@
 #   prefill-tiles   bench prefill over the tile sweep in $PREFILL_TILES, page 16 and 64
 #   decode-bench    bench decode (default shapes, same-bytes copy rows, triton + native;
 #                   more options in $DECODE_ARGS)
+#   decode-sweep    bench decode of Triton at $SWEEP_SHAPES with $SWEEP_HEADS (Hq/Hkv), once per
+#                   ';'-separated environment assignment in $SWEEP_ENVS ('-': none)
 #   sanitize        scripts/sanitize.sh (every Triton kernel, hostile inputs)
 #   fuzz-prefill    hygon-attn fuzz --op prefill --seed 11
 set -uo pipefail
@@ -25,6 +27,7 @@ stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 BUILD_PID=
 PREFILL_TILES=${PREFILL_TILES:-"default;256,64,16,3;256,32,16,3;128,64,8,3;128,128,8,3"}
 PREFILL_SHAPES=${PREFILL_SHAPES:-"1,0,8192;1,4096,4096;8,2048,512;32,1024,128;4,16384,1024"}
+SWEEP_HEADS=${SWEEP_HEADS:-32/4}
 
 join_build() {
   if [ -n "$BUILD_PID" ]; then
@@ -75,6 +78,21 @@ run_step() {
         ${DECODE_ARGS:-} --rep-ms 40 --json "$OUT/decode-bench.json" --markdown "$OUT/decode-bench.md" \
         >"$OUT/$name.log" 2>&1
       echo "rc=$?"; tail -60 "$OUT/$name.log" | cut -c1-160 ;;
+    decode-sweep)
+      local IFS_OLD=$IFS; IFS=';'; local envs=(${SWEEP_ENVS:--}); IFS=$IFS_OLD
+      local t_end=$(( $(date +%s) + limit ))
+      for assign in "${envs[@]}"; do
+        local left=$(( t_end - $(date +%s) ))
+        [ "$left" -le 5 ] && { echo "decode-sweep: out of time before '$assign'"; break; }
+        # shellcheck disable=SC2086
+        (if [ "$assign" != "-" ]; then export $assign; fi
+         timeout "$left" "$PY" -m hygon_attn_backend bench decode --impl triton \
+           --shapes "${SWEEP_SHAPES:-64,4096;64,16384;256,2048}" \
+           --num-q-heads "${SWEEP_HEADS%/*}" --num-kv-heads "${SWEEP_HEADS#*/}" --groups "" \
+           --per-head-groups "" --block-sizes 16 --partitions auto,none --no-same-bytes-copy \
+           --rep-ms 30) >"$OUT/decode-sweep-${assign//[^A-Za-z0-9]/_}.log" 2>&1
+        echo "== $assign"; grep -E "^\| B=" "$OUT/decode-sweep-${assign//[^A-Za-z0-9]/_}.log" | cut -c1-140
+      done ;;
     sanitize)
       OUT="$OUT/sanitize" timeout "$limit" scripts/sanitize.sh >"$OUT/$name.log" 2>&1
       echo "rc=$?"; tail -8 "$OUT/$name.log" ;;
