@@ -79,29 +79,34 @@ def native_preferred(op: str, *, is_hip: bool, group: int = 1) -> bool:
     return is_hip
 
 
-def native_decode_stages() -> int:
-    """The native decode's loop (``HabDecodeParams::loop_stages``): 0 runs the
+def native_decode_stages(*, programs: int, num_sms: int) -> int:
+    """The native decode's loop (``HabDecodeParams::loop_stages``) for a grid of
+    ``programs`` (sequences x KV heads x row chunks, before any split): 0 runs the
     shared-softmax loop, 2-4 the split-N loop (where it applies) with that many cp.async
     stages, i.e. 1-3 KV tiles in flight while one is computed.
 
     Reasoning: a stage is ~35 KB at head_dim 128, so 2 stages fit 3 programs an SM and 3
-    stages fit 2, each with twice the tiles in flight; 4 stages fit one program an SM.
+    stages fit 2, each with twice the tiles in flight; 4 stages fit one program an SM. A
+    small grid needs the tiles in flight, a large one the programs.
     Measurement (H200, bf16, D=128, page 16, graph replay with the L2 cleared,
-    ``scripts/bench_native_decode.py``, docs/native.md 2026-12-01): 3 stages against 2
-    took 14-20% off at G=8 and G=16 ((64, 4k) 208 -> 177 us, (64, 16k) 717 -> 572 us),
-    2% at (64, 4k) / (64, 16k) G=1 and 15% at (1, 32k) G=1, and lost 2-6% at (256, 2k)
-    (8,192 programs: occupancy, not tiles in flight, is what that shape needs); 4 stages
-    lost 40-60% everywhere. Hence 3.
+    ``scripts/bench_native_decode.py``, docs/native.md 2026-12-01, two runs): 3 stages
+    against 2 took 7-20% off at grids of 8-768 programs ((64, 4k) G=8 173 -> 160 us,
+    G=16 189 -> 166 us, (64, 16k) G=8 717 -> 572 us in the first run), and cost 3-7% at
+    2,048-8,192 programs ((64, 4k) / (64, 16k) / (256, 2k) at G=1, (256, 2k) G=4: e.g.
+    2,120 -> 2,266 us); 4 stages lost 40-60% everywhere. Hence 3 stages below
+    ``NATIVE_MANY_PROGRAMS_PER_SM`` programs an SM, 2 from there.
     Override: ``HYGON_ATTN_NATIVE_SPLIT_N=0`` (the shared-softmax loop),
     ``HYGON_ATTN_NATIVE_STAGES=2|3|4``.
     """
     if envs.native_split_n() is False:
         return 0
     forced = envs.native_stages()
-    return forced if forced is not None else NATIVE_DECODE_STAGES
+    if forced is not None:
+        return forced
+    return 2 if programs >= NATIVE_MANY_PROGRAMS_PER_SM * max(1, num_sms) else 3
 
 
-NATIVE_DECODE_STAGES = 3
+NATIVE_MANY_PROGRAMS_PER_SM = 8  # from here the native decode takes 2 stages
 NATIVE_PROGRAM_TILES = 1    # a program's fixed cost (Q, the warps' merge, its output), in tiles
 NATIVE_COMBINE_TILES = 2    # the combine launch of a split call, in tiles
 NATIVE_MAX_WAVES = 8        # waves a split grid may take

@@ -83,14 +83,18 @@ def test_native_decode_both_loops(monkeypatch, split_n, stages, partition_size, 
 
 
 def test_native_stage_rule(monkeypatch):
-    """tuning.native_decode_stages: the measured default, the split-N switch, the override."""
+    """tuning.native_decode_stages: 3 stages for small grids, 2 for large ones, the
+    split-N switch, the override."""
     monkeypatch.delenv("HYGON_ATTN_NATIVE_STAGES", raising=False)
     monkeypatch.delenv("HYGON_ATTN_NATIVE_SPLIT_N", raising=False)
-    assert tuning.native_decode_stages() == tuning.NATIVE_DECODE_STAGES == 3
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_STAGES", "2")
-    assert tuning.native_decode_stages() == 2
+    many = tuning.NATIVE_MANY_PROGRAMS_PER_SM * 132
+    assert tuning.native_decode_stages(programs=8, num_sms=132) == 3
+    assert tuning.native_decode_stages(programs=many - 1, num_sms=132) == 3
+    assert tuning.native_decode_stages(programs=many, num_sms=132) == 2
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_STAGES", "4")
+    assert tuning.native_decode_stages(programs=8, num_sms=132) == 4
     monkeypatch.setenv("HYGON_ATTN_NATIVE_SPLIT_N", "0")
-    assert tuning.native_decode_stages() == 0
+    assert tuning.native_decode_stages(programs=8, num_sms=132) == 0
 
 
 @pytest.mark.parametrize("programs,ctx", [(8, 32768), (8, 131072), (32, 32768), (512, 4096),

@@ -584,7 +584,11 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
     sm_scale = float(scale) if scale is not None else head_dim ** -0.5
     config = None
     fused = False
-    native_stages = tuning.native_decode_stages() if chosen == "native" else 0
+    native_stages = 0
+    if chosen == "native":
+        row_chunks = -(-(num_tokens * (num_q_heads // num_kv_heads)) // 64)
+        native_stages = tuning.native_decode_stages(
+            programs=num_seqs * num_kv_heads * row_chunks, num_sms=num_sms_of(device))
     if chosen != "reference" and num_seqs and max_blocks:
         max_context = max_seq_len if max_seq_len is not None else max_blocks * page_size
         if chosen == "native" and partition_size is None and \
