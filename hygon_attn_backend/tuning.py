@@ -375,7 +375,14 @@ def decode_combine_chunk(*, rows_pad: int, head_dim_pad: int, num_warps: int,
     session 4 in ``notes-decode.md``): chunk 64 / 4 warps against the former 16 / 4 warps:
     (1, 32k) D=128, 64 partitions 7.41 against 9.73 us; (1, 128k) 7.38 against 9.73; (8, 8k)
     8.20 against 11.17; (1, 32k) D=64, 128 partitions 10.92 against 11.47 (8 warps: 9.68).
+    Fused with 8 or more rows the chunk is 1: with Triton 3.6 for sm_90 (bf16, D=128, 4
+    warps, ``scripts/decode_ptxas.py``) rows 8 x chunk 2 compiled to 144 registers against
+    110 with chunk 1 (rows 16 x chunk 1: 128), i.e. 3 programs an SM instead of 4, so the
+    split grid of (64, 4k) 32/4 heads (512 programs) ran in two waves: 66% of the copy
+    against 88% for 64/4 heads, the same bytes (H200, page 16, 2026-12-01).
     """
+    if fused and rows_pad >= 8:
+        return 1
     per_thread, cap = (16, 16) if fused else (64, 64)
     budget = per_thread * 32 * max(1, num_warps)
     return max(1, min(cap, budget // max(1, rows_pad * head_dim_pad)))

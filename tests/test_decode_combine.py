@@ -171,6 +171,8 @@ def test_combine_chunk_rule_bounds_registers():
             c = tuning.decode_combine_chunk(rows_pad=rows_pad, head_dim_pad=d, num_warps=4)
             assert 1 <= c <= 16
             assert c == 1 or c * rows_pad * d <= 16 * 32 * 4
+            if rows_pad >= 8:  # one partition a step (registers: see the rule's docstring)
+                assert c == 1
     for d in (64, 128, 256):  # the combine kernel alone: 64 values per thread, <= 64
         c = tuning.decode_combine_chunk(rows_pad=1, head_dim_pad=d, num_warps=4, fused=False)
         assert c == min(64, 64 * 32 * 4 // d)
