@@ -14,6 +14,8 @@
 #                   more options in $DECODE_ARGS)
 #   decode-sweep    bench decode of Triton at $SWEEP_SHAPES with $SWEEP_HEADS (Hq/Hkv), once per
 #                   ';'-separated environment assignment in $SWEEP_ENVS ('-': none)
+#   engine          hygon-attn bench engine $ENGINE_ARGS (SGLang from the wheels in .whl/, carried
+#                   as ../shared/tools/sglang_gpu/README.md says; results under $OUT/engine)
 #   sanitize        scripts/sanitize.sh (every Triton kernel, hostile inputs)
 #   fuzz-prefill    hygon-attn fuzz --op prefill --seed 11
 set -uo pipefail
@@ -93,6 +95,18 @@ run_step() {
            --rep-ms 30) >"$OUT/decode-sweep-${assign//[^A-Za-z0-9]/_}.log" 2>&1
         echo "== $assign"; grep -E "^\| B=" "$OUT/decode-sweep-${assign//[^A-Za-z0-9]/_}.log" | cut -c1-140
       done ;;
+    engine)
+      [ -d .whl ] || { echo "engine: no .whl/ (carry the SGLang wheels)"; return 1; }
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+        >"$OUT/engine-install.log" 2>&1 || { tail -5 "$OUT/engine-install.log"; return 1; }
+      cp .whl/cutedsl_dual_gemm.py /tmp/site/sglang/kernels/ops/gemm/cutedsl_dual_gemm.py
+      mkdir -p /tmp/stub && cp -r .whl/sgl_kernel /tmp/stub/
+      # shellcheck disable=SC2086
+      (export PYTHONPATH=$PWD:/tmp/site:/tmp/stub SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 \
+         SGLANG_FORCE_FUSED_OP_BACKEND=torch TVM_FFI_DISABLE_TORCH_C_DLPACK=1 NCCL_NVLS_ENABLE=0
+       timeout "$limit" "$PY" -m hygon_attn_backend bench engine ${ENGINE_ARGS:-} \
+         --out "$OUT/engine" --csv "$OUT/engine.csv") >"$OUT/$name.log" 2>&1
+      echo "rc=$?"; tail -40 "$OUT/$name.log" | cut -c1-200 ;;
     sanitize)
       OUT="$OUT/sanitize" timeout "$limit" scripts/sanitize.sh >"$OUT/$name.log" 2>&1
       echo "rc=$?"; tail -8 "$OUT/$name.log" ;;
