@@ -7,6 +7,7 @@
 #   native-build    hygon-attn build-native, in the background (joined by the next native-*)
 #   prefill-tests   the GPU tests of the prefill, bounds, launch and vLLM-core kernels
 #   native-tests    tests/test_native.py on the GPU
+#   gpu-tests       the GPU tests of $TESTS (test files), 8 processes
 #   native-bench    scripts/bench_native_decode.py (Triton beside native, 2/3/4 stages)
 #   native-sanitize compute-sanitizer memcheck + racecheck on scripts/native_sanitize.py
 #   prefill-tiles   bench prefill over the tile sweep in $PREFILL_TILES, page 16 and 64
@@ -48,6 +49,12 @@ run_step() {
       timeout "$limit" "$PY" -m pytest -q -m gpu -n 10 -p no:cacheprovider \
         tests/test_prefill.py tests/test_bounds.py tests/test_vllm_core_kernels.py \
         tests/test_launch.py >"$OUT/$name.log" 2>&1
+      tail -1 "$OUT/$name.log"; grep -E "^FAILED" "$OUT/$name.log" | head -20 ;;
+    gpu-tests)
+      join_build
+      # shellcheck disable=SC2086
+      timeout "$limit" "$PY" -m pytest -q -m gpu -n 8 -p no:cacheprovider ${TESTS:-tests} \
+        >"$OUT/$name.log" 2>&1
       tail -1 "$OUT/$name.log"; grep -E "^FAILED" "$OUT/$name.log" | head -20 ;;
     native-tests)
       join_build
