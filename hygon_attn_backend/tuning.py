@@ -89,12 +89,13 @@ def native_decode_stages(*, programs: int, num_sms: int) -> int:
     stages fit 2, each with twice the tiles in flight; 4 stages fit one program an SM. A
     small grid needs the tiles in flight, a large one the programs.
     Measurement (H200, bf16, D=128, page 16, graph replay with the L2 cleared,
-    ``scripts/bench_native_decode.py``, docs/native.md 2026-12-01, two runs): 3 stages
-    against 2 took 7-20% off at grids of 8-768 programs ((64, 4k) G=8 173 -> 160 us,
-    G=16 189 -> 166 us, (64, 16k) G=8 717 -> 572 us in the first run), and cost 3-7% at
-    2,048-8,192 programs ((64, 4k) / (64, 16k) / (256, 2k) at G=1, (256, 2k) G=4: e.g.
-    2,120 -> 2,266 us); 4 stages lost 40-60% everywhere. Hence 3 stages below
-    ``NATIVE_MANY_PROGRAMS_PER_SM`` programs an SM, 2 from there.
+    ``scripts/bench_native_decode.py``, docs/native.md 2026-12-01, three runs): 3 stages
+    against 2 took 2-20% off at grids of 8-256 programs ((64, 4k) G=8 171 -> 158 us,
+    G=16 187 -> 163 us, (64, 16k) G=8 717 -> 572 us in the first run); at 512 programs
+    ((64, 4k) / (64, 16k) G=4) the two were within 3% either way; at 1,024-8,192
+    programs 2 stages were as fast or 2-7% faster ((256, 2k) G=16 341 -> 327 us, G=1
+    2,266 -> 2,120 us in the second run); 4 stages lost 40-60% everywhere. Hence 3
+    stages below ``NATIVE_MANY_PROGRAMS_PER_SM`` programs an SM, 2 from there.
     Override: ``HYGON_ATTN_NATIVE_SPLIT_N=0`` (the shared-softmax loop),
     ``HYGON_ATTN_NATIVE_STAGES=2|3|4``.
     """
@@ -106,7 +107,7 @@ def native_decode_stages(*, programs: int, num_sms: int) -> int:
     return 2 if programs >= NATIVE_MANY_PROGRAMS_PER_SM * max(1, num_sms) else 3
 
 
-NATIVE_MANY_PROGRAMS_PER_SM = 8  # from here the native decode takes 2 stages
+NATIVE_MANY_PROGRAMS_PER_SM = 4  # from here the native decode takes 2 stages
 NATIVE_PROGRAM_TILES = 1    # a program's fixed cost (Q, the warps' merge, its output), in tiles
 NATIVE_COMBINE_TILES = 2    # the combine launch of a split call, in tiles
 NATIVE_MAX_WAVES = 8        # waves a split grid may take
