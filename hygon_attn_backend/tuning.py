@@ -411,7 +411,9 @@ def prefill_tile_config(*, head_dim_pad: int, group: int, total_q: int, num_kv_h
     Measurement (H200, bf16, Hq/Hkv=32/8, D=128, page 16 and 64, docs/bench-prefill.md):
     256x64/16w/3s was the fastest of eight tiles on all five issue-4 shapes: +5-22% over
     128x128/8w/3s and +11-19% over 64x64/4w/3s at (B=32, prefix 1024, extend 128) in the
-    same run; +16-45% over the first version's 128x64/8w/3s.
+    same run; +16-45% over the first version's 128x64/8w/3s. Re-measured once the 8-warp
+    tiles compiled with asynchronous wgmma (2026-12-01, notes-prefill.md v5): still the
+    fastest at all 20 points (5 shapes x page 16/64 x keys from the cache / dense).
     Override: ``HYGON_ATTN_PREFILL_TILE="BLOCK_M,BLOCK_N,num_warps,num_stages"``.
     """
     group_pow2 = 1 << max(0, (group - 1).bit_length())
