@@ -66,8 +66,10 @@ def native_preferred(op: str, *, is_hip: bool, group: int = 1) -> bool:
     registers and misses peak (published DCU numbers: 1.5-4.3x faster kernels, TPOT 79 ->
     35 ms); so HIP takes native for every op. On NVIDIA, Triton's kernels are tuned on the
     H200, and native is taken only where it was measured faster there.
-    Measurement (H200, bf16, D=128, page 16, docs/native.md): none of the decode shapes
-    measured so far makes native the faster one on NVIDIA, so NVIDIA stays on Triton.
+    Measurement (H200, bf16, D=128, page 16, docs/native.md, 2026-12-01): native reads
+    94-99% of the copy at large batches with G=1, 0.92-0.98x the Triton kernel at G <= 4
+    and 0.58-0.89x at batch 1 and G = 8 / 16; no decode shape makes native the faster one
+    on NVIDIA, so NVIDIA stays on Triton.
     Override: ``HYGON_ATTN_NATIVE_AUTO=1`` (native wherever it runs) / ``0`` (never).
     """
     forced = envs.native_auto()
