@@ -23,6 +23,9 @@ VARIABLES = {
     "PA_PARTITION_SIZE": "the same, under the name DCU users know (HYGON_ATTN_PARTITION_SIZE "
                          "wins)",
     "HYGON_ATTN_PREFILL_TILE": "force the prefill tile BLOCK_M,BLOCK_N,warps,stages",
+    "HYGON_ATTN_PREFILL_TWO_WALKS": "0/1: compile the prefill's unmasked multi-page walk "
+                                    "with and without key checks (default: "
+                                    "tuning.prefill_two_walks)",
     "HYGON_ATTN_DECODE_BLOCK_N": "force the decode KV tile (a power of two >= 16)",
     "HYGON_ATTN_DECODE_WARPS": "force the decode kernel's warps",
     "HYGON_ATTN_DECODE_STAGES": "force the decode kernel's pipeline stages",
@@ -153,6 +156,11 @@ def sglang_check_pages() -> bool:
 def native_auto() -> Optional[bool]:
     """``HYGON_ATTN_NATIVE_AUTO``: ``True``/``False`` forced, ``None`` unset."""
     return _switch("HYGON_ATTN_NATIVE_AUTO")
+
+
+def prefill_two_walks() -> Optional[bool]:
+    """``HYGON_ATTN_PREFILL_TWO_WALKS``: ``True``/``False`` forced, ``None`` unset."""
+    return _switch("HYGON_ATTN_PREFILL_TWO_WALKS")
 
 
 def native_split_n() -> Optional[bool]:

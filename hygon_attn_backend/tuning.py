@@ -394,6 +394,31 @@ def decode_combine_chunk(*, rows_pad: int, head_dim_pad: int, num_warps: int,
 # ----------------------------------------------------------------------------- prefix prefill
 
 
+def prefill_two_walks(*, head_dim_pad: int, page_size: int, block_n: int,
+                      num_warps: int) -> bool:
+    """Whether the prefill kernel compiles its unmasked walk over cache pages twice
+    (``TWO_WALKS``): once with no per-key check, taken when the program's check of its
+    table row finds every block id present, and once with the check.
+
+    Reasoning: where a key tile spans pages (``page_size < BLOCK_N``) the per-key check
+    (a ``[BLOCK_N]`` mask in the loads' layout converted to the logits' layout every tile)
+    cost ~20% of the kernel at page 16 even behind a scalar branch on the row check:
+    (1, 0, 8192) page 16 read 342 TFLOP/s against 406 at page 64 (H200, 2026-12-01,
+    notes-prefill.md v5/v6). The second walk costs no shared memory (Triton 3.6 reuses
+    the stage buffers across the branches: 131,584 B either way at 256x64/16w/3s, D=128,
+    ``scripts/prefill_ptxas.py --two-walks``) but makes ptxas serialize the wgmma (C7515,
+    two pipelined loops), so it is taken only where the tile is serialized already: the
+    16-warp tile at head_dim 128 (C7512, registers). At head_dim 64 and on 8-/4-warp tiles
+    one walk compiles with asynchronous wgmma and stays.
+    Measurement: notes-prefill.md v6.
+    Override: ``HYGON_ATTN_PREFILL_TWO_WALKS=0|1``.
+    """
+    forced = envs.prefill_two_walks()
+    if forced is not None:
+        return forced
+    return head_dim_pad == 128 and num_warps == 16 and page_size % block_n != 0
+
+
 def prefill_tile_config(*, head_dim_pad: int, group: int, total_q: int, num_kv_heads: int,
                         num_seqs: int = 1, num_sms: int = 132, interpreter: bool = False
                         ) -> "tuple[int, int, int, int]":

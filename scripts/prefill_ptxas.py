@@ -36,7 +36,8 @@ UNIT_STRIDES = {"stride_qd", "stride_kd", "stride_vd", "stride_knd", "stride_vnd
 
 
 def compile_tile(block_m: int, block_n: int, warps: int, stages: int, *, page: int,
-                 k_new: bool, head_dim: int = 128, group: int = 4):
+                 k_new: bool, head_dim: int = 128, group: int = 4, two_walks: bool = False,
+                 fp8: bool = False):
     """``(ptx, shared bytes)`` of the kernel for one tile, compiled for sm_90."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -47,7 +48,7 @@ def compile_tile(block_m: int, block_n: int, warps: int, stages: int, *, page: i
     const = dict(GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
                  PAGE_SIZE=page, CAUSAL=True, HAS_K_NEW=k_new, RETURN_LSE=False,
                  SCALE_FROM_PTR=False, WINDOW=False, SOFT_CAP=False, HAS_SINKS=False,
-                 KV_SCALED=False, PAD_D=False)
+                 KV_SCALED=fp8, PAD_D=False, TWO_WALKS=two_walks)
     names = kernel.arg_names
     signature, attrs = {}, {}
     for i, name in enumerate(names):
@@ -58,6 +59,8 @@ def compile_tile(block_m: int, block_n: int, warps: int, stages: int, *, page: i
             const[name] = 1
         elif name in POINTERS:
             signature[name] = POINTERS[name]
+            if fp8 and name in ("k_cache_ptr", "v_cache_ptr"):
+                signature[name] = "*fp8e4nv"
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in FLOATS:
             signature[name] = "fp32"
@@ -98,15 +101,23 @@ def main(argv=None) -> int:
                         help="';'-separated BLOCK_M,BLOCK_N,warps,stages")
     parser.add_argument("--page", type=int, default=16)
     parser.add_argument("--k-new", action="store_true", help="dense new keys (SGLang's extend)")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--two-walks", action="store_true",
+                        help="TWO_WALKS: the unmasked walk compiled with and without key checks")
+    parser.add_argument("--fp8", action="store_true", help="fp8 e4m3 K/V cache")
     args = parser.parse_args(argv)
     import triton
-    print(f"# prefix_prefill_kernel for sm_90a, Triton {triton.__version__}, bf16, head_dim 128, "
-          f"group 4, page {args.page}, {'dense new keys' if args.k_new else 'keys from the cache'}")
+    print(f"# prefix_prefill_kernel for sm_90a, Triton {triton.__version__}, bf16, "
+          f"group 4, head_dim {args.head_dim}, page {args.page}, "
+          f"{'dense new keys' if args.k_new else 'keys from the cache'}"
+          f"{', fp8 KV' if args.fp8 else ''}{', two walks' if args.two_walks else ''}")
     print("| tile | shared bytes | registers | spill bytes | wgmma |")
     print("| --- | --- | --- | --- | --- |")
     for item in args.tiles.split(";"):
         bm, bn, warps, stages = (int(x) for x in item.split(","))
-        ptx, shared = compile_tile(bm, bn, warps, stages, page=args.page, k_new=args.k_new)
+        ptx, shared = compile_tile(bm, bn, warps, stages, page=args.page, k_new=args.k_new,
+                                   head_dim=args.head_dim, two_walks=args.two_walks,
+                                   fp8=args.fp8)
         rep = ptxas_report(ptx)
         wgmma = "; ".join(rep["serialized"]) or "asynchronous"
         print(f"| {bm}x{bn}, {warps}w, {stages}s | {shared} | {rep['registers']} | "

@@ -102,9 +102,13 @@ def test_reference_absent_keys_equal_compacted_table():
 # page 16: one table read per 16-key tile (a bad id drops the whole tile);
 # page 4: one read per key (a bad id masks 4 keys inside a tile)
 @interpreter
+@pytest.mark.parametrize("two_walks", ["0", "1"])
 @pytest.mark.parametrize("page", [16, 4])
 @pytest.mark.parametrize("bad", [-5, 1000])
-def test_prefill_bad_ids_equal_compacted_table(page, bad):
+def test_prefill_bad_ids_equal_compacted_table(page, bad, two_walks, monkeypatch):
+    """Also with the unmasked walk compiled twice (HYGON_ATTN_PREFILL_TWO_WALKS=1): a row
+    with a bad id must take the checked copy."""
+    monkeypatch.setenv("HYGON_ATTN_PREFILL_TWO_WALKS", two_walks)
     gen = torch.Generator().manual_seed(page)
     k = torch.randn(12, 2, page, 64, generator=gen).half()
     v = torch.randn(12, 2, page, 64, generator=gen).half()
@@ -120,6 +124,37 @@ def test_prefill_bad_ids_equal_compacted_table(page, bad):
     ref_lp = reference.prefix_prefill_attention(*args, causal=False,
                                                 compute_dtype=torch.float16)
     assert_within_budget(out, ref64, ref_lp, what=f"page {page} bad {bad}")
+
+
+@interpreter
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("k_new", [False, True])
+def test_prefill_two_walks_clean_and_hostile_rows_in_one_batch(k_new, causal, monkeypatch):
+    """TWO_WALKS: in one batch, rows whose ids are all present take the unchecked walk and
+    a row with a bad id the checked one; both equal the reference (page 4 < BLOCK_N, so a
+    tile spans pages)."""
+    monkeypatch.setenv("HYGON_ATTN_PREFILL_TWO_WALKS", "1")
+    gen = torch.Generator().manual_seed(11)
+    page, d = 4, 64
+    k = torch.randn(40, 2, page, d, generator=gen).half()
+    v = torch.randn(40, 2, page, d, generator=gen).half()
+    table = torch.randperm(40, generator=gen)[:30].reshape(3, 10).to(torch.int32)
+    table[1, 2] = 999  # request 1: an absent page inside its unmasked walk
+    lens_q, lens_k = [6, 5, 9], [37, 30, 25]
+    cu = _i32([0, 6, 11, 20], CPU)
+    q = torch.randn(20, 4, d, generator=gen).half()
+    kw = {}
+    if k_new:
+        kw = dict(k_new=torch.randn(20, 2, d, generator=gen).half(),
+                  v_new=torch.randn(20, 2, d, generator=gen).half())
+    args = (q, k, v, table, cu, _i32(lens_k, CPU))
+    out = prefix_prefill_attention(*args, causal=causal, impl="triton", **kw)
+    ref64 = reference.prefix_prefill_attention(*args, causal=causal,
+                                               compute_dtype=torch.float64, **kw)
+    ref_lp = reference.prefix_prefill_attention(*args, causal=causal,
+                                                compute_dtype=torch.float16, **kw)
+    assert sum(lens_q) == q.shape[0]
+    assert_within_budget(out, ref64, ref_lp, what=f"two walks k_new={k_new} causal={causal}")
 
 
 @interpreter

@@ -323,3 +323,21 @@ def test_prefill_reference_impl_matches_oracle(device):
     assert out.dtype == args[0].dtype
     assert (out.double().cpu() - ref.cpu()).abs().max().item() < 5e-3
     assert math.isfinite(out.float().abs().sum().item())
+
+
+def test_two_walks_rule(monkeypatch):
+    """tuning.prefill_two_walks: only where the tile spans pages and the 16-warp tile at
+    head_dim 128 is register-serialized anyway; the override wins."""
+    monkeypatch.delenv("HYGON_ATTN_PREFILL_TWO_WALKS", raising=False)
+    kw = dict(head_dim_pad=128, block_n=64, num_warps=16)
+    assert tuning.prefill_two_walks(page_size=16, **kw)
+    assert tuning.prefill_two_walks(page_size=1, **kw)
+    assert not tuning.prefill_two_walks(page_size=64, **kw)  # one page a tile
+    assert not tuning.prefill_two_walks(page_size=16, head_dim_pad=64, block_n=64,
+                                        num_warps=16)
+    assert not tuning.prefill_two_walks(page_size=16, head_dim_pad=128, block_n=64,
+                                        num_warps=8)
+    monkeypatch.setenv("HYGON_ATTN_PREFILL_TWO_WALKS", "0")
+    assert not tuning.prefill_two_walks(page_size=16, **kw)
+    monkeypatch.setenv("HYGON_ATTN_PREFILL_TWO_WALKS", "1")
+    assert tuning.prefill_two_walks(page_size=64, **kw)

@@ -42,7 +42,54 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
                    FROM_CACHE: tl.constexpr,
                    PAGE_SIZE: tl.constexpr, BOUND: tl.constexpr, CAUSAL: tl.constexpr,
                    WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, SCALE_V: tl.constexpr,
-                   PAD_D: tl.constexpr, BLOCK_N: tl.constexpr):
+                   PAD_D: tl.constexpr, BLOCK_N: tl.constexpr, TWO_WALKS: tl.constexpr):
+    """One stage (:func:`_prefill_walk`). With ``TWO_WALKS``, an unmasked stage of cache
+    keys whose tiles span pages is compiled twice: without any per-key check, taken when
+    ``row_present`` says every block id of the stage is present, and with it otherwise.
+    The per-key check costs ~20% of the kernel at page 16 even behind a scalar branch
+    (docs/notes-prefill.md v4/v6); the second copy costs a second set of stage buffers,
+    so the plan takes it only where they fit (:func:`tuning.prefill_two_walks`)."""
+    SPLIT_WALK: tl.constexpr = TWO_WALKS and FROM_CACHE and PAGE_SIZE % BLOCK_N != 0 and \
+        not (BOUND or CAUSAL or WINDOW)
+    if SPLIT_WALK:
+        if row_present:
+            acc, l_i, m_i = _prefill_walk(
+                acc, l_i, m_i, q, diag, k_base, v_base, bt_row_ptr, stride_bt_block,
+                max_blocks, num_blocks, stride_k_block, stride_k_row, stride_kd,
+                stride_v_block, stride_v_row, stride_vd, lo, hi, n_limit, key0, src0,
+                window, qk_scale, cap_scale, soft_cap, v_mult, offs_n, offs_d, head_dim,
+                row_present, FROM_CACHE, PAGE_SIZE, BOUND, CAUSAL, WINDOW, SOFT_CAP, SCALE_V,
+                PAD_D, BLOCK_N, CHECK_KEYS=False)
+        else:
+            acc, l_i, m_i = _prefill_walk(
+                acc, l_i, m_i, q, diag, k_base, v_base, bt_row_ptr, stride_bt_block,
+                max_blocks, num_blocks, stride_k_block, stride_k_row, stride_kd,
+                stride_v_block, stride_v_row, stride_vd, lo, hi, n_limit, key0, src0,
+                window, qk_scale, cap_scale, soft_cap, v_mult, offs_n, offs_d, head_dim,
+                row_present, FROM_CACHE, PAGE_SIZE, BOUND, CAUSAL, WINDOW, SOFT_CAP, SCALE_V,
+                PAD_D, BLOCK_N, CHECK_KEYS=True)
+    else:
+        acc, l_i, m_i = _prefill_walk(
+            acc, l_i, m_i, q, diag, k_base, v_base, bt_row_ptr, stride_bt_block,
+            max_blocks, num_blocks, stride_k_block, stride_k_row, stride_kd,
+            stride_v_block, stride_v_row, stride_vd, lo, hi, n_limit, key0, src0,
+            window, qk_scale, cap_scale, soft_cap, v_mult, offs_n, offs_d, head_dim,
+            row_present, FROM_CACHE, PAGE_SIZE, BOUND, CAUSAL, WINDOW, SOFT_CAP, SCALE_V,
+            PAD_D, BLOCK_N, CHECK_KEYS=True)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _prefill_walk(acc, l_i, m_i, q, diag,
+                  k_base, v_base, bt_row_ptr, stride_bt_block, max_blocks, num_blocks,
+                  stride_k_block, stride_k_row, stride_kd,
+                  stride_v_block, stride_v_row, stride_vd,
+                  lo, hi, n_limit, key0, src0, window, qk_scale, cap_scale, soft_cap,
+                  v_mult, offs_n, offs_d, head_dim, row_present,
+                  FROM_CACHE: tl.constexpr,
+                  PAGE_SIZE: tl.constexpr, BOUND: tl.constexpr, CAUSAL: tl.constexpr,
+                  WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, SCALE_V: tl.constexpr,
+                  PAD_D: tl.constexpr, BLOCK_N: tl.constexpr, CHECK_KEYS: tl.constexpr):
     """Walk keys ``n`` in ``[lo, hi)`` (step BLOCK_N) of one stage and update the state.
 
     Key ``n`` is global key position ``key0 + n``; with ``FROM_CACHE`` it is cache
@@ -55,7 +102,9 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
     the stage is present, so the per-logit select is skipped (it costs ~25% of the kernel
     where a tile spans pages, docs/notes-prefill.md v4). ``qk_scale``/
     ``cap_scale`` already hold the fp8 K scale of this stage's source; ``SCALE_V``
-    multiplies P by ``v_mult`` (the fp8 V scale) before the PV product.
+    multiplies P by ``v_mult`` (the fp8 V scale) before the PV product. ``CHECK_KEYS``
+    False: the caller knows every block id of an unmasked multi-page stage is present
+    (no key mask on the loads, no select).
     acc: ``[BLOCK_M, HEAD_DIM]`` fp32, l_i/m_i: ``[BLOCK_M]`` fp32,
     q: ``[BLOCK_M, HEAD_DIM]``, diag: ``[BLOCK_M]`` int32.
     """
@@ -79,19 +128,26 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
                                       PAGE_SIZE, BLOCK_N)  # [BLOCK_N] int64
             v_rows = tile_row_offsets(page, start_n, offs_n, stride_v_block, stride_v_row,
                                       PAGE_SIZE, BLOCK_N)  # [BLOCK_N] int64
-            if ONE_PAGE:
-                n_ok = n < tl.where(key_ok, n_limit, start_n)  # [BLOCK_N]
-            elif BOUND:
-                n_ok = (n < n_limit) & key_ok
-            else:
-                n_ok = key_ok
-            kv_mask = n_ok[:, None]  # [BLOCK_N, 1]: no mask along D keeps wide loads
-            if PAD_D:
-                kv_mask = kv_mask & (offs_d[None, :] < head_dim)
             k_ptrs = k_base + k_rows[:, None] + offs_d[None, :] * stride_kd
             v_ptrs = v_base + v_rows[:, None] + offs_d[None, :] * stride_vd
-            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, HEAD_DIM]
-            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, HEAD_DIM]
+            if ONE_PAGE or BOUND or CHECK_KEYS:
+                if ONE_PAGE:
+                    n_ok = n < tl.where(key_ok, n_limit, start_n)  # [BLOCK_N]
+                elif BOUND:
+                    n_ok = (n < n_limit) & key_ok
+                else:
+                    n_ok = key_ok
+                kv_mask = n_ok[:, None]  # [BLOCK_N, 1]: no mask along D keeps wide loads
+                if PAD_D:
+                    kv_mask = kv_mask & (offs_d[None, :] < head_dim)
+                k = tl.load(k_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, HEAD_DIM]
+                v = tl.load(v_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, HEAD_DIM]
+            elif PAD_D:  # every key present (the caller checked the stage's ids)
+                k = tl.load(k_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
+                v = tl.load(v_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
+            else:
+                k = tl.load(k_ptrs)
+                v = tl.load(v_ptrs)
         else:
             k_rows = (src0 + n).to(tl.int64) * stride_k_row
             v_rows = (src0 + n).to(tl.int64) * stride_v_row
@@ -122,7 +178,7 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
             if FROM_CACHE and not ONE_PAGE:
                 vis = vis & key_ok[None, :]
             s = tl.where(vis, s, float("-inf"))
-        elif FROM_CACHE and not ONE_PAGE:
+        elif FROM_CACHE and not ONE_PAGE and CHECK_KEYS:
             if not row_present:  # rare: a bad id somewhere in the row
                 s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1) * s_mult)  # [BLOCK_M], scale > 0
@@ -159,7 +215,7 @@ def prefix_prefill_kernel(
         HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr,
         HAS_K_NEW: tl.constexpr, RETURN_LSE: tl.constexpr, SCALE_FROM_PTR: tl.constexpr,
         WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-        KV_SCALED: tl.constexpr, PAD_D: tl.constexpr):
+        KV_SCALED: tl.constexpr, PAD_D: tl.constexpr, TWO_WALKS: tl.constexpr = False):
     """Grid ``(max_tiles, num_kv_heads)``; unused tile slots (``tile_req < 0``) exit.
 
     q: ``[total_q, Hq, D]``; k_cache/v_cache: ``[num_blocks, Hkv, P, D]`` views;
@@ -239,7 +295,7 @@ def prefix_prefill_kernel(
             FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=False,
             CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
             PAD_D=PAD_D,
-            BLOCK_N=BLOCK_N)
+            BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS)
         acc, l_i, m_i = _prefill_stage(  # the partial last prefix tile, if any
             acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
             stride_bt_block, max_blocks, num_blocks,
@@ -249,7 +305,7 @@ def prefix_prefill_kernel(
             FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=True,
             CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
             PAD_D=PAD_D,
-            BLOCK_N=BLOCK_N)
+            BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS)
 
         # ---- stage 2: the new tokens [0, len_q) from k_new / v_new
         kn_base = k_new_ptr + kv_head.to(tl.int64) * stride_knh
@@ -273,7 +329,7 @@ def prefix_prefill_kernel(
             FROM_CACHE=False, PAGE_SIZE=PAGE_SIZE, BOUND=False,
             CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=False,
             PAD_D=PAD_D,
-            BLOCK_N=BLOCK_N)
+            BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS)
         acc, l_i, m_i = _prefill_stage(  # diagonal tiles (or the partial last tile)
             acc, l_i, m_i, q, diag, kn_base, vn_base, bt_row,
             stride_bt_block, max_blocks, num_blocks,
@@ -283,7 +339,7 @@ def prefix_prefill_kernel(
             FROM_CACHE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
             CAUSAL=CAUSAL, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=False,
             PAD_D=PAD_D,
-            BLOCK_N=BLOCK_N)
+            BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS)
 
     else:
         # Every key is in the cache. Stage 1 walks the prefix and the new keys wholly
@@ -311,7 +367,7 @@ def prefix_prefill_kernel(
             offs_n, offs_d, head_dim, present,
             FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE,
             BOUND=False, CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP,
-            SCALE_V=KV_SCALED, PAD_D=PAD_D, BLOCK_N=BLOCK_N)
+            SCALE_V=KV_SCALED, PAD_D=PAD_D, BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS)
         acc, l_i, m_i = _prefill_stage(  # ---- stage 2: the diagonal (or the last tile)
             acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
             stride_bt_block, max_blocks, num_blocks,
@@ -320,7 +376,7 @@ def prefix_prefill_kernel(
             soft_cap, v_scale, offs_n, offs_d, head_dim, present,
             FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=True,
             CAUSAL=CAUSAL, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
-            PAD_D=PAD_D, BLOCK_N=BLOCK_N)
+            PAD_D=PAD_D, BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS)
 
     # ---- epilogue: rows that saw no key (l_i == 0) give out = 0, lse = -inf
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)

@@ -311,7 +311,10 @@ class PrefillPlan:
             HEAD_DIM=head_dim_pad, PAGE_SIZE=page_size, CAUSAL=causal, HAS_K_NEW=has_new,
             RETURN_LSE=return_lse, SCALE_FROM_PTR=from_ptr, WINDOW=bool(window) and causal,
             SOFT_CAP=soft_cap is not None, HAS_SINKS=has_sinks, KV_SCALED=quant,
-            PAD_D=head_dim_pad != head_dim)
+            PAD_D=head_dim_pad != head_dim,
+            TWO_WALKS=tuning.prefill_two_walks(head_dim_pad=head_dim_pad, page_size=page_size,
+                                               block_n=self.block_n,
+                                               num_warps=self.num_warps))
         num_kv_heads = self.num_kv_heads
         grid = (self.tile_req.shape[0], num_kv_heads, 1)
         return Launch(prefix_prefill_kernel, grid, fixed, _PER_CALL, per_layer=_PER_LAYER,
