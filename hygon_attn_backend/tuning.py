@@ -404,13 +404,16 @@ def prefill_two_walks(*, head_dim_pad: int, page_size: int, block_n: int,
     (a ``[BLOCK_N]`` mask in the loads' layout converted to the logits' layout every tile)
     cost ~20% of the kernel at page 16 even behind a scalar branch on the row check:
     (1, 0, 8192) page 16 read 342 TFLOP/s against 406 at page 64 (H200, 2026-12-01,
-    notes-prefill.md v5/v6). The second walk costs no shared memory (Triton 3.6 reuses
+    notes-prefill.md v5). The second walk costs no shared memory (Triton 3.6 reuses
     the stage buffers across the branches: 131,584 B either way at 256x64/16w/3s, D=128,
     ``scripts/prefill_ptxas.py --two-walks``) but makes ptxas serialize the wgmma (C7515,
     two pipelined loops), so it is taken only where the tile is serialized already: the
     16-warp tile at head_dim 128 (C7512, registers). At head_dim 64 and on 8-/4-warp tiles
     one walk compiles with asynchronous wgmma and stays.
-    Measurement: notes-prefill.md v6.
+    Measurement (H200, bf16, 32/8 heads, page 16, two walks against one in one run,
+    notes-prefill.md v6): keys from the cache +17-24% on the five issue-4 shapes ((1, 0,
+    8192) 342 -> 415 TFLOP/s, 52% of the matmul, level with page 64), dense new keys
+    +16-22% where there is a cache prefix, -3% at (1, 0, 8192) dense (no cache walk).
     Override: ``HYGON_ATTN_PREFILL_TWO_WALKS=0|1``.
     """
     forced = envs.prefill_two_walks()

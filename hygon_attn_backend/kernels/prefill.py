@@ -47,8 +47,9 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
     keys whose tiles span pages is compiled twice: without any per-key check, taken when
     ``row_present`` says every block id of the stage is present, and with it otherwise.
     The per-key check costs ~20% of the kernel at page 16 even behind a scalar branch
-    (docs/notes-prefill.md v4/v6); the second copy costs a second set of stage buffers,
-    so the plan takes it only where they fit (:func:`tuning.prefill_two_walks`)."""
+    (docs/notes-prefill.md v4/v6); the second copy costs no shared memory but makes
+    ptxas serialize the wgmma, so the plan takes it only where the tile is serialized
+    anyway (:func:`tuning.prefill_two_walks`)."""
     SPLIT_WALK: tl.constexpr = TWO_WALKS and FROM_CACHE and PAGE_SIZE % BLOCK_N != 0 and \
         not (BOUND or CAUSAL or WINDOW)
     if SPLIT_WALK:
