@@ -22,7 +22,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from prefill_ptxas import ptxas_report  # noqa: E402
+from prefill_ptxas import compile_sm90, ptxas_report  # noqa: E402
 
 POINTERS = {"out_ptr": "*bf16", "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16",
             "block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "sinks_ptr": "*fp32",
@@ -37,10 +37,6 @@ UNIT_STRIDES = {"stride_q_dim", "stride_o_dim", "stride_k_dim", "stride_v_dim",
 def compile_config(group: int, block_n: int, stages: int, split: bool, *, warps: int = 4,
                    head_dim: int = 128, chunk=None):
     """The compiled kernel (sm_90) of one configuration; ``chunk`` overrides the merge's."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from hygon_attn_backend import tuning
     from hygon_attn_backend.kernels.decode import paged_decode_kernel as kernel
 
@@ -54,27 +50,8 @@ def compile_config(group: int, block_n: int, stages: int, split: bool, *, warps:
                  USE_SOFT_CAP=False, USE_WINDOW=False, USE_SINKS=False, PAGE_PREFETCH=True,
                  FUSED_COMBINE=split, COMBINE_ROWS_PAD=rows_pad, COMBINE_CHUNK=chunk,
                  LAUNCH_DEPENDENTS=False)
-    names = kernel.arg_names
-    signature, attrs = {}, {}
-    for i, name in enumerate(names):
-        if name in const:
-            signature[name] = "constexpr"
-        elif name in UNIT_STRIDES:
-            signature[name] = "constexpr"
-            const[name] = 1
-        elif name in POINTERS:
-            signature[name] = POINTERS[name]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name in FLOATS:
-            signature[name] = "fp32"
-        else:  # sizes and strides: int32, the strides multiples of 16
-            signature[name] = "i32"
-            if name.startswith("stride"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=kernel, signature=signature,
-                    constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=warps, num_stages=stages)), chunk
+    return compile_sm90(kernel, const, POINTERS, FLOATS, UNIT_STRIDES, warps=warps,
+                        stages=stages), chunk
 
 
 def main(argv=None) -> int:

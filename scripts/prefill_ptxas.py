@@ -35,43 +35,55 @@ UNIT_STRIDES = {"stride_qd", "stride_kd", "stride_vd", "stride_knd", "stride_vnd
                 "stride_bt_block", "stride_lseh"}
 
 
-def compile_tile(block_m: int, block_n: int, warps: int, stages: int, *, page: int,
-                 k_new: bool, head_dim: int = 128, group: int = 4, two_walks: bool = False,
-                 fp8: bool = False):
-    """``(ptx, shared bytes)`` of the kernel for one tile, compiled for sm_90."""
+def compile_sm90(kernel, const: dict, pointers: dict, floats, unit_strides, *, warps: int,
+                 stages: int):
+    """Compile a ``@triton.jit`` kernel for sm_90 with no GPU: ``const`` its constexprs,
+    ``pointers`` the element type of each pointer argument (16-byte aligned), ``floats``
+    the fp32 arguments, ``unit_strides`` the strides that are 1 (Triton specializes them);
+    every other argument is an int32, the strides multiples of 16 (page-aligned caches)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    const = dict(const)
+    names = kernel.arg_names
+    signature, attrs = {}, {}
+    for i, name in enumerate(names):
+        if name in const:
+            signature[name] = "constexpr"
+        elif name in unit_strides:
+            signature[name] = "constexpr"
+            const[name] = 1
+        elif name in pointers:
+            signature[name] = pointers[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in floats:
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+            if name.startswith("stride"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=kernel, signature=signature,
+                    constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=warps, num_stages=stages))
+
+
+def compile_tile(block_m: int, block_n: int, warps: int, stages: int, *, page: int,
+                 k_new: bool, head_dim: int = 128, group: int = 4, two_walks: bool = False,
+                 fp8: bool = False):
+    """``(ptx, shared bytes)`` of the kernel for one tile, compiled for sm_90."""
     from hygon_attn_backend.kernels.prefill import prefix_prefill_kernel as kernel
 
     const = dict(GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
                  PAGE_SIZE=page, CAUSAL=True, HAS_K_NEW=k_new, RETURN_LSE=False,
                  SCALE_FROM_PTR=False, WINDOW=False, SOFT_CAP=False, HAS_SINKS=False,
                  KV_SCALED=fp8, PAD_D=False, TWO_WALKS=two_walks)
-    names = kernel.arg_names
-    signature, attrs = {}, {}
-    for i, name in enumerate(names):
-        if name in const:
-            signature[name] = "constexpr"
-        elif name in UNIT_STRIDES:
-            signature[name] = "constexpr"
-            const[name] = 1
-        elif name in POINTERS:
-            signature[name] = POINTERS[name]
-            if fp8 and name in ("k_cache_ptr", "v_cache_ptr"):
-                signature[name] = "*fp8e4nv"
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name in FLOATS:
-            signature[name] = "fp32"
-        else:  # sizes and strides: int32, the strides multiples of 16 (page-aligned caches)
-            signature[name] = "i32"
-            if name.startswith("stride"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=kernel, signature=signature,
-                    constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=warps, num_stages=stages))
+    pointers = dict(POINTERS)
+    if fp8:
+        pointers.update(k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv")
+    compiled = compile_sm90(kernel, const, pointers, FLOATS, UNIT_STRIDES, warps=warps,
+                            stages=stages)
     return compiled.asm["ptx"], compiled.metadata.shared
 
 

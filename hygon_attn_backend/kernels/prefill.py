@@ -50,6 +50,8 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
     (docs/notes-prefill.md v4/v6); the second copy costs no shared memory but makes
     ptxas serialize the wgmma, so the plan takes it only where the tile is serialized
     anyway (:func:`tuning.prefill_two_walks`)."""
+    # the calls below are spelled out: CHECK_KEYS is a compile-time choice per call site,
+    # row_present a run-time scalar (one branch of each kind)
     SPLIT_WALK: tl.constexpr = TWO_WALKS and FROM_CACHE and PAGE_SIZE % BLOCK_N != 0 and \
         not (BOUND or CAUSAL or WINDOW)
     if SPLIT_WALK:
