@@ -57,6 +57,15 @@ def decode_unsupported(*, head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.d
     return None
 
 
+DECODE_MAX_ROWS = 64  # query rows per native decode program; more run in row chunks
+
+
+def decode_grid_programs(*, num_seqs: int, num_kv_heads: int, rows: int) -> int:
+    """Programs per partition of the native decode grid (sequences x KV heads x row
+    chunks) for ``rows = G * T`` query rows per KV head."""
+    return num_seqs * num_kv_heads * -(-rows // DECODE_MAX_ROWS)
+
+
 def decode_block_n(head_dim: int) -> int:
     """KV tokens per tile of the native decode (``Layout::BLOCK_N``): 64, 32 past D=128."""
     return 64 if head_dim <= 128 else 32

@@ -95,15 +95,16 @@ def allocate_decode_workspace(*, max_num_seqs: int, num_q_heads: int, num_kv_hea
     if num_slots is None:
         num_slots = 1
         sms = num_sms_of(device)
-        row_chunks = -(-(num_tokens * group) // 64)
         for seqs in range(1, max_num_seqs + 1):
             sizes = [partition_size] if partition_size else [
                 tuning.decode_partition_size(
                     num_seqs=seqs, num_kv_heads=num_kv_heads, group=group,
                     max_context_len=max_context_len, num_sms=sms),
-                tuning.native_decode_partition_size(
-                    programs=seqs * num_kv_heads * row_chunks, max_context_len=max_context_len,
-                    block_n=32, programs_per_sm=NATIVE_SIZING_PROGRAMS_PER_SM, num_sms=sms)]
+                tuning.native_decode_partition_size(  # the smallest native tile, 32
+                    programs=_native.decode_grid_programs(
+                        num_seqs=seqs, num_kv_heads=num_kv_heads, rows=num_tokens * group),
+                    max_context_len=max_context_len, block_n=32,
+                    programs_per_sm=NATIVE_SIZING_PROGRAMS_PER_SM, num_sms=sms)]
             parts = max(_num_partitions_for(size, max_context_len) for size in sizes)
             if parts > 1:
                 num_slots = max(num_slots, seqs * parts)
@@ -586,18 +587,20 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
     fused = False
     native_stages = 0
     if chosen == "native":
-        row_chunks = -(-(num_tokens * (num_q_heads // num_kv_heads)) // 64)
-        native_stages = tuning.native_decode_stages(
-            programs=num_seqs * num_kv_heads * row_chunks, num_sms=num_sms_of(device))
+        native_rows = num_tokens * (num_q_heads // num_kv_heads)
+        native_programs = _native.decode_grid_programs(
+            num_seqs=num_seqs, num_kv_heads=num_kv_heads, rows=native_rows)
+        native_stages = tuning.native_decode_stages(programs=native_programs,
+                                                    num_sms=num_sms_of(device))
     if chosen != "reference" and num_seqs and max_blocks:
         max_context = max_seq_len if max_seq_len is not None else max_blocks * page_size
         if chosen == "native" and partition_size is None and \
                 tuning.decode_partition_size_env() is None:
             partition_size = _native_partition_size(
-                num_seqs=num_seqs, num_tokens=num_tokens, num_q_heads=num_q_heads,
-                num_kv_heads=num_kv_heads, head_dim=head_dim, q_dtype=q_dtype,
-                kv_dtype=kv_dtype, max_context=max_context, loop_stages=native_stages,
-                device=device, max_partitions=None if workspace is None
+                programs=native_programs, rows=native_rows, head_dim=head_dim,
+                q_dtype=q_dtype, kv_dtype=kv_dtype, max_context=max_context,
+                loop_stages=native_stages, device=device,
+                max_partitions=None if workspace is None
                 else workspace.max_logits.shape[0] // num_seqs)
         config = decode_launch_config(
             num_seqs=num_seqs, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
@@ -631,20 +634,17 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         and config.num_partitions > 1 and not fused and tuning.decode_combine_pdl(device))
 
 
-
-def _native_partition_size(*, num_seqs, num_tokens, num_q_heads, num_kv_heads, head_dim,
-                           q_dtype, kv_dtype, max_context, loop_stages, device,
-                           max_partitions) -> int:
-    """The native decode's partition size: whole waves of its own occupancy
+def _native_partition_size(*, programs, rows, head_dim, q_dtype, kv_dtype, max_context,
+                           loop_stages, device, max_partitions) -> int:
+    """The native decode's partition size for a grid of ``programs`` per partition with
+    ``rows`` query rows per KV head: whole waves of its own occupancy
     (:func:`tuning.native_decode_partition_size`), no more partitions than a caller's
     workspace holds."""
-    rows = num_tokens * (num_q_heads // num_kv_heads)
-    row_chunks = -(-rows // 64)  # the kernel runs more than 64 rows in chunks of 64
     per_sm = _native.decode_programs_per_sm(
         device_index=device.index if device.index is not None else torch.cuda.current_device(),
-        q_dtype=q_dtype, kv_dtype=kv_dtype, head_dim=head_dim, rows=min(rows, 64),
-        loop_stages=loop_stages)
+        q_dtype=q_dtype, kv_dtype=kv_dtype, head_dim=head_dim,
+        rows=min(rows, _native.DECODE_MAX_ROWS), loop_stages=loop_stages)
     return tuning.native_decode_partition_size(
-        programs=num_seqs * num_kv_heads * row_chunks, max_context_len=max_context,
+        programs=programs, max_context_len=max_context,
         block_n=_native.decode_block_n(head_dim), programs_per_sm=per_sm,
         num_sms=num_sms_of(device), max_partitions=max_partitions)
