@@ -84,15 +84,8 @@ def copy_ceiling(rep_ms: float, *, device="cuda"):
     """Device-to-device copy in GB/s counting bytes read plus bytes written, and the
     milliseconds of one copy: the better of the eager copy and its graph replay (a graph
     may turn the copy into a slower memcpy node), each with the L2 cleared first."""
-    import torch
-
     nbytes = COPY_BYTES if on_gpu(device) else 16 << 20
-    src = torch.randn(nbytes // 4, device=device, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    fn = lambda: dst.copy_(src)
-    ms = median_ms(fn, rep_ms, device=device)
-    if on_gpu(device):
-        ms = min(ms, graph_ms(fn, rep_ms, device=device))
+    ms = same_bytes_copy_ms(2 * nbytes, rep_ms, device=device)
     return 2 * nbytes / ms / 1e6, ms
 
 
