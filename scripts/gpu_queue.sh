@@ -8,7 +8,7 @@
 #   prefill-tests   the GPU tests of the prefill, bounds, launch and vLLM-core kernels
 #   native-tests    tests/test_native.py on the GPU
 #   gpu-tests       the GPU tests of $TESTS (test files), 8 processes
-#   native-bench    scripts/bench_native_decode.py (Triton beside native, 2/3/4 stages)
+#   native-bench    scripts/bench_native_decode.py (Triton beside native; $NATIVE_REP_MS, default 50)
 #   native-sanitize compute-sanitizer memcheck + racecheck on scripts/native_sanitize.py
 #   prefill-tiles   bench prefill over the tile sweep in $PREFILL_TILES, page 16 and 64
 #   decode-bench    bench decode (default shapes, same-bytes copy rows, triton + native;
@@ -63,11 +63,12 @@ run_step() {
       tail -1 "$OUT/$name.log"; grep -E "^FAILED" "$OUT/$name.log" | head -20 ;;
     native-bench)
       join_build
-      timeout "$limit" "$PY" scripts/bench_native_decode.py --rep-ms 50 \
+      timeout "$limit" "$PY" scripts/bench_native_decode.py --rep-ms "${NATIVE_REP_MS:-50}" \
         --json "$OUT/native-bench.json" >"$OUT/$name.log" 2>&1
       echo "rc=$?"; tail -40 "$OUT/$name.log" ;;
     native-sanitize)
       join_build
+      command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not found"; return 1; }
       for tool in memcheck racecheck; do
         timeout "$(( limit / 2 ))" compute-sanitizer --tool "$tool" "$PY" \
           scripts/native_sanitize.py >"$OUT/native-sanitize-$tool.log" 2>&1
