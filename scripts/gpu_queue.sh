@@ -11,8 +11,9 @@
 #   native-bench    scripts/bench_native_decode.py (Triton beside native; $NATIVE_REP_MS, default 50)
 #   native-sanitize compute-sanitizer memcheck + racecheck on scripts/native_sanitize.py
 #   prefill-tiles   bench prefill over the tile sweep in $PREFILL_TILES, page 16 and 64
-#   decode-bench    bench decode (default shapes, same-bytes copy rows, triton + native;
-#                   more options in $DECODE_ARGS)
+#   decode-bench    bench decode (default shapes, same-bytes copy rows; $DECODE_ARGS, default
+#                   --impl triton,native; SGLang importable for --compare when .whl/ is carried)
+#   decode-bench-read  the same with the L2 evicted by a read (--l2-flush read)
 #   decode-sweep    bench decode of Triton at $SWEEP_SHAPES with $SWEEP_HEADS (Hq/Hkv), once per
 #                   ';'-separated environment assignment in $SWEEP_ENVS ('-': none)
 #   engine          hygon-attn bench engine $ENGINE_ARGS (SGLang from the wheels in .whl/, carried
@@ -31,6 +32,21 @@ BUILD_PID=
 PREFILL_TILES=${PREFILL_TILES:-"default;256,64,16,3;256,32,16,3;128,64,8,3;128,128,8,3"}
 PREFILL_SHAPES=${PREFILL_SHAPES:-"1,0,8192;1,4096,4096;8,2048,512;32,1024,128;4,16384,1024"}
 SWEEP_HEADS=${SWEEP_HEADS:-32/4}
+
+# SGLang from the wheels in .whl/ (../shared/tools/sglang_gpu/README.md), installed once
+install_sglang() {
+  [ -d .whl ] || { echo "no .whl/ (carry the SGLang wheels)"; return 1; }
+  [ -d /tmp/site/sglang ] && return 0
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    >"$OUT/sglang-install.log" 2>&1 || { tail -5 "$OUT/sglang-install.log"; return 1; }
+  cp .whl/cutedsl_dual_gemm.py /tmp/site/sglang/kernels/ops/gemm/cutedsl_dual_gemm.py
+  mkdir -p /tmp/stub && cp -r .whl/sgl_kernel /tmp/stub/
+}
+
+sglang_env() {
+  export PYTHONPATH=$PWD:/tmp/site:/tmp/stub SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 \
+    SGLANG_FORCE_FUSED_OP_BACKEND=torch TVM_FFI_DISABLE_TORCH_C_DLPACK=1 NCCL_NVLS_ENABLE=0
+}
 
 join_build() {
   if [ -n "$BUILD_PID" ]; then
@@ -81,12 +97,14 @@ run_step() {
         --json "$OUT/prefill-tiles.json" --markdown "$OUT/prefill-tiles.md" \
         >"$OUT/$name.log" 2>&1
       echo "rc=$?"; tail -60 "$OUT/$name.log" | cut -c1-160 ;;
-    decode-bench)
+    decode-bench|decode-bench-read)
       join_build
+      local flush=write; [ "$name" = decode-bench-read ] && flush=read
       # shellcheck disable=SC2086
-      timeout "$limit" "$PY" -m hygon_attn_backend bench decode --impl triton,native \
-        ${DECODE_ARGS:-} --rep-ms 40 --json "$OUT/decode-bench.json" --markdown "$OUT/decode-bench.md" \
-        >"$OUT/$name.log" 2>&1
+      (if [ -d .whl ] && install_sglang; then sglang_env; fi
+       timeout "$limit" "$PY" -m hygon_attn_backend bench decode --l2-flush "$flush" \
+         ${DECODE_ARGS:---impl triton,native} --rep-ms 40 --json "$OUT/$name.json" \
+         --markdown "$OUT/$name.md") >"$OUT/$name.log" 2>&1
       echo "rc=$?"; tail -60 "$OUT/$name.log" | cut -c1-160 ;;
     decode-sweep)
       local IFS_OLD=$IFS; IFS=';'; local envs=(${SWEEP_ENVS:--}); IFS=$IFS_OLD
@@ -104,14 +122,9 @@ run_step() {
         echo "== $assign"; grep -E "^\| B=" "$OUT/decode-sweep-${assign//[^A-Za-z0-9]/_}.log" | cut -c1-140
       done ;;
     engine)
-      [ -d .whl ] || { echo "engine: no .whl/ (carry the SGLang wheels)"; return 1; }
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-        >"$OUT/engine-install.log" 2>&1 || { tail -5 "$OUT/engine-install.log"; return 1; }
-      cp .whl/cutedsl_dual_gemm.py /tmp/site/sglang/kernels/ops/gemm/cutedsl_dual_gemm.py
-      mkdir -p /tmp/stub && cp -r .whl/sgl_kernel /tmp/stub/
+      install_sglang || return 1
       # shellcheck disable=SC2086
-      (export PYTHONPATH=$PWD:/tmp/site:/tmp/stub SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 \
-         SGLANG_FORCE_FUSED_OP_BACKEND=torch TVM_FFI_DISABLE_TORCH_C_DLPACK=1 NCCL_NVLS_ENABLE=0
+      (sglang_env
        timeout "$limit" "$PY" -m hygon_attn_backend bench engine ${ENGINE_ARGS:-} \
          --out "$OUT/engine" --csv "$OUT/engine.csv") >"$OUT/$name.log" 2>&1
       echo "rc=$?"; tail -40 "$OUT/$name.log" | cut -c1-200 ;;

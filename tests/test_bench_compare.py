@@ -170,3 +170,24 @@ def test_decode_impl_list_times_each_and_reports_what_cannot_run(tmp_path):
         cli.main(["bench", "decode", "--impl", "triton,cuda"])
     with pytest.raises(SystemExit, match="without repeats"):
         cli.main(["bench", "decode", "--impl", "native,native"])
+
+
+def test_l2_flush_choice_reaches_the_timer_and_the_report(tmp_path, capsys):
+    """--l2-flush read: the run says how the L2 was evicted (header and JSON); the next
+    run without the flag is back on do_bench's write; a bad choice is a usage error."""
+    import json
+
+    from hygon_attn_backend.bench import _timing
+    out = tmp_path / "d.json"
+    argv = ["bench", "decode", "--shapes", "2,40", "--groups", "", "--per-head-groups", "",
+            "--partitions", "auto", "--no-same-bytes-copy", "--json", str(out)] + TINY
+    assert cli.main(argv + ["--l2-flush", "read"]) == 0
+    assert "(by a read)" in capsys.readouterr().out
+    assert json.loads(out.read_text())["l2_flush"] == "read"
+    assert _timing.L2_FLUSH == "read"
+    assert cli.main(argv) == 0
+    assert "(by a write)" in capsys.readouterr().out and _timing.L2_FLUSH == "write"
+    with pytest.raises(SystemExit):
+        cli.main(argv + ["--l2-flush", "dirty"])
+    with pytest.raises(ValueError, match="l2 flush"):
+        _timing.set_l2_flush("dirty")

@@ -38,6 +38,7 @@ def start(args, cmd: str):
         raise SystemExit(str(exc)) from exc
     if args.plot:
         output.pyplot()  # fail before the run, not after it, when matplotlib is missing
+    _timing.set_l2_flush(getattr(args, "l2_flush", "write"))
     device = pick_device()
     if device is None:
         print(no_device_message(cmd), file=sys.stderr)

@@ -5,8 +5,12 @@ One method for every implementation:
 * decode: the call is captured once in a CUDA graph (its workspace and metadata are
   allocated before the capture) and the graph is replayed;
 * prefill: the call is timed eagerly, its plan or metadata built before;
-* every timed call, replay or eager, is preceded by a write of a 256 MB buffer that
-  evicts the L2 (``triton.testing.do_bench`` does that write before each call);
+* every timed call, replay or eager, is preceded by a pass over a 256 MB buffer that
+  evicts the L2. By default that pass is ``triton.testing.do_bench``'s write (``L2_FLUSH
+  = "write"``), which leaves the L2 full of dirty lines: the timed call then also pays
+  for writing them back, ~50 MB on an H200 (`docs/notes-decode.md` v13). ``"read"``
+  evicts by reading a buffer written once, so the timed call starts on a clean L2, as a
+  decode in an engine does (the kernels before it write a few MB at most);
 * the median of the timed calls is reported;
 * the ceilings (a device-to-device copy counting bytes read plus bytes written, a bf16
   ``8192^3`` matmul) are measured in the same process, with the same method.
@@ -22,6 +26,19 @@ import time
 
 COPY_BYTES = 2 << 30  # bytes of the copy ceiling's source buffer on a GPU
 MATMUL_N = 8192
+FLUSH_BYTES = 256 << 20  # do_bench's L2-eviction buffer
+L2_FLUSHES = ("write", "read")
+L2_FLUSH = "write"
+_flush_buffer = None
+
+
+def set_l2_flush(mode: str) -> None:
+    """How the L2 is evicted before each timed call: ``"write"`` (``do_bench``'s zero
+    fill, leaves dirty lines) or ``"read"`` (a read of a buffer written once)."""
+    global L2_FLUSH
+    if mode not in L2_FLUSHES:
+        raise ValueError(f"l2 flush: one of {', '.join(L2_FLUSHES)}, got {mode!r}")
+    L2_FLUSH = mode
 
 
 def on_gpu(device) -> bool:
@@ -43,10 +60,41 @@ def median_ms(fn, rep_ms: float, *, device="cuda") -> float:
     (``triton.testing.do_bench``), after a warm-up of a quarter of the timed window."""
     if not on_gpu(device):
         return _host_median_ms(fn)
+    if L2_FLUSH == "read":
+        return _read_flush_median_ms(fn, warmup_ms=max(10, rep_ms / 4), rep_ms=rep_ms)
     import triton
 
     return triton.testing.do_bench(fn, warmup=max(10, rep_ms / 4), rep=rep_ms,
                                    return_mode="median")
+
+
+def _read_flush_median_ms(fn, *, warmup_ms: float, rep_ms: float) -> float:
+    """``do_bench``'s loop (estimate, warm up, time each call between two events) with the
+    L2 evicted by a read: a max over a 256 MB buffer written once, which leaves only
+    clean lines and one scalar behind."""
+    import torch
+
+    global _flush_buffer
+    if _flush_buffer is None:
+        _flush_buffer = torch.ones(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = lambda: torch.amax(_flush_buffer)
+
+    def timed(n: int) -> list:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for start, end in zip(starts, ends):
+            flush()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+    fn()
+    torch.cuda.synchronize()
+    estimate = max(statistics.median(timed(5)), 1e-3)
+    timed(max(1, int(warmup_ms / estimate)))
+    return statistics.median(timed(max(1, int(rep_ms / estimate))))
 
 
 def capture_graph(fn):

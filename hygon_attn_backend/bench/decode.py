@@ -83,6 +83,11 @@ def _add_common(p, *, rep_ms: float) -> None:
                    help="peers to run beside ours: comma list of sglang, vllm, flashinfer, "
                         "sdpa (or 'all'); one not installed here is reported, not an error")
     p.add_argument("--rep-ms", type=float, default=rep_ms, help="timed milliseconds per point")
+    p.add_argument("--l2-flush", default="write", choices=["write", "read"],
+                   help="how the L2 is evicted before each timed call: 'write' "
+                        "(triton.testing.do_bench's zero fill; the call also writes back "
+                        "the dirty lines it leaves) or 'read' (a read of a buffer written "
+                        "once: a clean L2, as in an engine's step)")
     p.add_argument("--csv", default="", help="write every row to this CSV file")
     p.add_argument("--plot", default="",
                    help="draw this PNG (needs matplotlib: pip install "
@@ -146,10 +151,11 @@ def run_decode_bench(args) -> dict:
     per_head_groups = {int(x) for x in str(args.per_head_groups).split(",") if x}
     meta = _harness.header(device)
     copy, copy_ms = _timing.copy_ceiling(args.rep_ms, device=device)
-    meta.update(copy_gbps=copy, dtype=args.dtype, num_q_heads=hq, head_dim=dim, peers=peers)
+    meta.update(copy_gbps=copy, dtype=args.dtype, num_q_heads=hq, head_dim=dim, peers=peers,
+                l2_flush=_timing.L2_FLUSH)
     print(f"# decode bench: {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, "
-          f"{args.dtype}, Hq={hq}, D={dim}; graph replay, L2 cleared before every replay, "
-          f"pages permuted")
+          f"{args.dtype}, Hq={hq}, D={dim}; graph replay, L2 cleared before every replay "
+          f"(by a {_timing.L2_FLUSH}), pages permuted")
     print(f"device copy (read + write): {copy:.0f} GB/s = 100%")
     jobs = [(b, c, args.num_kv_heads) for b, c in _parse_pairs(args.shapes)]
     if args.groups:

@@ -83,10 +83,10 @@ def run_prefill_bench(args) -> dict:
     meta = _harness.header(device)
     mm, mm_ms = _timing.matmul_ceiling(args.rep_ms, device=device)
     meta.update(matmul_tflops=mm, dtype=args.dtype, num_q_heads=hq, num_kv_heads=hkv,
-                head_dim=dim, peers=peers)
+                head_dim=dim, peers=peers, l2_flush=_timing.L2_FLUSH)
     print(f"# prefill bench: {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, "
           f"{args.dtype}, Hq={hq}, Hkv={hkv}, D={dim}; plan outside the timed call, L2 "
-          f"cleared before every call, pages permuted")
+          f"cleared before every call (by a {_timing.L2_FLUSH}), pages permuted")
     print(f"matmul ceiling: {mm:.1f} TFLOP/s ({mm_ms:.3f} ms) = 100%")
     rows = []
     for batch, prefix, extend in output.progress(_parse_shapes(args.shapes),
