@@ -245,8 +245,12 @@ def decode_partition_size(*, num_seqs: int, num_kv_heads: int, group: int,
 DECODE_TARGET_WAVES = 4     # programs per SM the split aims at
 
 
+DECODE_FEW_ROWS = 4  # query rows a program serves up to which D=128 takes the short tile
+
+
 def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
-                       kv_elem_size: int, tile=None) -> "tuple[int, int, int, bool]":
+                       kv_elem_size: int, rows: int | None = None,
+                       tile=None) -> "tuple[int, int, int, bool]":
     """``(BLOCK_N, num_warps, num_stages, page_prefetch)`` of the paged decode kernel.
 
     Reasoning: the kernel is bandwidth-bound, so a KV tile pair (K and V, ``2 * BLOCK_N *
@@ -262,14 +266,25 @@ def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
     1% of it at every point: B=64 ctx 4k 4376 (P=16) / 4498 (P=64), B=1 ctx 128k 4005 /
     4086; BLOCK_N 16, 32 or 128 lost 2-25%. Without the read-ahead the P=16 tile (four
     pages per tile, one table lookup per token) dropped to 2857 / 2647.
+    Few rows at D=128 (``rows``, the query rows a program serves, at most 4: GQA groups
+    up to 4 with one token) take half the tile with one stage more, BLOCK_N 32 with 3
+    stages: the same bytes in flight in two smaller loads, and 100-102 registers instead
+    of 128 (ptxas, Triton 3.6, sm_90), still 4 programs an SM, so the split rule's waves
+    stay as they are. Measured (H200, bf16, 32/8 heads, page 16, graph replay with the L2
+    cleared, % of the copy, `notes-decode.md` v13): B=64 ctx 4k 89.4-90.5 -> 94.2, B=64
+    ctx 16k 93.8-96.5 -> 99.2, B=256 ctx 2k 96.2-96.4 -> 97.4; B=1 ctx 32k 62.1 -> 62.6,
+    B=1 ctx 128k 89.6 -> 89.8, B=8 ctx 8k 77.2 -> 77.1. Not at 8 rows: there it compiles to
+    96 registers, 5 programs an SM, and B=256 ctx 2k 32/4 lost 6% (a fuller grid's last
+    wave emptier); 4 stages lost 1-3% at small batch, 5 stages 15-30%.
     Override: ``tile=(BLOCK_N, num_warps, num_stages, page_prefetch)`` (benchmarks pass
     it; any entry may be None), else ``HYGON_ATTN_DECODE_BLOCK_N``,
     ``HYGON_ATTN_DECODE_WARPS``, ``HYGON_ATTN_DECODE_STAGES``,
     ``HYGON_ATTN_DECODE_PREFETCH`` (0/1).
     """
-    chosen = [decode_block_n(head_dim_pad),
+    few_rows = rows is not None and rows <= DECODE_FEW_ROWS and head_dim_pad == 128
+    chosen = [32 if few_rows else decode_block_n(head_dim_pad),
               8 if block_m * head_dim_pad >= 64 * 256 else 4,
-              2, True]
+              3 if few_rows else 2, True]
     for forced in (envs.decode_tile(), tile):
         for i, value in enumerate(forced or ()):
             if value is not None:

@@ -446,3 +446,27 @@ def test_decode_tile_keeps_the_bytes_in_flight_per_head_dim():
     cfg = tuning.decode_tile_config(block_m=16, head_dim_pad=64, page_size=16, kv_elem_size=2,
                                     tile=(64, None, None, None))
     assert cfg[0] == 64
+
+
+def test_decode_tile_is_short_for_few_rows_at_head_dim_128():
+    """Up to 4 query rows at D=128: BLOCK_N 32 with 3 stages (measured); 8 rows, other
+    head_dims and an explicit tile keep their own."""
+    from hygon_attn_backend import tuning
+    from hygon_attn_backend.ops.decode_plan import decode_launch_config
+
+    def cfg(**kw):
+        return tuning.decode_tile_config(block_m=16, page_size=16, kv_elem_size=2, **kw)
+
+    assert cfg(head_dim_pad=128, rows=4) == (32, 4, 3, True)
+    assert cfg(head_dim_pad=128, rows=1) == (32, 4, 3, True)
+    assert cfg(head_dim_pad=128, rows=8) == (64, 4, 2, True)
+    assert cfg(head_dim_pad=128) == (64, 4, 2, True)
+    assert cfg(head_dim_pad=64, rows=4) == (128, 4, 2, True)
+    assert cfg(head_dim_pad=128, rows=4, tile=(64, None, 2, None)) == (64, 4, 2, True)
+    common = dict(num_seqs=64, head_dim=128, page_size=16, kv_elem_size=2,
+                  max_context_len=4096, num_sms=132)
+    # rows = group x speculative tokens: 32/8 heads with 1 token is 4 rows, with 2 is 8
+    one = decode_launch_config(num_q_heads=32, num_kv_heads=8, num_tokens=1, **common)
+    two = decode_launch_config(num_q_heads=32, num_kv_heads=8, num_tokens=2, **common)
+    assert (one.block_n, one.num_stages) == (32, 3)
+    assert (two.block_n, two.num_stages) == (64, 2)

@@ -145,7 +145,7 @@ def decode_launch_config(*, num_seqs: int, num_q_heads: int, num_kv_heads: int,
     head_dim_pad = next_pow2(head_dim)
     block_n, num_warps, num_stages, prefetch = tuning.decode_tile_config(
         block_m=block_m, head_dim_pad=head_dim_pad, page_size=page_size,
-        kv_elem_size=kv_elem_size, tile=tile)
+        kv_elem_size=kv_elem_size, rows=num_tokens * heads, tile=tile)
     # the measured rule fixes the partition count; each sequence then splits its own length
     # (seq_partitions): a forced or environment size keeps fixed partitions
     seq_split = partition_size is None and rule == "measured" and \
