@@ -271,9 +271,12 @@ def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
     stages: the same bytes in flight in two smaller loads, and 100-102 registers instead
     of 128 (ptxas, Triton 3.6, sm_90), still 4 programs an SM, so the split rule's waves
     stay as they are. Measured (H200, bf16, 32/8 heads, page 16, graph replay with the L2
-    cleared, % of the copy, `notes-decode.md` v13): B=64 ctx 4k 89.4-90.5 -> 94.2, B=64
-    ctx 16k 93.8-96.5 -> 99.2, B=256 ctx 2k 96.2-96.4 -> 97.4; B=1 ctx 32k 62.1 -> 62.6,
-    B=1 ctx 128k 89.6 -> 89.8, B=8 ctx 8k 77.2 -> 77.1. Not at 8 rows: there it compiles to
+    cleared, % of the copy, `notes-decode.md` v13), G=4 (32/8 heads): B=64 ctx 4k
+    89.4-91.5 -> 92.3-94.2, B=64 ctx 16k 93.8-96.5 -> 97.1-99.2, B=256 ctx 2k 94.7-96.4 ->
+    94.8-97.4, B=1 ctx 32k 61.4-62.1 -> 61.8-62.6, B=1 ctx 128k 89.6 -> 89.8, B=8 ctx 8k
+    77.2 -> 77.1; G=1 (32/32): 97.0 / 97.7 / 100.7 -> 99.0 / 100.1-100.3 / 101.1-102.3
+    at the three large batches; G=2 (32/16): 94.7 / 98.1 / 98.2 -> 96.2 / 97.7-98.9 /
+    97.7-98.5. Not at 8 rows: there it compiles to
     96 registers, 5 programs an SM, and B=256 ctx 2k 32/4 lost 6% (a fuller grid's last
     wave emptier); 4 stages lost 1-3% at small batch, 5 stages 15-30%.
     Override: ``tile=(BLOCK_N, num_warps, num_stages, page_prefetch)`` (benchmarks pass

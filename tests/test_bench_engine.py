@@ -246,6 +246,22 @@ def test_top2_and_prompts():
     assert len(first) == 1 and all(x[:300] == first[0][:300] for x in second)
     assert all(3 <= t < engine.VOCAB for batch in p["distinct"] for x in batch for t in x)
     assert p == engine.check_prompts(quick=True)
+    assert "long" not in p
+    long = engine.check_prompts(quick=True, long=[40, 70])["long"]
+    assert [len(x) for x in long[0]] == [40, 70] and len(long) == 1
+
+
+def test_long_token_check_sizes_the_model_and_the_pool(tmp_path):
+    args = _args("--no-bench", "--check-contexts", "16384", "32768")
+    specs = engine.plan_specs(engine.resolve(args), args, str(tmp_path))
+    assert [s["backend"] for s in specs] == ["hygon", "triton"]
+    for s in specs:
+        assert [len(x) for x in s["scenarios"]["long"][0]] == [16384, 32768]
+        assert s["build"]["max_position_embeddings"] >= 32768 + args.check_new_tokens
+        assert s["max_total_tokens"] >= 65536 + 16384 + 32768
+    plain = _args("--no-bench")
+    spec = engine.plan_specs(engine.resolve(plain), plain, str(tmp_path))[0]
+    assert "long" not in spec["scenarios"] and spec["max_total_tokens"] == 65536
 
 
 def test_entry_point_dist_info(tmp_path, monkeypatch):

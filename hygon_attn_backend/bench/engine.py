@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from hygon_attn_backend.bench import _engine_report as report
 
@@ -72,6 +72,9 @@ def add_engine_parser(sub) -> None:
     p.add_argument("--check-head-dim", type=int, choices=sorted(HEADS), default=None,
                    help="model of the token check (default 128; 64 with --quick)")
     p.add_argument("--check-new-tokens", type=int, default=32)
+    p.add_argument("--check-contexts", type=int, nargs="+", default=[],
+                   help="prompt lengths of a third token-check scenario, 'long': one batch "
+                        "of one prompt per length (e.g. 16384 32768: split-KV decode)")
     p.add_argument("--mem-fraction", type=float, default=0.85,
                    help="--mem-fraction-static of every child (pools are capped by "
                         "--max-total-tokens computed from the matrix)")
@@ -176,10 +179,11 @@ def random_llama_weights(config: dict, *, seed: int = 0, std: float = 0.02) -> d
     return out
 
 
-def check_prompts(*, seed: int = 0, quick: bool = False) -> dict:
+def check_prompts(*, seed: int = 0, quick: bool = False, long: Sequence[int] = ()) -> dict:
     """Prompt batches of the token check (ids in ``[3, VOCAB)``), sent in order:
     ``distinct`` (lengths that end mid-page), then ``shared_prefix``: one prompt that
-    fills the radix cache, then a batch sharing its prefix (cache hits)."""
+    fills the radix cache, then a batch sharing its prefix (cache hits); with ``long``,
+    a ``long`` scenario: one batch of one prompt per length."""
     rng = random.Random(seed)
 
     def ids(n):
@@ -188,8 +192,11 @@ def check_prompts(*, seed: int = 0, quick: bool = False) -> dict:
     lens = [5, 17, 100, 333] if quick else [5, 17, 100, 333, 600, 1024, 1500, 2049]
     prefix = ids(300 if quick else 1000)
     tails = [3, 16, 40] if quick else [3, 16, 40, 77, 128, 257]
-    return {"distinct": [[ids(n) for n in lens]],
-            "shared_prefix": [[prefix + ids(9)], [prefix + ids(n) for n in tails]]}
+    out = {"distinct": [[ids(n) for n in lens]],
+           "shared_prefix": [[prefix + ids(9)], [prefix + ids(n) for n in tails]]}
+    if long:
+        out["long"] = [[ids(n) for n in long]]
+    return out
 
 
 def entry_point_dir(work: str) -> Optional[str]:
@@ -239,16 +246,19 @@ def plan_specs(cfg: dict, args, work: str) -> List[dict]:
                         "repeats": max(1, int(getattr(args, "repeats", 1) or 1))})
     if not args.no_check:
         hd = cfg["check_head_dim"]
-        prompts = check_prompts(quick=args.quick)
+        long = list(getattr(args, "check_contexts", None) or [])
+        prompts = check_prompts(quick=args.quick, long=long)
+        positions = max([8192] + [n + args.check_new_tokens + 64 for n in long])
         for backend in args.backends:
             specs.append({
                 "mode": "tokens", "name": f"tokens-{backend}-d{hd}", "backend": backend,
                 "head_dim": hd, "page": cfg["pages"][0],
                 "model_path": os.path.join(work, f"llama-d{hd}-check"),
                 "build": llama_config(head_dim=hd, layers=cfg["check_layers"],
-                                      max_positions=8192),
+                                      max_positions=positions),
                 "weights": True, "scenarios": prompts, "new_tokens": args.check_new_tokens,
-                "graph_bs": 16, "max_total_tokens": 65536, "mem_fraction": args.mem_fraction})
+                "graph_bs": 16, "max_total_tokens": 65536 + sum(long) + 1024 * len(long),
+                "mem_fraction": args.mem_fraction})
     for s in specs:
         s["ready_path"] = os.path.join(work, s["name"] + ".ready")
         s["result_path"] = os.path.join(work, s["name"] + (".jsonl" if s["mode"] == "onebatch"
