@@ -289,11 +289,20 @@ def test_breakdown_classes_kernels_of_both_backends():
     assert bd.kernel_class("create_flashinfer_kv_indices_triton") == "metadata"
     assert bd.kernel_class("_rms_norm_fwd_kernel") == "other"  # not a prefix match
     assert bd.kernel_class("nvjet_hsh_128x256_gemm") == "other"
-    s = bd.summarize_kernels({"paged_decode_kernel": 800.0, "gemm": 300.0,
-                              "req_to_token_table_kernel": 4.0}, steps=4)
+    spans = [("req_to_token_table_kernel", 0.0, 4.0), ("paged_decode_kernel", 10.0, 810.0),
+             ("gemm", 810.0, 1110.0)]
+    s = bd.summarize_kernels(spans, steps=4)
     assert s["attention_us"] == 200.0 and s["other_us"] == 75.0 and s["metadata_us"] == 1.0
     assert s["all_us"] == pytest.approx(276.0)
     assert s["top_attention"] == [["paged_decode_kernel", 200.0]]
+    # a combine launched as a dependent launch waits inside the decode kernel's span:
+    # the class counts the union, the top list each kernel's own time
+    pdl = spans + [("combine_partitions_kernel", 600.0, 830.0)]
+    s = bd.summarize_kernels(pdl, steps=4)
+    assert s["attention_us"] == pytest.approx(205.0)  # 10..830
+    assert s["all_us"] == pytest.approx(276.0)
+    assert s["top_attention"][1] == ["combine_partitions_kernel", 57.5]
+    assert bd.busy_us([("a", 0, 10), ("b", 2, 5), ("c", 20, 25)]) == 15
 
 
 def test_hook_timers_split_host_time_by_phase():

@@ -9,7 +9,8 @@ Inside a child of the engine bench (``_engine_child.py``), for each timed point:
   decode steps;
 * **GPU time by kernel**, from one extra untimed pass of the same point under
   ``torch.profiler`` (CUDA activity only; kernels replayed from a CUDA graph are reported
-  one by one): the prefill forward, and the decode steps after the first. Kernels are
+  one by one): the prefill forward, and the decode steps after the first; each class's
+  time is the union of its kernels' spans (overlapping kernels counted once). Kernels are
   classed by name: the attention kernels of both backends, their per-step metadata
   kernels, and everything else (the model: GEMMs, norms, RoPE, the K/V store, sampling).
 
@@ -21,7 +22,7 @@ triton_backend.py``) and ours (``hygon_attn_backend/kernels``, ``shims/sglang.py
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 # kernel names: ours contain these; SGLang's Triton attention kernels start with these
 ATTENTION_KERNELS = ("paged_decode_kernel", "combine_partitions_kernel", "prefix_prefill_kernel",
@@ -42,29 +43,44 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
-def device_times(events: Iterable) -> Dict[str, float]:
-    """``kernel name -> total microseconds`` of the device events of a profile
+Span = Tuple[str, float, float]  # kernel name, start and end in microseconds
+
+
+def device_spans(events: Iterable) -> List[Span]:
+    """``(kernel name, start us, end us)`` of the device events of a profile
     (``torch.profiler.profile(...).events()``)."""
     from torch.autograd import DeviceType
 
-    out: Dict[str, float] = {}
-    for e in events:
-        if getattr(e, "device_type", None) != DeviceType.CUDA:
-            continue
-        out[e.name] = out.get(e.name, 0.0) + e.time_range.elapsed_us()
-    return out
+    return [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in events
+            if getattr(e, "device_type", None) == DeviceType.CUDA]
 
 
-def summarize_kernels(times: Dict[str, float], steps: int, top: int = 3) -> dict:
-    """Per-step microseconds by class, and the top attention kernels by time."""
+def busy_us(spans: Iterable[Span]) -> float:
+    """Microseconds during which at least one of ``spans`` runs (their union). A kernel
+    launched as a programmatic dependent launch (the split-KV combine of both backends)
+    starts while the kernel before it runs and waits on it: summed, the two would count
+    that wait twice."""
+    total, end = 0.0, float("-inf")
+    for _, a, b in sorted(spans, key=lambda s: s[1]):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def summarize_kernels(spans: List[Span], steps: int, top: int = 3) -> dict:
+    """Per-step microseconds by class (the union of each class's kernels), and the top
+    attention kernels by their summed time."""
     steps = max(1, steps)
-    by = {"attention": 0.0, "metadata": 0.0, "other": 0.0}
-    for name, us in times.items():
-        by[kernel_class(name)] += us
-    attn = sorted(((us, n) for n, us in times.items() if kernel_class(n) == "attention"),
-                  reverse=True)[:top]
+    by = {c: busy_us(s for s in spans if kernel_class(s[0]) == c)
+          for c in ("attention", "metadata", "other")}
+    sums: Dict[str, float] = {}
+    for name, a, b in spans:
+        if kernel_class(name) == "attention":
+            sums[name] = sums.get(name, 0.0) + (b - a)
+    attn = sorted(((us, n) for n, us in sums.items()), reverse=True)[:top]
     return {"attention_us": by["attention"] / steps, "metadata_us": by["metadata"] / steps,
-            "other_us": by["other"] / steps, "all_us": sum(by.values()) / steps,
+            "other_us": by["other"] / steps, "all_us": busy_us(spans) / steps,
             "top_attention": [[n[:60], us / steps] for us, n in attn]}
 
 
@@ -139,7 +155,7 @@ def profile_pass(run_once: Callable, args: dict, *, skip_decode: int = 1) -> dic
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             res = orig["extend"](*a, **k)
             torch.cuda.synchronize()
-        state["extend"] = device_times(prof.events())
+        state["extend"] = device_spans(prof.events())
         return res
 
     def decode(*a, **k):
@@ -166,6 +182,6 @@ def profile_pass(run_once: Callable, args: dict, *, skip_decode: int = 1) -> dic
     steps = state["decode_calls"] - skip_decode
     if state["decode_prof"] is not None and steps > 0:
         out["decode_kernels"] = summarize_kernels(
-            device_times(state["decode_prof"].events()), steps)
+            device_spans(state["decode_prof"].events()), steps)
         out["decode_profiled_steps"] = steps
     return out
