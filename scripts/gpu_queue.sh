@@ -16,7 +16,7 @@
 #   decode-bench-read  the same with the L2 evicted by a read (--l2-flush read)
 #   decode-sweep    bench decode of Triton at $SWEEP_SHAPES with $SWEEP_HEADS (Hq/Hkv), once per
 #                   ';'-separated environment assignment in $SWEEP_ENVS ('-': none), partitions
-#                   $SWEEP_PARTITIONS (default auto,none); steps run one after another, never
+#                   $SWEEP_PARTITIONS (default auto,none), pages $SWEEP_PAGES (default 16); steps run one after another, never
 #                   beside another GPU step (a concurrent step skews the ceilings)
 #   engine          hygon-attn bench engine $ENGINE_ARGS (SGLang from the wheels in .whl/, carried
 #                   as ../shared/tools/sglang_gpu/README.md says; results under $OUT/engine)
@@ -119,7 +119,7 @@ run_step() {
          timeout "$left" "$PY" -m hygon_attn_backend bench decode --impl triton \
            --shapes "${SWEEP_SHAPES:-64,4096;64,16384;256,2048}" \
            --num-q-heads "${SWEEP_HEADS%/*}" --num-kv-heads "${SWEEP_HEADS#*/}" --groups "" \
-           --per-head-groups "" --block-sizes 16 --partitions "${SWEEP_PARTITIONS:-auto,none}" --no-same-bytes-copy \
+           --per-head-groups "" --block-sizes "${SWEEP_PAGES:-16}" --partitions "${SWEEP_PARTITIONS:-auto,none}" --no-same-bytes-copy \
            --rep-ms 30) >"$OUT/decode-sweep-${assign//[^A-Za-z0-9]/_}.log" 2>&1
         echo "== $assign"; grep -E "^\| B=" "$OUT/decode-sweep-${assign//[^A-Za-z0-9]/_}.log" | cut -c1-140
       done ;;
