@@ -449,13 +449,13 @@ def test_decode_tile_keeps_the_bytes_in_flight_per_head_dim():
 
 
 def test_decode_tile_is_short_for_few_rows_at_head_dim_128():
-    """Up to 4 query rows at D=128: BLOCK_N 32 with 3 stages (measured); 8 rows, other
-    head_dims and an explicit tile keep their own."""
+    """Up to 4 query rows at D=128 on pages of 16+ tokens: BLOCK_N 32 with 3 stages
+    (measured); 8 rows, other head_dims, page 1 and an explicit tile keep their own."""
     from hygon_attn_backend import tuning
     from hygon_attn_backend.ops.decode_plan import decode_launch_config
 
-    def cfg(**kw):
-        return tuning.decode_tile_config(block_m=16, page_size=16, kv_elem_size=2, **kw)
+    def cfg(page_size=16, **kw):
+        return tuning.decode_tile_config(block_m=16, page_size=page_size, kv_elem_size=2, **kw)
 
     assert cfg(head_dim_pad=128, rows=4) == (32, 4, 3, True)
     assert cfg(head_dim_pad=128, rows=1) == (32, 4, 3, True)
@@ -463,6 +463,9 @@ def test_decode_tile_is_short_for_few_rows_at_head_dim_128():
     assert cfg(head_dim_pad=128) == (64, 4, 2, True)
     assert cfg(head_dim_pad=64, rows=4) == (128, 4, 2, True)
     assert cfg(head_dim_pad=128, rows=4, tile=(64, None, 2, None)) == (64, 4, 2, True)
+    assert cfg(head_dim_pad=128, rows=4, page_size=64) == (32, 4, 3, True)
+    assert cfg(head_dim_pad=128, rows=4, page_size=1) == (64, 4, 2, True)  # measured slower
+    assert cfg(head_dim_pad=128, rows=4, page_size=8) == (64, 4, 2, True)  # not measured
     common = dict(num_seqs=64, head_dim=128, page_size=16, kv_elem_size=2,
                   max_context_len=4096, num_sms=132)
     # rows = group x speculative tokens: 32/8 heads with 1 token is 4 rows, with 2 is 8
