@@ -174,6 +174,32 @@ def test_launcher_serializes_gpu_work_after_every_start(tmp_path):
         assert b[0] >= a[1] - 0.01  # never two at once
 
 
+def test_serial_launcher_starts_each_child_after_the_last_exited(tmp_path):
+    """--serial: no two children alive at once (their KV pools would not both fit); the
+    deadline covers the whole run, and a child it leaves no time for is not started."""
+    script = tmp_path / "fake_child.py"
+    script.write_text(
+        "import json, sys, time\n"
+        "t0 = time.time()\n"
+        "spec = json.load(open(sys.argv[1]))\n"
+        "time.sleep(spec['work'])\n"
+        "open(spec['result_path'], 'w').write(json.dumps([t0, time.time()]))\n")
+    specs = [{"name": f"c{i}", "mode": "tokens", "work": work,
+              "ready_path": str(tmp_path / f"c{i}.ready"),
+              "result_path": str(tmp_path / f"c{i}.json"),
+              "lock_path": str(tmp_path / "gpu.lock")} for i, work in enumerate((0.3, 0.1, 5))]
+    codes = engine.launch_serially(specs, work=str(tmp_path), env=dict(os.environ),
+                                   child_timeout=30, deadline=3.0, poll_s=0.05,
+                                   command=lambda p: [sys.executable, "-S", "-I",
+                                                      str(script), p])
+    assert codes == {"c0": 0, "c1": 0, "c2": None}  # c2 outlives the deadline: killed
+    first, second = (json.loads((tmp_path / f"c{i}.json").read_text()) for i in range(2))
+    assert second[0] >= first[1]  # the second process began after the first one ended
+    late = [dict(specs[0], name="late")]
+    assert engine.launch_serially(late, work=str(tmp_path), env=dict(os.environ),
+                                  child_timeout=30, deadline=0.0) == {"late": None}
+
+
 def test_launcher_kills_a_child_past_its_time(tmp_path):
     specs = [{"name": "slow", "mode": "tokens", "ready_path": str(tmp_path / "r"),
               "result_path": str(tmp_path / "x"), "lock_path": str(tmp_path / "l")}]

@@ -89,6 +89,10 @@ def add_engine_parser(sub) -> None:
                    help="per point: host time of the backend's per-step hooks and, from one "
                         "more profiled pass, GPU time of attention, metadata and other "
                         "kernels per prefill and per decode step")
+    p.add_argument("--serial", action="store_true",
+                   help="start each child after the one before exited (default: all start "
+                        "together and take the GPU in turn): for KV pools that do not fit "
+                        "twice on the GPU, e.g. 64 x 32k tokens at head_dim 128")
     p.add_argument("--out", help="work folder (specs, logs, raw results); default a temp dir")
     p.add_argument("--csv", help="write the step-time table as CSV")
     p.set_defaults(func=cmd_engine)
@@ -326,6 +330,24 @@ def launch(specs: List[dict], *, work: str, env: dict, child_timeout: float,
     return codes
 
 
+def launch_serially(specs: List[dict], *, work: str, env: dict, child_timeout: float,
+                    deadline: Optional[float], command=None, poll_s: float = 1.0) -> dict:
+    """:func:`launch` one child at a time, each started after the one before exited (for
+    KV pools too large for two engines on the GPU at once); the deadline covers them all,
+    and children never started are reported as killed (None)."""
+    t_start = time.perf_counter()
+    codes = {}
+    for s in specs:
+        left = None if deadline is None else deadline - (time.perf_counter() - t_start)
+        if left is not None and left <= 0:
+            codes[s["name"]] = None
+            print(f"{s['name']}: not started (deadline)", flush=True)
+            continue
+        codes.update(launch([s], work=work, env=env, child_timeout=child_timeout,
+                            deadline=left, command=command, poll_s=poll_s))
+    return codes
+
+
 def _echo_results(spec: dict, seen: dict, t: float) -> None:
     if spec["mode"] != "onebatch":
         return
@@ -397,8 +419,12 @@ def cmd_engine(args) -> int:
     env["PYTHONPATH"] = os.pathsep.join(extra + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     print(f"engine bench: {len(specs)} children, work folder {work}; points "
           f"{planned_points(cfg)}", flush=True)
-    codes = launch(specs, work=work, env=env, child_timeout=args.child_timeout,
-                   deadline=args.deadline)
+    if getattr(args, "serial", False):
+        codes = launch_serially(specs, work=work, env=env, child_timeout=args.child_timeout,
+                                deadline=args.deadline)
+    else:
+        codes = launch(specs, work=work, env=env, child_timeout=args.child_timeout,
+                       deadline=args.deadline)
     text, pairs, token_reports = summarize(specs, codes, args.backends)
     with open(os.path.join(work, "summary.md"), "w") as fh:
         fh.write(text + "\n")
