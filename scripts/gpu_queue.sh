@@ -20,6 +20,8 @@
 #                   beside another GPU step (a concurrent step skews the ceilings)
 #   engine          hygon-attn bench engine $ENGINE_ARGS (SGLang from the wheels in .whl/, carried
 #                   as ../shared/tools/sglang_gpu/README.md says; results under $OUT/engine)
+#   sglang-tests    the SGLang backend, kit, radix, warm-up, register and shim tests (whole files,
+#                   on CUDA) with SGLang from .whl/
 #   sanitize        scripts/sanitize.sh (every Triton kernel, hostile inputs)
 #   fuzz-prefill    hygon-attn fuzz --op prefill --seed 11
 set -uo pipefail
@@ -130,6 +132,13 @@ run_step() {
        timeout "$limit" "$PY" -m hygon_attn_backend bench engine ${ENGINE_ARGS:-} \
          --out "$OUT/engine" --csv "$OUT/engine.csv") >"$OUT/$name.log" 2>&1
       echo "rc=$?"; tail -40 "$OUT/$name.log" | cut -c1-200 ;;
+    sglang-tests)
+      install_sglang || return 1
+      (sglang_env
+       timeout "$limit" "$PY" -m pytest -q -n 10 -p no:cacheprovider tests/test_sglang_backend.py \
+         tests/test_sglang_kit.py tests/test_sglang_radix.py tests/test_sglang_warmup.py \
+         tests/test_sglang_register.py tests/test_shims.py) >"$OUT/$name.log" 2>&1
+      tail -1 "$OUT/$name.log"; grep -E "^FAILED" "$OUT/$name.log" | head -20 ;;
     sanitize)
       OUT="$OUT/sanitize" timeout "$limit" scripts/sanitize.sh >"$OUT/$name.log" 2>&1
       echo "rc=$?"; tail -8 "$OUT/$name.log" ;;
