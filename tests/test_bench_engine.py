@@ -200,6 +200,23 @@ def test_serial_launcher_starts_each_child_after_the_last_exited(tmp_path):
                                   child_timeout=30, deadline=0.0) == {"late": None}
 
 
+def test_pools_too_large_together_start_one_after_another(tmp_path):
+    """64 x 32k at head_dim 128: two 69 GB pools do not fit on a 141 GB GPU together; the
+    16k points do; a --model-path model (no config) never forces it."""
+    def specs_for(ctx):
+        args = _args("--head-dims", "128", "--contexts", str(ctx), "--batches", "64",
+                     "--no-check", "--max-point-tokens", str(64 * 32768))
+        return engine.plan_specs(engine.resolve(args), args, str(tmp_path))
+
+    big, small = specs_for(32768), specs_for(16384)
+    assert len(big) == 2 and 68e9 < engine.kv_pool_bytes(big[0]) < 72e9
+    h200 = 150_000_000_000
+    assert engine.pools_need_serial(big, h200)
+    assert not engine.pools_need_serial(small, h200)
+    assert not engine.pools_need_serial(big, None)
+    assert engine.kv_pool_bytes(dict(big[0], build=None)) == 0
+
+
 def test_launcher_kills_a_child_past_its_time(tmp_path):
     specs = [{"name": "slow", "mode": "tokens", "ready_path": str(tmp_path / "r"),
               "result_path": str(tmp_path / "x"), "lock_path": str(tmp_path / "l")}]

@@ -91,8 +91,8 @@ def add_engine_parser(sub) -> None:
                         "kernels per prefill and per decode step")
     p.add_argument("--serial", action="store_true",
                    help="start each child after the one before exited (default: all start "
-                        "together and take the GPU in turn): for KV pools that do not fit "
-                        "twice on the GPU, e.g. 64 x 32k tokens at head_dim 128")
+                        "together and take the GPU in turn, unless their KV pools would not "
+                        "fit on the GPU together, e.g. 64 x 32k tokens at head_dim 128)")
     p.add_argument("--out", help="work folder (specs, logs, raw results); default a temp dir")
     p.add_argument("--csv", help="write the step-time table as CSV")
     p.set_defaults(func=cmd_engine)
@@ -330,6 +330,40 @@ def launch(specs: List[dict], *, work: str, env: dict, child_timeout: float,
     return codes
 
 
+PROCESS_RESERVE_BYTES = 6 << 30  # an engine's weights, activations, graphs and context
+GPU_USABLE_FRACTION = 0.9
+
+
+def kv_pool_bytes(spec: dict) -> int:
+    """KV-cache bytes of a child's pool (fp16 K and V of every layer), 0 when unknown (a
+    ``--model-path`` model: no config in the spec)."""
+    cfg = spec.get("build")
+    if not cfg:
+        return 0
+    per_token = (2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
+                 * cfg["num_hidden_layers"])
+    return int(spec.get("max_total_tokens", 0)) * per_token
+
+
+def pools_need_serial(specs: List[dict], gpu_bytes: Optional[int]) -> bool:
+    """Whether the children, all started at once, would not fit on a GPU of ``gpu_bytes``:
+    their KV pools plus a reserve each above 90% of it (each engine sizes its pool at
+    start-up, so a later one gets what the others left and its tool skips the point)."""
+    if not gpu_bytes:
+        return False
+    need = sum(kv_pool_bytes(s) + PROCESS_RESERVE_BYTES for s in specs)
+    return need > GPU_USABLE_FRACTION * gpu_bytes
+
+
+def gpu_total_bytes() -> Optional[int]:
+    """Memory of GPU 0, None without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(0).total_memory)
+
+
 def launch_serially(specs: List[dict], *, work: str, env: dict, child_timeout: float,
                     deadline: Optional[float], command=None, poll_s: float = 1.0) -> dict:
     """:func:`launch` one child at a time, each started after the one before exited (for
@@ -419,7 +453,12 @@ def cmd_engine(args) -> int:
     env["PYTHONPATH"] = os.pathsep.join(extra + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     print(f"engine bench: {len(specs)} children, work folder {work}; points "
           f"{planned_points(cfg)}", flush=True)
-    if getattr(args, "serial", False):
+    serial = bool(getattr(args, "serial", False))
+    if not serial and pools_need_serial(specs, gpu_total_bytes()):
+        serial = True
+        print("engine bench: the children's KV pools do not fit on the GPU together: "
+              "starting them one after another (--serial)", flush=True)
+    if serial:
         codes = launch_serially(specs, work=work, env=env, child_timeout=args.child_timeout,
                                 deadline=args.deadline)
     else:
