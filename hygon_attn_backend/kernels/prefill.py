@@ -50,27 +50,18 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
     (docs/notes-prefill.md v4/v6); the second copy costs no shared memory but makes
     ptxas serialize the wgmma, so the plan takes it only where the tile is serialized
     anyway (:func:`tuning.prefill_two_walks`)."""
-    # the calls below are spelled out: CHECK_KEYS is a compile-time choice per call site,
-    # row_present a run-time scalar (one branch of each kind)
+    # CHECK_KEYS is a compile-time choice per call site, so the two walks are two calls;
+    # with SPLIT_WALK false the condition is a constant and only the checked walk compiles
     SPLIT_WALK: tl.constexpr = TWO_WALKS and FROM_CACHE and PAGE_SIZE % BLOCK_N != 0 and \
         not (BOUND or CAUSAL or WINDOW)
-    if SPLIT_WALK:
-        if row_present:
-            acc, l_i, m_i = _prefill_walk(
-                acc, l_i, m_i, q, diag, k_base, v_base, bt_row_ptr, stride_bt_block,
-                max_blocks, num_blocks, stride_k_block, stride_k_row, stride_kd,
-                stride_v_block, stride_v_row, stride_vd, lo, hi, n_limit, key0, src0,
-                window, qk_scale, cap_scale, soft_cap, v_mult, offs_n, offs_d, head_dim,
-                row_present, FROM_CACHE, PAGE_SIZE, BOUND, CAUSAL, WINDOW, SOFT_CAP, SCALE_V,
-                PAD_D, BLOCK_N, CHECK_KEYS=False)
-        else:
-            acc, l_i, m_i = _prefill_walk(
-                acc, l_i, m_i, q, diag, k_base, v_base, bt_row_ptr, stride_bt_block,
-                max_blocks, num_blocks, stride_k_block, stride_k_row, stride_kd,
-                stride_v_block, stride_v_row, stride_vd, lo, hi, n_limit, key0, src0,
-                window, qk_scale, cap_scale, soft_cap, v_mult, offs_n, offs_d, head_dim,
-                row_present, FROM_CACHE, PAGE_SIZE, BOUND, CAUSAL, WINDOW, SOFT_CAP, SCALE_V,
-                PAD_D, BLOCK_N, CHECK_KEYS=True)
+    if SPLIT_WALK and row_present:
+        acc, l_i, m_i = _prefill_walk(
+            acc, l_i, m_i, q, diag, k_base, v_base, bt_row_ptr, stride_bt_block,
+            max_blocks, num_blocks, stride_k_block, stride_k_row, stride_kd,
+            stride_v_block, stride_v_row, stride_vd, lo, hi, n_limit, key0, src0,
+            window, qk_scale, cap_scale, soft_cap, v_mult, offs_n, offs_d, head_dim,
+            row_present, FROM_CACHE, PAGE_SIZE, BOUND, CAUSAL, WINDOW, SOFT_CAP, SCALE_V,
+            PAD_D, BLOCK_N, CHECK_KEYS=False)
     else:
         acc, l_i, m_i = _prefill_walk(
             acc, l_i, m_i, q, diag, k_base, v_base, bt_row_ptr, stride_bt_block,
