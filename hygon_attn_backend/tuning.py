@@ -156,7 +156,8 @@ def native_decode_partition_size(*, programs: int, max_context_len: int, block_n
     def cost(parts: int) -> "tuple[int, int]":
         per = -(-tiles // parts)
         waves = -(-(programs * parts) // slots)
-        return waves * (per + NATIVE_PROGRAM_TILES) + (NATIVE_COMBINE_TILES if parts > 1 else 0), parts
+        combine = NATIVE_COMBINE_TILES if parts > 1 else 0
+        return waves * (per + NATIVE_PROGRAM_TILES) + combine, parts
 
     unsplit = cost(1)[0]
     best = None
@@ -267,23 +268,23 @@ def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
     1% of it at every point: B=64 ctx 4k 4376 (P=16) / 4498 (P=64), B=1 ctx 128k 4005 /
     4086; BLOCK_N 16, 32 or 128 lost 2-25%. Without the read-ahead the P=16 tile (four
     pages per tile, one table lookup per token) dropped to 2857 / 2647.
-    Few rows at D=128 (``rows``, the query rows a program serves, at most 4: GQA groups
-    up to 4 with one token) on pages of 16 tokens or more take half the tile with one
-    stage more, BLOCK_N 32 with 3 stages: the same bytes in flight in two smaller loads,
-    and 100-102 registers instead of 128 (ptxas, Triton 3.6, sm_90), still 4 programs an
-    SM, so the split rule's waves stay as they are. Measured (H200, bf16, 32/8 heads, page 16, graph replay with the L2
-    cleared, % of the copy, `notes-decode.md` v13), G=4 (32/8 heads): B=64 ctx 4k
-    89.4-91.5 -> 92.3-94.2, B=64 ctx 16k 93.8-96.5 -> 97.1-99.2, B=256 ctx 2k 94.7-96.4 ->
-    94.8-97.4, B=1 ctx 32k 61.4-62.1 -> 61.8-62.6, B=1 ctx 128k 89.6 -> 89.8, B=8 ctx 8k
-    77.2 -> 77.1; G=1 (32/32): 97.0 / 97.7 / 100.7 -> 99.0 / 100.1-100.3 / 101.1-102.3
-    at the three large batches; G=2 (32/16): 94.7 / 98.1 / 98.2 -> 96.2 / 97.7-98.9 /
-    97.7-98.5; page 64 level at large batch (97.5 / 99.3 against 98.2 / 99.1), better at
-    B=1 ctx 32k and B=8 ctx 8k (62.2 / 76.6 against 55.2 / 65.5). Not below 16-token
-    pages: at page 1 (a block id per token) it lost 4-11 points (B=64 ctx 4k 83.9 against
-    91.3, B=256 ctx 2k 82.8 against 93.5, B=1 ctx 32k 57.0 against 60.4, B=8 ctx 8k 66.8
-    against 74.8). Not at 8 rows: there it compiles to
-    96 registers, 5 programs an SM, and B=256 ctx 2k 32/4 lost 6% (a fuller grid's last
-    wave emptier); 4 stages lost 1-3% at small batch, 5 stages 15-30%.
+    Few rows at D=128 (``rows``, the query rows a program serves, at most 4: GQA groups up
+    to 4 with one token) on pages of 16 tokens or more take half the tile with one stage
+    more, BLOCK_N 32 with 3 stages: the same bytes in flight in two smaller loads, and
+    100-102 registers instead of 128 (ptxas, Triton 3.6, sm_90), still 4 programs an SM, so
+    the split rule's waves stay as they are. Measured (H200, bf16, page 16, graph replay
+    with the L2 cleared, % of the copy, `notes-decode.md` v14), G=4 (32/8 heads): B=64 ctx
+    4k 89.4-91.5 -> 92.3-94.2, B=64 ctx 16k 93.8-96.5 -> 97.1-99.2, B=256 ctx 2k 94.7-96.4
+    -> 94.8-97.4, B=1 ctx 32k 61.4-62.1 -> 61.8-62.6, B=1 ctx 128k 89.6 -> 89.8, B=8 ctx 8k
+    77.2 -> 77.1; G=1 (32/32): 97.0 / 97.7 / 100.7 -> 99.0 / 100.1-100.3 / 101.1-102.3 at
+    the three large batches; G=2 (32/16): 94.7 / 98.1 / 98.2 -> 96.2 / 97.7-98.9 /
+    97.7-98.5; page 64 level at large batch (97.5 / 99.3 against 98.2 / 99.1), better at B=1
+    ctx 32k and B=8 ctx 8k (62.2 / 76.6 against 55.2 / 65.5). Not below 16-token pages: at
+    page 1 (a block id per token) it lost 4-11 points (B=64 ctx 4k 83.9 against 91.3, B=256
+    ctx 2k 82.8 against 93.5, B=1 ctx 32k 57.0 against 60.4, B=8 ctx 8k 66.8 against 74.8).
+    Not at 8 rows: there it compiles to 96 registers, 5 programs an SM, and B=256 ctx 2k
+    32/4 lost 6% (a fuller grid's last wave emptier); 4 stages lost 1-3% at small batch, 5
+    stages 15-30%.
     Override: ``tile=(BLOCK_N, num_warps, num_stages, page_prefetch)`` (benchmarks pass
     it; any entry may be None), else ``HYGON_ATTN_DECODE_BLOCK_N``,
     ``HYGON_ATTN_DECODE_WARPS``, ``HYGON_ATTN_DECODE_STAGES``,
