@@ -52,6 +52,9 @@ sglang_env() {
     SGLANG_FORCE_FUSED_OP_BACKEND=torch TVM_FFI_DISABLE_TORCH_C_DLPACK=1 NCCL_NVLS_ENABLE=0
 }
 
+# a pytest log's last line and its first failures
+pytest_summary() { tail -1 "$1"; grep -E "^FAILED" "$1" | head -20; }
+
 join_build() {
   if [ -n "$BUILD_PID" ]; then
     wait "$BUILD_PID"; echo "build rc=$? $(tail -1 "$OUT/native-build.log")"; BUILD_PID=
@@ -69,18 +72,18 @@ run_step() {
       timeout "$limit" "$PY" -m pytest -q -m gpu -n 10 -p no:cacheprovider \
         tests/test_prefill.py tests/test_bounds.py tests/test_vllm_core_kernels.py \
         tests/test_launch.py >"$OUT/$name.log" 2>&1
-      tail -1 "$OUT/$name.log"; grep -E "^FAILED" "$OUT/$name.log" | head -20 ;;
+      pytest_summary "$OUT/$name.log" ;;
     gpu-tests)
       join_build
       # shellcheck disable=SC2086
       timeout "$limit" "$PY" -m pytest -q -m gpu -n 8 -p no:cacheprovider ${TESTS:-tests} \
         >"$OUT/$name.log" 2>&1
-      tail -1 "$OUT/$name.log"; grep -E "^FAILED" "$OUT/$name.log" | head -20 ;;
+      pytest_summary "$OUT/$name.log" ;;
     native-tests)
       join_build
       timeout "$limit" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py \
         >"$OUT/$name.log" 2>&1
-      tail -1 "$OUT/$name.log"; grep -E "^FAILED" "$OUT/$name.log" | head -20 ;;
+      pytest_summary "$OUT/$name.log" ;;
     native-bench)
       join_build
       timeout "$limit" "$PY" scripts/bench_native_decode.py --rep-ms "${NATIVE_REP_MS:-50}" \
@@ -116,14 +119,16 @@ run_step() {
       for assign in "${envs[@]}"; do
         local left=$(( t_end - $(date +%s) ))
         [ "$left" -le 5 ] && { echo "decode-sweep: out of time before '$assign'"; break; }
+        local log="$OUT/decode-sweep-${assign//[^A-Za-z0-9]/_}.log"
         # shellcheck disable=SC2086
         (if [ "$assign" != "-" ]; then export $assign; fi
          timeout "$left" "$PY" -m hygon_attn_backend bench decode --impl triton \
            --shapes "${SWEEP_SHAPES:-64,4096;64,16384;256,2048}" \
            --num-q-heads "${SWEEP_HEADS%/*}" --num-kv-heads "${SWEEP_HEADS#*/}" --groups "" \
-           --per-head-groups "" --block-sizes "${SWEEP_PAGES:-16}" --partitions "${SWEEP_PARTITIONS:-auto,none}" --no-same-bytes-copy \
-           --rep-ms 30) >"$OUT/decode-sweep-${assign//[^A-Za-z0-9]/_}.log" 2>&1
-        echo "== $assign"; grep -E "^\| B=" "$OUT/decode-sweep-${assign//[^A-Za-z0-9]/_}.log" | cut -c1-140
+           --per-head-groups "" --block-sizes "${SWEEP_PAGES:-16}" \
+           --partitions "${SWEEP_PARTITIONS:-auto,none}" --no-same-bytes-copy \
+           --rep-ms 30) >"$log" 2>&1
+        echo "== $assign"; grep -E "^\| B=" "$log" | cut -c1-140
       done ;;
     engine)
       install_sglang || return 1
@@ -138,7 +143,7 @@ run_step() {
        timeout "$limit" "$PY" -m pytest -q -n 10 -p no:cacheprovider tests/test_sglang_backend.py \
          tests/test_sglang_kit.py tests/test_sglang_radix.py tests/test_sglang_warmup.py \
          tests/test_sglang_register.py tests/test_shims.py) >"$OUT/$name.log" 2>&1
-      tail -1 "$OUT/$name.log"; grep -E "^FAILED" "$OUT/$name.log" | head -20 ;;
+      pytest_summary "$OUT/$name.log" ;;
     sanitize)
       OUT="$OUT/sanitize" timeout "$limit" scripts/sanitize.sh >"$OUT/$name.log" 2>&1
       echo "rc=$?"; tail -8 "$OUT/$name.log" ;;
