@@ -11,15 +11,27 @@
 
 namespace {
 
-constexpr int kCombineThreads = 128;
+constexpr int kCombineDimThreads = 128;  // threads along head_dim (2 channels each at 256)
+constexpr int kCombineGroups = 4;        // partition groups: each sums every 4th partition
+constexpr int kCombineThreads = kCombineDimThreads * kCombineGroups;
 
+// One block per (sequence, row). Thread (g, c) sums channels c and c + 128 over the
+// partitions j with j % kCombineGroups == g; the groups' sums are added at the end. The
+// loads of one thread are independent of each other (no branch on the weight: every
+// partition below `parts` wrote its slot, an empty one with l = 0 and o = 0; a select
+// keeps a zero weight from touching its value), so several are in flight per thread and
+// four groups multiply that. The first form, one thread per channel over every
+// partition with a branch on the weight, waited for each load before the next: 16-28 us
+// for 64 partitions on an H200 (ncu, docs/native.md).
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParams p) {
   __shared__ float w_s[kCombineThreads];  // weights of a chunk of partitions
   __shared__ float red_s[kCombineThreads];
+  __shared__ float sum_s[kCombineGroups][2][kCombineDimThreads];  // the groups' sums
   const int64_t seq = blockIdx.x;
   const int64_t row = blockIdx.y;  // t * Hq + h
   const int64_t tok = row / p.num_q_heads, head = row % p.num_q_heads;
   const int tid = threadIdx.x;
+  const int group = tid / kCombineDimThreads, chan = tid % kCombineDimThreads;
   const int64_t seq_len = hab_decode::load_index(p.seq_lens, p.lens_is_int64, seq * p.lens_stride);
   const int parts = int(min(hab_cdiv(seq_len, p.partition_size), p.num_partitions));
   const int64_t slot0 = seq * p.num_partitions;
@@ -36,10 +48,11 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParam
   }
   const float big_m = red_s[0] == -INFINITY ? 0.f : red_s[0];
   // pass 2: chunks of kCombineThreads partitions: weights by one thread each, then every
-  // thread sums its channels over the chunk (independent loads, several in flight)
-  const int dims_per_thread = int(hab_cdiv(p.head_dim, kCombineThreads));
-  float acc[2] = {0.f, 0.f};
-  float total = 0.f;
+  // thread sums its channels over its group's partitions of the chunk
+  const int64_t d0 = chan, d1 = chan + kCombineDimThreads;
+  const bool has0 = d0 < p.head_dim, has1 = d1 < p.head_dim;
+  const float* po0 = p.partial_out + slot0 * p.po_stride[0] + row * p.po_stride[1];
+  float acc0 = 0.f, acc1 = 0.f, total = 0.f;
   for (int c0 = 0; c0 < parts; c0 += kCombineThreads) {
     const int q = c0 + tid;
     float w = 0.f;
@@ -51,27 +64,28 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParam
     w_s[tid] = w;
     __syncthreads();
     const int n = min(kCombineThreads, parts - c0);
-    for (int k = 0; k < dims_per_thread && k < 2; ++k) {
-      const int64_t d = tid + int64_t(k) * kCombineThreads;
-      if (d >= p.head_dim) break;
-      const float* po = p.partial_out + (slot0 + c0) * p.po_stride[0] + row * p.po_stride[1] + d * p.po_stride[2];
-      float a = 0.f;
-#pragma unroll 8
-      for (int j = 0; j < n; ++j) {
-        const float wj = w_s[j];
-        if (wj > 0.f) a += wj * po[j * p.po_stride[0]];
-      }
-      acc[k] += a;
+    for (int j = group; j < n; j += kCombineGroups) {
+      const float wj = w_s[j];
+      const float* po = po0 + int64_t(c0 + j) * p.po_stride[0];
+      const float o0 = has0 ? po[d0 * p.po_stride[2]] : 0.f;
+      const float o1 = has1 ? po[d1 * p.po_stride[2]] : 0.f;
+      acc0 += wj > 0.f ? wj * o0 : 0.f;
+      acc1 += wj > 0.f ? wj * o1 : 0.f;
     }
     for (int j = 0; j < n; ++j) total += w_s[j];
   }
-  const float inv = 1.f / (total > 0.f ? total : 1.f);
-  for (int k = 0; k < dims_per_thread && k < 2; ++k) {
-    const int64_t d = tid + int64_t(k) * kCombineThreads;
-    if (d >= p.head_dim) break;
-    hab_decode::store_out(p, seq * p.o_stride[0] + tok * p.o_stride[1] + head * p.o_stride[2] + d * p.o_stride[3],
-                          acc[k] * inv);
+  sum_s[group][0][chan] = acc0;
+  sum_s[group][1][chan] = acc1;
+  __syncthreads();
+  if (group != 0) return;
+  for (int g = 1; g < kCombineGroups; ++g) {
+    acc0 += sum_s[g][0][chan];
+    acc1 += sum_s[g][1][chan];
   }
+  const float inv = 1.f / (total > 0.f ? total : 1.f);
+  const int64_t o_base = seq * p.o_stride[0] + tok * p.o_stride[1] + head * p.o_stride[2];
+  if (has0) hab_decode::store_out(p, o_base + d0 * p.o_stride[3], acc0 * inv);
+  if (has1) hab_decode::store_out(p, o_base + d1 * p.o_stride[3], acc1 * inv);
 }
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
