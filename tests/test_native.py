@@ -156,6 +156,18 @@ def test_native_decode_table_without_columns():
 
 
 @gpu
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_native_combine_more_partitions_than_one_block(head_dim):
+    """The combine kernel merges partitions in chunks of its 512 threads (four groups of
+    128 channels, every fourth partition each): 40,000 tokens in 64-token partitions are
+    625 of them, so the chunk loop runs twice, with a remainder in each group; D=256 gives
+    every thread two channels. Short and empty sequences beside it."""
+    _native_case(num_kv_heads=2, group=4, head_dim=head_dim, page_size=16,
+                 seq_lens=[40000, 33, 0, 2049], layout="bshd", dtype=torch.bfloat16,
+                 partition_size=64)
+
+
+@gpu
 def test_native_decode_bad_stages(monkeypatch):
     """A bad stage count is refused when the call is planned (the variable named), and the
     native op itself refuses a loop it has no code for."""
