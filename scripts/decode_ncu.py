@@ -9,8 +9,13 @@ warm-up), then once between ``cudaProfilerStart`` / ``cudaProfilerStop``, so wit
 
     ncu --profile-from-start off --clock-control none --section SpeedOfLight \\
         --section Occupancy --section WarpStateStats --section SchedulerStats \\
-        --section MemoryWorkloadAnalysis --csv --page details \\
+        --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \\
+        --section InstructionStats --csv --page details \\
         python3 scripts/decode_ncu.py [--cases "1,32768,32,8,triton;..."] > ncu.csv
+
+(The run of 2026-12-01 in ``docs/native.md`` used the first five sections;
+ComputeWorkloadAnalysis and InstructionStats add the pipe utilization and the instruction
+mix that say which unit the native loop waits on.)
 """
 
 from __future__ import annotations
