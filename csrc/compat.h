@@ -74,6 +74,19 @@ typedef cudaError_t hab_error_t;
 #define HAB_HD __host__ __device__ __forceinline__
 #define HAB_DEV __device__ __forceinline__
 
+// Host side: whether the current device runs mma.sync m16n8k16 (NVIDIA sm_80+; the device
+// pass's HAB_HAS_MMA_SYNC), for kernels that exist only there.
+inline bool hab_device_has_mma_sync() {
+#if defined(HAB_CUDA)
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+  return major >= 8;
+#else
+  return false;
+#endif
+}
+
 // ------------------------------------------------------------------ shuffles
 template <typename T>
 HAB_DEV T hab_shfl_xor(T v, int lane_mask) {

@@ -104,14 +104,15 @@ int chunks_are_vectors(const void* base, int elem_bytes, int64_t d_stride, int64
 
 bool fits_int32(int64_t x) { return x >= 0 && x <= 2147483647LL; }
 
-// The loop choice of HabDecodeParams::loop_stages: 0, the shared-softmax loop; 2..MAX, the
-// split-N loop where it applies, with that many cp.async stages (two keep one tile in
-// flight while a tile is computed, three keep two; at head_dim 128 a stage is 35 KB, so 3
-// stages fit 2 programs an SM where 2 stages fit 3). The caller plans it
-// (tuning.native_decode_stages); false for any other value.
-bool loop_flags(int64_t loop_stages, hab_decode::Flags* flags) {
+// The loop choice of HabDecodeParams::loop_stages / loop_tile: stages 0, the shared-softmax
+// loop; 2..MAX, the split-N loop where it applies, with that many cp.async stages (two keep
+// one tile in flight while a tile is computed, three keep two) and KV tiles of loop_tile
+// tokens (32 or 64; at head_dim 128 a stage is 17.5 or 35 KB). The caller plans both
+// (tuning.native_decode_stages / native_decode_tile); false for any other value.
+bool loop_flags(int64_t loop_stages, int64_t loop_tile, hab_decode::Flags* flags) {
   if (loop_stages != 0 && (loop_stages < 2 || loop_stages > hab_decode::MAX_SPLIT_N_STAGES)) return false;
-  flags->split_n = loop_stages != 0;
+  if (loop_stages != 0 && loop_tile != 32 && loop_tile != 64) return false;
+  flags->split_n = loop_stages != 0 ? int(loop_tile) : 0;
   flags->stages = loop_stages != 0 ? int(loop_stages) : 2;
   return true;
 }
@@ -174,7 +175,8 @@ extern "C" const char* hab_paged_decode(const HabDecodeParams* pp, void* stream)
   const int v_vec = chunks_are_vectors(p.v_cache, kv_bytes, p.v_stride[3], 8, p.v_stride, 3);
 
   hab_decode::Flags flags{k_vec, v_vec, 0, 2, nullptr};
-  if (!loop_flags(p.loop_stages, &flags)) return "paged_decode: loop_stages must be 0, 2, 3 or 4";
+  if (!loop_flags(p.loop_stages, p.loop_tile, &flags))
+    return "paged_decode: loop_stages must be 0, 2, 3 or 4 and loop_tile 32 or 64";
   const char* err = launch_for_head_dim(p, flags, warp, stream);
   if (err) return err;
   if (p.num_partitions > 1) {
@@ -187,7 +189,8 @@ extern "C" const char* hab_paged_decode(const HabDecodeParams* pp, void* stream)
   return e == hab_success ? nullptr : hab_error_string(e);
 }
 
-extern "C" int hab_decode_programs_per_sm(int q_dtype, int kv_dtype, int head_dim, int rows, int loop_stages) {
+extern "C" int hab_decode_programs_per_sm(int q_dtype, int kv_dtype, int head_dim, int rows, int loop_stages,
+                                          int loop_tile) {
   if (rows <= 0 || (q_dtype != HAB_F16 && q_dtype != HAB_BF16)) return -1;
   const int warp = hab_runtime_warp_size();
   if (warp < 0) return -1;
@@ -200,6 +203,6 @@ extern "C" int hab_decode_programs_per_sm(int q_dtype, int kv_dtype, int head_di
   p.num_kv_heads = 1;
   int programs = 0;
   hab_decode::Flags flags{1, 1, 0, 2, &programs};
-  if (!loop_flags(loop_stages, &flags)) return -1;
+  if (!loop_flags(loop_stages, loop_tile, &flags)) return -1;
   return launch_for_head_dim(p, flags, warp, nullptr) ? -1 : programs;
 }

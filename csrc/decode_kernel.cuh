@@ -50,14 +50,22 @@ struct Layout {
   static constexpr int M_OFF = S_OFF + MP * LDS * 4;       // m, l, alpha: [MP] floats each
   static constexpr int OK_OFF = M_OFF + 3 * MP * 4;        // token visible flags [BLOCK_N]
   static constexpr int BYTES = OK_OFF + BLOCK_N * 4;
-  // split-N loop: Q, then 2..MAX_SPLIT_N_STAGES cp.async stages of (K, V, token flags),
-  // then two tiles' block ids; the warps' merge (m, l, O of 16 rows each) reuses the stages
-  static constexpr int SPLIT_N_STAGE_BYTES = 2 * BLOCK_N * LDK * 2 + BLOCK_N * 4;
-  // after the stages: the block ids of two tiles, int [2][BLOCK_N]
-  static constexpr int split_n_bytes(int stages) { return K_OFF + stages * SPLIT_N_STAGE_BYTES + 2 * BLOCK_N * 4; }
-  static_assert(NUM_WARPS * 16 * (2 + HEAD_DIM_PAD) * 4 <= 2 * SPLIT_N_STAGE_BYTES || MP > 16,
-                "the merge fits in two stages");
   static_assert(HEAD_DIM_PAD % 16 == 0, "head_dim must be a multiple of 16");
+};
+
+// The split-N loop's shared memory for KV tiles of SN_TOKENS tokens (decode_split_n.cuh):
+// Q (16 rows), then 2..MAX_SPLIT_N_STAGES cp.async stages of (K, V, token flags), then two
+// tiles' block ids; the slices' merge (m, l, O of 16 rows each) reuses the stages.
+template <int HEAD_DIM_PAD, int SN_TOKENS>
+struct SplitNGeometry {
+  typedef Layout<16, HEAD_DIM_PAD> L;
+  static constexpr int SLICES = SN_TOKENS / 16;                 // 16-token slices of a tile
+  static constexpr int CTW = HEAD_DIM_PAD / 16 / (NUM_WARPS / SLICES);  // O column tiles a warp
+  static constexpr int STAGE_BYTES = 2 * SN_TOKENS * L::LDK * 2 + SN_TOKENS * 4;
+  static constexpr int bytes(int stages) { return L::K_OFF + stages * STAGE_BYTES + 2 * SN_TOKENS * 4; }
+  static_assert(NUM_WARPS % SLICES == 0 && CTW * (NUM_WARPS / SLICES) * 16 == HEAD_DIM_PAD,
+                "the warps split a tile's tokens and O's channels evenly");
+  static_assert(SLICES * 16 * (2 + HEAD_DIM_PAD) * 4 <= 2 * STAGE_BYTES, "the merge fits in two stages");
 };
 
 HAB_DEV int64_t load_index(const void* p, int is_int64, int64_t i) {
@@ -164,7 +172,7 @@ HAB_DEV void issue_loads(uint4 (&k_reg)[ITEMS], uint4 (&v_reg)[ITEMS], const int
 
 struct Flags {  // per launch, computed on the host
   int k_vec, v_vec;
-  int split_n;  // mma.sync targets, <= 16 rows, head_dim <= 128: the split-N loop
+  int split_n;  // mma.sync targets, <= 16 rows, head_dim <= 128: the split-N loop's tile (32 or 64 tokens), 0: off
   int stages;   // the split-N loop's cp.async stages, 2..MAX_SPLIT_N_STAGES (stages - 1 tiles in flight)
   int* programs_per_sm;  // host pointer: set, the launcher writes the occupancy there and launches nothing
 };
@@ -190,7 +198,9 @@ struct SplitN {
 namespace hab_decode {
 
 
-template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP>
+// SN: 0, the shared-softmax loop; 32 or 64, the split-N loop with tiles of that many tokens
+// (one kernel each, so that each loop gets the registers it needs and no more).
+template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP, int SN>
 HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) {
   typedef Layout<ROWS, HEAD_DIM_PAD> L;
   typedef HabWarpTile<KIND, WARP> Tile;
@@ -252,10 +262,10 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
     q_s[r * L::LDK + d] = x;
   }
   const int kv_bytes = (p.kv_dtype == HAB_FP8_E4M3 || p.kv_dtype == HAB_FP8_E5M2) ? 1 : 2;
-  // the split-N loop (mma.sync targets, 16-bit KV read as 16-byte vectors) lays out its
-  // shared memory differently: the shared-softmax state below would overlap its stages
-  const bool split_n_run = SplitN<KIND, ROWS, HEAD_DIM_PAD, WARP>::value && flags.split_n && flags.k_vec &&
-                           flags.v_vec && kv_bytes == 2 && p.k_split_x == 0;
+  // the split-N loop (mma.sync targets, 16-bit KV read as 16-byte vectors; the host
+  // launches its kernel only then) lays out its shared memory differently: the
+  // shared-softmax state below would overlap its stages
+  constexpr bool split_n_run = SN != 0;
   for (int i = tid; i < MP * L::LDP && !split_n_run; i += THREADS) p_s[i] = 0;
   for (int r = tid; r < MP && !split_n_run; r += THREADS) {
     float m0 = -INFINITY, l0 = 0.f;
@@ -376,16 +386,16 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 #pragma unroll
       for (int e = 0; e < Tile::kElems; ++e) o_acc[a][b][e] = 0.f;
 
+  if constexpr (SN != 0) {
+    // (a device pass without mma.sync compiles an empty body: the host never launches it there)
 #if defined(HAB_HAS_MMA_SYNC)
-  if constexpr (SplitN<KIND, ROWS, HEAD_DIM_PAD, WARP>::value) {
-    if (split_n_run) {
-      decode_split_n<KIND, HEAD_DIM_PAD>(p, num_tiles, loop_start, seq_len, rows, row0, group, kv_head,
-                                                     seq, part, head_dim, qk_scale, sm_scale, v_scale, use_cap,
-                                                     use_window, q_s, smem + L::K_OFF, flags.stages, geo, block_of);
-      return;
-    }
-  }
+    if constexpr (SplitN<KIND, ROWS, HEAD_DIM_PAD, WARP>::value)
+      decode_split_n<KIND, HEAD_DIM_PAD, SN>(p, part_end, loop_start, seq_len, rows, row0, group, kv_head, seq,
+                                             part, head_dim, qk_scale, sm_scale, v_scale, use_cap, use_window, q_s,
+                                             smem + L::K_OFF, flags.stages, geo, block_of);
 #endif
+    return;
+  }
   if (num_tiles > 0) {
     lookup(0);
     load_tile(0);
@@ -523,50 +533,44 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 
 // Programs per multiprocessor the register budget is sized for: 3-4 for the common 16-row
 // tile (12-16 warps in flight per SM to cover the memory latency; 3 at head_dim 128 keeps
-// the split-N accumulators out of local memory), fewer for the big tiles.
-template <int ROWS, int HEAD_DIM_PAD>
+// the 64-token split-N accumulators out of local memory), fewer for the big tiles; the
+// 32-token split-N loop holds half the accumulators and its shared memory fits 4 programs
+// (3 stages, head_dim 128) or more.
+template <int ROWS, int HEAD_DIM_PAD, int SN>
 struct MinBlocks {
-  static constexpr int value = ROWS <= 16 ? (HEAD_DIM_PAD <= 64 ? 4 : (HEAD_DIM_PAD <= 128 ? 3 : 2))
-                                          : (ROWS * HEAD_DIM_PAD <= 4096 ? 2 : 1);
+  static constexpr int value = SN == 32 ? (HEAD_DIM_PAD <= 64 ? 6 : 5)
+                               : ROWS <= 16 ? (HEAD_DIM_PAD <= 64 ? 4 : (HEAD_DIM_PAD <= 128 ? 3 : 2))
+                                            : (ROWS * HEAD_DIM_PAD <= 4096 ? 2 : 1);
 };
 
-template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP>
-__global__ void __launch_bounds__(NUM_WARPS * WARP, (MinBlocks<ROWS, HEAD_DIM_PAD>::value))
+template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP, int SN>
+__global__ void __launch_bounds__(NUM_WARPS * WARP, (MinBlocks<ROWS, HEAD_DIM_PAD, SN>::value))
 paged_decode_kernel(HabDecodeParams p, Flags flags, int row_chunks) {
 #if defined(HAB_DEVICE_PASS)
   // the other warp size's instantiation (HIP builds both) compiles to an empty kernel
-  if constexpr (WARP == HAB_WARP_SIZE) decode_body<KIND, ROWS, HEAD_DIM_PAD, WARP>(p, flags, row_chunks);
+  if constexpr (WARP == HAB_WARP_SIZE) decode_body<KIND, ROWS, HEAD_DIM_PAD, WARP, SN>(p, flags, row_chunks);
 #endif
 }
 
-// Host side: launch one instantiation.
-template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP>
-const char* launch(const HabDecodeParams& p, Flags flags, hab_stream_t stream) {
-  typedef Layout<ROWS, HEAD_DIM_PAD> L;
+// Host side: launch one kernel (SN as in decode_body) with `bytes` of shared memory, at
+// most MAX_BYTES (the attribute is set once per kernel and device, sized for the most
+// stages, so that a later launch with more stages fits).
+template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP, int SN, int MAX_BYTES>
+const char* launch_kernel(const HabDecodeParams& p, Flags flags, int bytes, hab_stream_t stream) {
   const int64_t total_rows = p.num_tokens * (p.num_q_heads / p.num_kv_heads);
   const int row_chunks = int(hab_cdiv(total_rows, ROWS));
-  auto kernel = paged_decode_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP>;
-  // kernel attributes are set once per instantiation and device
+  auto kernel = paged_decode_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP, SN>;
   static uint64_t configured = 0;
   int dev = 0;
   if (hab_get_device(&dev) != hab_success) return "paged_decode: no device";
   const uint64_t bit = uint64_t(1) << (dev & 63);
-  // the split-N loop's layout where it may run (decided again on the device)
-  constexpr bool SPLIT_N_SHAPE = HAB_CUDA_BUILD && SplitN<KIND, ROWS, HEAD_DIM_PAD, 32>::value_on_host;
-  const bool split_n = SPLIT_N_SHAPE && flags.split_n && flags.k_vec && flags.v_vec && p.kv_dtype == p.q_dtype &&
-                       p.k_split_x == 0;
-  // sized for the most stages once, so that a later launch with more stages fits
-  constexpr int SPLIT_N_MAX = SPLIT_N_SHAPE ? L::split_n_bytes(MAX_SPLIT_N_STAGES) : 0;
-  constexpr int MAX_BYTES = L::BYTES > SPLIT_N_MAX ? L::BYTES : SPLIT_N_MAX;
-  const int split_n_bytes = L::split_n_bytes(flags.stages);
-  const int bytes = split_n && split_n_bytes > L::BYTES ? split_n_bytes : L::BYTES;
   if (!(configured & bit)) {
     if (MAX_BYTES > 48 * 1024) {
       const hab_error_t e = hab_func_set_max_dynamic_smem(kernel, MAX_BYTES);
       if (e != hab_success) return hab_error_string(e);
     }
 #if defined(HAB_CUDA)
-    // the whole carveout as shared memory: MinBlocks programs of L::BYTES fit on an SM
+    // the whole carveout as shared memory: MinBlocks programs fit on an SM
     cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
 #endif
     configured |= bit;
@@ -578,6 +582,30 @@ const char* launch(const HabDecodeParams& p, Flags flags, hab_stream_t stream) {
   dim3 grid(unsigned(p.num_kv_heads * row_chunks), unsigned(p.num_seqs), unsigned(p.num_partitions));
   kernel<<<grid, NUM_WARPS * WARP, bytes, stream>>>(p, flags, row_chunks);
   return nullptr;
+}
+
+// One instantiation: the split-N kernel of flags.split_n's tile where it applies, else the
+// shared-softmax one.
+template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP>
+const char* launch(const HabDecodeParams& p, Flags flags, hab_stream_t stream) {
+  typedef Layout<ROWS, HEAD_DIM_PAD> L;
+  // the split-N loop's layout where it may run (its unit is a device-pass fact, checked there)
+  constexpr bool SPLIT_N_SHAPE = HAB_CUDA_BUILD && SplitN<KIND, ROWS, HEAD_DIM_PAD, 32>::value_on_host;
+  if constexpr (SPLIT_N_SHAPE) {
+    const bool split_n = flags.split_n && flags.k_vec && flags.v_vec && p.kv_dtype == p.q_dtype &&
+                         p.k_split_x == 0 && hab_device_has_mma_sync();
+    if (split_n && flags.split_n == 32) {
+      typedef SplitNGeometry<HEAD_DIM_PAD, 32> G;
+      return launch_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP, 32, G::bytes(MAX_SPLIT_N_STAGES)>(
+          p, flags, G::bytes(flags.stages), stream);
+    }
+    if (split_n) {
+      typedef SplitNGeometry<HEAD_DIM_PAD, 64> G;
+      return launch_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP, 64, G::bytes(MAX_SPLIT_N_STAGES)>(
+          p, flags, G::bytes(flags.stages), stream);
+    }
+  }
+  return launch_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP, 0, L::BYTES>(p, flags, L::BYTES, stream);
 }
 
 // The REUSE_KV switch: rows = G * T rounded up to {1, 2, 4, 8, 16, 32, 64} (more than 64

@@ -8,12 +8,20 @@
 namespace hab_decode {
 
 #if defined(HAB_HAS_MMA_SYNC)
-// Split-N decode loop (mma.sync, one 16-row tile): warp w owns tokens [16 w, 16 w + 16) of
-// every KV tile and keeps its own online-softmax state (m, l) and O accumulator for them,
-// all in registers: S = Q K_w^T is one 16x16 fragment, P is built from it in the A layout
-// of the P V product, so a tile needs no shared-memory round trip and no barrier beyond
-// the staging ones. The four warps' (m, l, O) are merged once at the end, through shared
-// memory (the K/V staging area, free by then).
+// Split-N decode loop (mma.sync, one 16-row tile), in one of two warp layouts chosen by
+// SN_TOKENS, the tokens of a KV tile:
+//   64: warp w owns tokens [16 w, 16 w + 16) of every tile and all head_dim channels of O;
+//   32: warps w and w + 2 own tokens [16 (w % 2), 16 (w % 2) + 16), warp w the channel
+//       half w / 2 of O: the pair computes the same S (its QK^T twice), each half the P V.
+// A warp keeps its own online-softmax state (m, l) and O accumulator for its tokens, all
+// in registers: S = Q K^T of its 16 tokens is one 16x16 fragment, P is built from it in
+// the A layout of the P V product, so a tile needs no shared-memory round trip and no
+// barrier beyond the staging ones. The token slices' (m, l, O) are merged once at the end,
+// through shared memory (the K/V staging area, free by then).
+// Why two layouts: at head_dim 128 the 64-token layout holds a 64-register O a thread and
+// a 35 KB stage, so 2 programs (3 stages) fit an SM; the 32-token layout halves both (O 32
+// registers, a 17.5 KB stage), so 4 programs fit with 3 stages, for one more S product a
+// token (docs/native.md, session 10).
 //
 // Pipeline: `stages` cp.async stages (a runtime value, 2..MAX_SPLIT_N_STAGES), one commit
 // group per tile. At the top of tile t the groups 0..t+stages-2 are committed; waiting
@@ -42,18 +50,23 @@ HAB_DEV void cp_async_wait_pending(int pending) {
 // issued after the barrier of the iteration that stages tile A and stored after that
 // iteration's math, so its latency overlaps a tile; the next barrier publishes it. The
 // buffer A + 1 & 1 was last read by issue(A - 1), before that barrier.
-template <typename KIND, int HEAD_DIM_PAD, typename BlockOf>
-HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_start, int seq_len, int rows,
+template <typename KIND, int HEAD_DIM_PAD, int SN_TOKENS, typename BlockOf>
+HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_start, int seq_len, int rows,
                             int row0, int group, int kv_head, int64_t seq, int part, int head_dim, float qk_scale,
                             float sm_scale, float v_scale, bool use_cap, bool use_window, const uint16_t* q_s,
                             uint8_t* stage_smem, int stages, const StageGeometry& geo, BlockOf& block_of) {
   typedef Layout<16, HEAD_DIM_PAD> L;
+  typedef SplitNGeometry<HEAD_DIM_PAD, SN_TOKENS> G;
   typedef HabWarpTile<KIND, 32> Tile;
-  constexpr int BLOCK_N = L::BLOCK_N, CT = HEAD_DIM_PAD / 16;
+  constexpr int BLOCK_N = SN_TOKENS;
+  constexpr int SLICES = G::SLICES, CTW = G::CTW;  // token slices of a tile; O column tiles of a warp
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int slice = warp % SLICES, ct0 = (warp / SLICES) * CTW;  // this warp's tokens and channels
+  const bool keeps_state = warp < SLICES;  // one warp a slice publishes (m, l) for the merge
   const int g = lane >> 2, t4 = lane & 3;
+  const int num_tiles = part_end > loop_start ? (part_end - loop_start + BLOCK_N - 1) / BLOCK_N : 0;
   // stage s: K [BLOCK_N][LDK], V [BLOCK_N][LDK], token flags [BLOCK_N]
-  constexpr int STAGE_BYTES = L::SPLIT_N_STAGE_BYTES;
+  constexpr int STAGE_BYTES = G::STAGE_BYTES;
   static_assert((L::LDK * 2) % 16 == 0 && L::K_OFF % 16 == 0 && STAGE_BYTES % 16 == 0 &&
                     (BLOCK_N * L::LDK * 2) % 16 == 0,
                 "ldmatrix and cp.async need 16-byte aligned rows in every stage");
@@ -114,7 +127,8 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
     pos[k] = seq_len - int(p.num_tokens) + (row0 + r) / group;
   }
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: this lane's partial sum
-  if (p.sinks && part == 0 && warp == 0) {  // the sink counts once: warp 0, one lane a quad
+  // the sink counts once: slice 0 (its warps share one state), one lane a quad
+  if (p.sinks && part == 0 && slice == 0) {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       if (row_ok[k]) {
@@ -123,9 +137,9 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
       }
     }
   }
-  float o[CT][8];
+  float o[CTW][8];
 #pragma unroll
-  for (int ct = 0; ct < CT; ++ct)
+  for (int ct = 0; ct < CTW; ++ct)
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[ct][e] = 0.f;
 
@@ -160,12 +174,12 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
       cp_async_commit();
     }
 
-    // S = Q K_w^T: [16 rows, 16 tokens], element e of the lane: row g + 8 (e & 3) / 2,
-    // token 16 w + 8 (e / 4) + 2 t4 + (e & 1)
+    // S = Q K_slice^T: [16 rows, 16 tokens], element e of the lane: row g + 8 (e & 3) / 2,
+    // token 16 slice + 8 (e / 4) + 2 t4 + (e & 1)
     float c[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) c[e] = 0.f;
-    const uint16_t* k_w = k_s + warp * 16 * L::LDK;
+    const uint16_t* k_w = k_s + slice * 16 * L::LDK;
 #pragma unroll 2
     for (int kk = 0; kk < HEAD_DIM_PAD / 16; ++kk) Tile::mma_ldsm(c, q_s + kk * 16, L::LDK, k_w + kk * 16, L::LDK, lane);
     // logits in log2 units (the soft cap is a warp-uniform branch around all 8), then the
@@ -184,7 +198,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const int k = (e & 3) >> 1;
-      const int n = warp * 16 + Tile::col(lane, e), j = start + n;
+      const int n = slice * 16 + Tile::col(lane, e), j = start + n;
       bool vis = row_ok[k] && ok_s[n] && j <= pos[k];
       if (use_window) vis = vis && j > pos[k] - int(p.sliding_window);
       c[e] = vis ? c[e] : -INFINITY;
@@ -211,40 +225,40 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
     // P in the A layout: a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..)
     const uint32_t a[4] = {hab_pack2(pb[0], pb[1]), hab_pack2(pb[2], pb[3]), hab_pack2(pb[4], pb[5]),
                            hab_pack2(pb[6], pb[7])};
-    const uint16_t* v_w = v_s + warp * 16 * L::LDK;
+    const uint16_t* v_w = v_s + slice * 16 * L::LDK + ct0 * 16;
     // the accumulators change scale only when a row's running max moved (alpha != 1);
-    // past the first tiles that is rare, so the warp skips the 8 x CT multiplies together
+    // past the first tiles that is rare, so the warp skips the 8 x CTW multiplies together
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-      for (int ct = 0; ct < CT; ++ct)
+      for (int ct = 0; ct < CTW; ++ct)
 #pragma unroll
         for (int e = 0; e < 8; ++e) o[ct][e] *= alpha[(e & 3) >> 1];
     }
 #pragma unroll
-    for (int ct = 0; ct < CT; ++ct) Tile::mma_a_regs_ldsm(o[ct], a, v_w + ct * 16, L::LDK, lane);
+    for (int ct = 0; ct < CTW; ++ct) Tile::mma_a_regs_ldsm(o[ct], a, v_w + ct * 16, L::LDK, lane);
     if (tid < BLOCK_N && ahead < num_tiles) ids[((ahead + 1) & 1) * BLOCK_N + tid] = next_id;
   }
 
-  // ---- merge the warps: m_w, l_w [NUM_WARPS][16], O_w [NUM_WARPS][16][HEAD_DIM_PAD] fp32
+  // ---- merge the slices: m_s, l_s [SLICES][16], O_s [SLICES][16][HEAD_DIM_PAD] fp32
 #pragma unroll
   for (int k = 0; k < 2; ++k) l[k] = hab_group_sum<4>(l[k]);
   cp_async_wait_all();  // only empty groups can be pending here; the merge reuses the stages
   __syncthreads();
   float* mw = reinterpret_cast<float*>(stage_smem);
-  float* lw = mw + NUM_WARPS * 16;
-  float* ow = lw + NUM_WARPS * 16;
-  if (t4 == 0) {
+  float* lw = mw + SLICES * 16;
+  float* ow = lw + SLICES * 16;
+  if (t4 == 0 && keeps_state) {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      mw[warp * 16 + g + 8 * k] = m[k];
-      lw[warp * 16 + g + 8 * k] = l[k];
+      mw[slice * 16 + g + 8 * k] = m[k];
+      lw[slice * 16 + g + 8 * k] = l[k];
     }
   }
 #pragma unroll
-  for (int ct = 0; ct < CT; ++ct)
+  for (int ct = 0; ct < CTW; ++ct)
 #pragma unroll
     for (int e = 0; e < 8; ++e)
-      ow[(warp * 16 + Tile::row(lane, e)) * HEAD_DIM_PAD + ct * 16 + Tile::col(lane, e)] = o[ct][e];
+      ow[(slice * 16 + Tile::row(lane, e)) * HEAD_DIM_PAD + (ct0 + ct) * 16 + Tile::col(lane, e)] = o[ct][e];
   __syncthreads();
   const bool split = p.num_partitions > 1;
   for (int i = tid; i < 16 * HEAD_DIM_PAD; i += NUM_WARPS * 32) {
@@ -252,12 +266,12 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int num_tiles, int loop_st
     if (r >= rows || d >= head_dim) continue;
     float big_m = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < NUM_WARPS; ++w) big_m = fmaxf(big_m, mw[w * 16 + r]);
+    for (int w = 0; w < SLICES; ++w) big_m = fmaxf(big_m, mw[w * 16 + r]);
     const float mu = big_m == -INFINITY ? 0.f : big_m;
     float lsum = 0.f, acc = 0.f;
 #pragma unroll
-    for (int w = 0; w < NUM_WARPS; ++w) {
-      const float f = exp2f(mw[w * 16 + r] - mu);  // 0 for a warp that saw no key
+    for (int w = 0; w < SLICES; ++w) {
+      const float f = exp2f(mw[w * 16 + r] - mu);  // 0 for a slice that saw no key
       lsum += lw[w * 16 + r] * f;
       acc += ow[(w * 16 + r) * HEAD_DIM_PAD + d] * f;
     }

@@ -89,8 +89,9 @@ typedef struct HabDecodeParams {
   int64_t page_size, num_blocks, max_blocks_per_seq, k_split_x;
   int64_t sliding_window, partition_size, num_partitions;
   // 0: the shared-softmax loop; 2..4: the split-N loop (where it applies) with that many
-  // cp.async stages. Planned by the caller (tuning.native_decode_stages).
-  int64_t loop_stages;
+  // cp.async stages and KV tiles of loop_tile tokens (32 or 64). Planned by the caller
+  // (tuning.native_decode_stages, tuning.native_decode_tile).
+  int64_t loop_stages, loop_tile;
   int64_t q_stride[4], o_stride[4];  // (seq, token, head, dim)
   int64_t k_stride[5];               // (block, head, slot, dim, chunk); chunk: split-x only
   int64_t v_stride[4];               // (block, head, slot, dim)
@@ -103,9 +104,9 @@ const char* hab_paged_decode(const HabDecodeParams* p, void* stream);
 
 // Programs of the paged-decode kernel that fit on one multiprocessor at once (the
 // runtime's occupancy calculator) for queries of q_dtype, a KV cache of kv_dtype, head_dim,
-// `rows` query rows per KV head (G * T) and loop_stages as in HabDecodeParams, assuming
-// 16-byte aligned contiguous K/V rows; -1 on error (no device, bad argument).
-int hab_decode_programs_per_sm(int q_dtype, int kv_dtype, int head_dim, int rows, int loop_stages);
+// `rows` query rows per KV head (G * T) and loop_stages / loop_tile as in HabDecodeParams,
+// assuming 16-byte aligned contiguous K/V rows; -1 on error (no device, bad argument).
+int hab_decode_programs_per_sm(int q_dtype, int kv_dtype, int head_dim, int rows, int loop_stages, int loop_tile);
 
 // Lanes per warp of the current device (32 on NVIDIA, 64 on gfx9), or -1 with no device.
 int hab_runtime_warp_size(void);

@@ -41,6 +41,8 @@ VARIABLES = {
                                  "split-N loop (read when a decode is planned)",
     "HYGON_ATTN_NATIVE_STAGES": "2, 3 or 4: cp.async stages of the native split-N decode loop "
                                 "(default: tuning.native_decode_stages; read when planned)",
+    "HYGON_ATTN_NATIVE_TILE": "32 or 64: KV tokens per tile of the native split-N decode loop "
+                              "(default: tuning.native_decode_tile; read when planned)",
     "HYGON_ATTN_CSRC": "the csrc/ folder the native extension is built from (default: beside "
                        "the package in a source checkout)",
 }
@@ -173,6 +175,14 @@ def native_stages() -> Optional[int]:
     value = _int("HYGON_ATTN_NATIVE_STAGES")
     if value is not None and value not in (2, 3, 4):
         raise ValueError(f"HYGON_ATTN_NATIVE_STAGES must be 2, 3 or 4, got {value}")
+    return value
+
+
+def native_tile() -> Optional[int]:
+    """``HYGON_ATTN_NATIVE_TILE``: 32 or 64, or ``None`` unset."""
+    value = _int("HYGON_ATTN_NATIVE_TILE")
+    if value is not None and value not in (32, 64):
+        raise ValueError(f"HYGON_ATTN_NATIVE_TILE must be 32 or 64, got {value}")
     return value
 
 

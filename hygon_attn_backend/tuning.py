@@ -109,6 +109,25 @@ def native_decode_stages(*, programs: int, num_sms: int) -> int:
     return 2 if programs >= NATIVE_MANY_PROGRAMS_PER_SM * max(1, num_sms) else 3
 
 
+def native_decode_tile(*, head_dim: int) -> int:
+    """KV tokens per tile of the native split-N decode loop (``HabDecodeParams::loop_tile``):
+    32 or 64.
+
+    Reasoning: with 64-token tiles each of the 4 warps owns 16 tokens and all of O (64
+    fp32 registers a thread at head_dim 128): 145 registers and 35 KB a stage, 2 programs
+    an SM with 3 stages. With 32-token tiles two warps share 16 tokens and split O's
+    channels (each computes the slice's S, so QK^T runs twice): 94 registers and 17.5 KB a
+    stage, 4 programs an SM with 3 stages and 5 with 2, for one more S product a token.
+    Measurement: docs/native.md, session 10.
+    Override: ``HYGON_ATTN_NATIVE_TILE=32|64``.
+    """
+    forced = envs.native_tile()
+    if forced is not None:
+        return forced
+    del head_dim
+    return 32
+
+
 NATIVE_MANY_PROGRAMS_PER_SM = 4  # from here the native decode takes 2 stages
 NATIVE_PROGRAM_TILES = 1    # a program's fixed cost (Q, the warps' merge, its output), in tiles
 NATIVE_COMBINE_TILES = 2    # the combine launch of a split call, in tiles

@@ -27,12 +27,17 @@ from hygon_attn_backend.ops.decode_plan import plan_paged_decode
 
 # (batch, context, Hq, Hkv): G = 1 (32/32), G = 4 (32/8), G = 8 (32/4), G = 16 (64/4)
 HEADS = ((32, 32), (32, 8), (32, 4), (64, 4))
-# native: the planned loop (tuning.native_decode_stages) and split; native_s2: 2 cp.async
-# stages; native_tparts: the planned loop on the Triton rule's partitions; native_shared:
-# the shared-softmax loop (HYGON_ATTN_NATIVE_SPLIT_N=0)
-VARIANTS = ("triton", "native", "native_s2", "native_tparts", "native_shared")
-ENV = {"native": ("", ""), "native_s2": ("1", "2"), "native_tparts": ("", ""),
-       "native_shared": ("0", ""), "triton": ("", "")}  # (SPLIT_N, STAGES); "": unset
+# native: the planned loop (tuning.native_decode_stages / native_decode_tile) and split;
+# native_t64: the split-N loop's 64-token tiles (its planned stages); native_t32_sN: its
+# 32-token tiles with N cp.async stages; native_tparts: the planned loop on the Triton
+# rule's partitions; native_shared: the shared-softmax loop (HYGON_ATTN_NATIVE_SPLIT_N=0)
+VARIANTS = ("triton", "native", "native_t64", "native_t32_s2", "native_t32_s3", "native_t32_s4",
+            "native_tparts")
+ENV = {"native": ("", "", ""), "native_t64": ("", "", "64"), "native_t32_s2": ("1", "2", "32"),
+       "native_t32_s3": ("1", "3", "32"), "native_t32_s4": ("1", "4", "32"),
+       "native_tparts": ("", "", ""), "native_shared": ("0", "", ""),
+       "triton": ("", "", "")}  # (SPLIT_N, STAGES, TILE); "": unset
+ENV_NAMES = ("HYGON_ATTN_NATIVE_SPLIT_N", "HYGON_ATTN_NATIVE_STAGES", "HYGON_ATTN_NATIVE_TILE")
 SHAPES = [(b, c, hq, hkv) for b, c in ((64, 4096), (64, 16384), (256, 2048), (1, 32768))
           for hq, hkv in HEADS] + [(8, 8192, 32, 8), (1, 131072, 32, 8)]
 
@@ -91,8 +96,7 @@ def run(rep_ms: float):
         outs = {}
         for variant in VARIANTS:
             impl = "native" if variant.startswith("native") else variant
-            for name, value in zip(("HYGON_ATTN_NATIVE_SPLIT_N", "HYGON_ATTN_NATIVE_STAGES"),
-                                   ENV[variant]):
+            for name, value in zip(ENV_NAMES, ENV[variant]):
                 if value:
                     os.environ[name] = value
                 else:
@@ -118,10 +122,9 @@ def run(rep_ms: float):
               f"{row['triton']['pct_copy']:5.1f}% | native {row['native']['us']:8.1f} us "
               f"{row['native']['gbps']:6.0f} GB/s {row['native']['pct_copy']:5.1f}% | "
               f"native/triton speed {row['native_over_triton']:.2f}x "
-              f"({row['native_partitions']} parts) | 2 stages {row['native_s2']['us']:8.1f} us, "
-              f"Triton's parts {row['native_tparts']['us']:8.1f} us, "
-              f"shared-softmax loop {row['native_shared']['us']:8.1f} us | max|diff| "
-              f"{row['max_abs_diff']:.2e}",
+              f"({row['native_partitions']} parts) | " +
+              ", ".join(f"{v[7:]} {row[v]['us']:.1f}" for v in VARIANTS[2:]) +
+              f" us | max|diff| {row['max_abs_diff']:.2e}",
               flush=True)
         del q, k, v, table, lens, ws, outs
         torch.cuda.empty_cache()

@@ -8,6 +8,8 @@ Prints one line per call and ``sanitize script done``; the sanitizer reports err
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from hygon_attn_backend import reference
@@ -58,6 +60,12 @@ def main():
     decode_case("bshd G8 unsplit", hkv=2, group=8, d=128, p=16, lens=[300, 17, 0])
     decode_case("bshd G8 split", hkv=2, group=8, d=128, p=16, lens=[700, 17, 0],
                 partition_size=256)
+    for tile, stages in (("64", "3"), ("32", "2"), ("32", "4")):  # both split-N tiles
+        os.environ["HYGON_ATTN_NATIVE_TILE"], os.environ["HYGON_ATTN_NATIVE_STAGES"] = tile, stages
+        decode_case(f"split-N {tile}-token tiles, {stages} stages, hostile ids, D64 G4", hkv=2,
+                    group=4, d=64, p=16, lens=[500, 33, 0], bad_ids=True, partition_size=128,
+                    sinks=torch.randn(8, device=DEV), sliding_window=200)
+    del os.environ["HYGON_ATTN_NATIVE_TILE"], os.environ["HYGON_ATTN_NATIVE_STAGES"]
     decode_case("bhds strided V, G1, P1", hkv=2, group=1, d=64, p=1, lens=[90, 3],
                 layout="bhds", partition_size=32)
     decode_case("split_x K fp16 D80", hkv=1, group=3, d=80, p=16, lens=[200], layout="split_x",

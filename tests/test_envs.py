@@ -39,6 +39,7 @@ def test_no_other_module_reads_the_environment_for_our_variables():
     ("HYGON_ATTN_WRITE_KV_BLOCK_H", "3", envs.write_kv_block_h),
     ("HYGON_ATTN_NATIVE_STAGES", "5", envs.native_stages),
     ("HYGON_ATTN_NATIVE_SPLIT_N", "2", envs.native_split_n),
+    ("HYGON_ATTN_NATIVE_TILE", "48", envs.native_tile),
 ])
 def test_bad_values_name_the_variable(name, value, accessor, monkeypatch):
     monkeypatch.setenv(name, value)

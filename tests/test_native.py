@@ -66,16 +66,21 @@ def test_native_decode_layouts(layout, page_size, partition_size):
 
 
 @gpu
-@pytest.mark.parametrize("split_n,stages", [("0", "2"), ("1", "2"), ("1", "3"), ("1", "4")])
+@pytest.mark.parametrize("split_n,stages,tile", [("0", "2", "64"), ("1", "2", "64"), ("1", "3", "64"),
+                                                ("1", "4", "64"), ("1", "2", "32"), ("1", "3", "32"),
+                                                ("1", "4", "32")])
 @pytest.mark.parametrize("partition_size", [None, 256])
 @pytest.mark.parametrize("head_dim,group", [(64, 1), (128, 8), (96, 16)])
-def test_native_decode_both_loops(monkeypatch, split_n, stages, partition_size, head_dim, group):
+def test_native_decode_both_loops(monkeypatch, split_n, stages, tile, partition_size, head_dim,
+                                  group):
     """Groups up to 16 at head_dim <= 128 run the split-N loop on mma.sync GPUs, with 2-4
-    cp.async stages (HYGON_ATTN_NATIVE_STAGES; partitions of 256 tokens are 4 tiles, fewer
-    than some prologues, and 1000 tokens unsplit are 16); HYGON_ATTN_NATIVE_SPLIT_N=0 runs
-    the shared-softmax loop on the same cases."""
+    cp.async stages (HYGON_ATTN_NATIVE_STAGES; partitions of 256 tokens are 4-8 tiles,
+    fewer than some prologues, and 1000 tokens unsplit are 16-32) and 32- or 64-token tiles
+    (HYGON_ATTN_NATIVE_TILE; at 32 two warps share a token slice and split O's channels);
+    HYGON_ATTN_NATIVE_SPLIT_N=0 runs the shared-softmax loop on the same cases."""
     monkeypatch.setenv("HYGON_ATTN_NATIVE_SPLIT_N", split_n)
     monkeypatch.setenv("HYGON_ATTN_NATIVE_STAGES", stages)
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_TILE", tile)
     _native_case(num_kv_heads=2, group=group, head_dim=head_dim, page_size=16,
                  seq_lens=[1000, 1, 77, 0], layout="bshd", dtype=torch.bfloat16,
                  partition_size=partition_size, sinks=torch.randn(2 * group, device="cuda"),
@@ -95,6 +100,18 @@ def test_native_stage_rule(monkeypatch):
     assert tuning.native_decode_stages(programs=8, num_sms=132) == 4
     monkeypatch.setenv("HYGON_ATTN_NATIVE_SPLIT_N", "0")
     assert tuning.native_decode_stages(programs=8, num_sms=132) == 0
+
+
+def test_native_tile_rule(monkeypatch):
+    """tuning.native_decode_tile: the measured default, the override, a bad value named."""
+    monkeypatch.delenv("HYGON_ATTN_NATIVE_TILE", raising=False)
+    assert tuning.native_decode_tile(head_dim=128) in (32, 64)
+    for forced in ("32", "64"):
+        monkeypatch.setenv("HYGON_ATTN_NATIVE_TILE", forced)
+        assert tuning.native_decode_tile(head_dim=128) == int(forced)
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_TILE", "48")
+    with pytest.raises(ValueError, match="HYGON_ATTN_NATIVE_TILE must be 32 or 64"):
+        tuning.native_decode_tile(head_dim=128)
 
 
 @pytest.mark.parametrize("programs,ctx", [(8, 32768), (8, 131072), (32, 32768), (512, 4096),
@@ -182,20 +199,28 @@ def test_native_decode_bad_stages(monkeypatch):
     lens = torch.full((1,), 5, dtype=torch.int32, device="cuda")
     with pytest.raises(RuntimeError, match="loop_stages must be 0, 2, 3 or 4"):
         native.load().paged_decode(torch.empty_like(q), q, k, k, table, lens, None, None, None,
-                                   q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, 5)
+                                   q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, 5, 64)
+    with pytest.raises(RuntimeError, match="loop_tile 32 or 64"):
+        native.load().paged_decode(torch.empty_like(q), q, k, k, table, lens, None, None, None,
+                                   q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, 3, 48)
 
 
 @gpu
 def test_native_decode_occupancy_query():
     """The occupancy the partition rule plans with: at least one program an SM, fewer as
-    the split-N loop's stages (35 KB each at head_dim 128) grow, and -1 for a loop the
-    kernel has no code for."""
+    the split-N loop's stages (35 KB each at head_dim 128, 17.5 KB with 32-token tiles)
+    grow, more with the smaller tile, and -1 for a loop the kernel has no code for."""
     ops = native.load()
-    per = {s: ops.decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16, s)
-           for s in (0, 2, 3, 4)}
-    assert min(per.values()) >= 1, per
-    assert per[2] >= per[3] >= per[4] and per[2] > per[4], per
-    assert ops.decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16, 5) == -1
+    for tile in (32, 64):
+        per = {s: ops.decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16, s, tile)
+               for s in (0, 2, 3, 4)}
+        assert min(per.values()) >= 1, per
+        assert per[2] >= per[3] >= per[4] and per[2] > per[4], per
+    small = ops.decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16, 3, 32)
+    big = ops.decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16, 3, 64)
+    assert small > big, (small, big)
+    assert ops.decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16, 5, 64) == -1
+    assert ops.decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16, 3, 16) == -1
 
 
 @gpu

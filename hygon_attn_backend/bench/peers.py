@@ -73,6 +73,9 @@ def ours_decode(prob, *, partition_size: Optional[int], kv_head_grid: bool = Tru
         if plan.split:
             note += ", per-sequence" if cfg.seq_split else ""
             note += ", fused combine" if plan.fused_combine else ", combine launch"
+    if plan.impl == "native":
+        note += (f", split-N {plan.native_tile}-token tiles, {plan.native_stages} stages"
+                 if plan.native_stages else ", shared-softmax loop")
     return Runner(label, fn, out, note=note, keep=[ws, plan])
 
 

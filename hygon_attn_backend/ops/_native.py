@@ -66,22 +66,26 @@ def decode_grid_programs(*, num_seqs: int, num_kv_heads: int, rows: int) -> int:
     return num_seqs * num_kv_heads * -(-rows // DECODE_MAX_ROWS)
 
 
-def decode_block_n(head_dim: int) -> int:
-    """KV tokens per tile of the native decode (``Layout::BLOCK_N``): 64, 32 past D=128."""
-    return 64 if head_dim <= 128 else 32
+def decode_block_n(head_dim: int, loop_tile: int = 64) -> int:
+    """KV tokens per tile of the native decode: ``loop_tile`` for the split-N loop (32 or
+    64, at head_dim <= 128), else the shared-softmax loop's ``Layout::BLOCK_N`` (64, 32 past
+    D=128)."""
+    return 32 if head_dim > 128 else loop_tile
 
 
 @functools.lru_cache(maxsize=None)
 def decode_programs_per_sm(*, device_index: int, q_dtype: torch.dtype, kv_dtype: torch.dtype,
-                           head_dim: int, rows: int, loop_stages: int) -> int:
+                           head_dim: int, rows: int, loop_stages: int, loop_tile: int) -> int:
     """Native decode programs that fit on one SM at once (the runtime's occupancy
     calculator for the instantiation a launch of ``rows = G * T`` query rows per KV head
     would take; 16-byte aligned K/V rows assumed)."""
     with torch.cuda.device(device_index):
-        n = int(_ops().decode_programs_per_sm(q_dtype, kv_dtype, head_dim, rows, loop_stages))
+        n = int(_ops().decode_programs_per_sm(q_dtype, kv_dtype, head_dim, rows, loop_stages,
+                                              loop_tile))
     if n < 1:
         raise RuntimeError(f"native decode: no occupancy for head_dim={head_dim}, rows={rows}, "
-                           f"loop_stages={loop_stages} ({q_dtype}, KV {kv_dtype})")
+                           f"loop_stages={loop_stages}, loop_tile={loop_tile} "
+                           f"({q_dtype}, KV {kv_dtype})")
     return n
 
 
@@ -90,10 +94,11 @@ def paged_decode(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.Tensor,
                  scale: float, k_scale, v_scale, soft_cap: Optional[float],
                  sliding_window: Optional[int], sinks: Optional[torch.Tensor],
                  partition_size: int, num_partitions: int, loop_stages: int,
-                 workspace) -> None:
+                 loop_tile: int, workspace) -> None:
     """q4, out4: ``[S, T, Hq, D]``; caches as ``paged_decode_attention`` takes them;
     ``workspace`` (a ``DecodeWorkspace``) is read only when ``num_partitions > 1``;
-    ``loop_stages``: :func:`tuning.native_decode_stages`."""
+    ``loop_stages``, ``loop_tile``: :func:`tuning.native_decode_stages`,
+    :func:`tuning.native_decode_tile`."""
     k_t, k_val = _scale_pair(k_scale)
     v_t, v_val = _scale_pair(v_scale)
     sinks_f32 = sinks.to(torch.float32).contiguous() if sinks is not None else None
@@ -104,4 +109,4 @@ def paged_decode(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.Tensor,
     _ops().paged_decode(out4, q4, k_cache, v_cache, block_table, seq_lens, sinks_f32, k_t, v_t,
                         ml, es, po, float(scale), k_val, v_val, float(soft_cap or 0.0),
                         int(sliding_window or 0), int(partition_size), int(num_partitions),
-                        int(loop_stages))
+                        int(loop_stages), int(loop_tile))

@@ -325,6 +325,7 @@ class DecodePlan:
     fused_combine: bool = False
     pdl: bool = False  # the combine launch is a programmatic dependent launch (sm_90+)
     native_stages: int = 0  # impl "native": its loop (tuning.native_decode_stages)
+    native_tile: int = 64   # and the split-N loop's tile (tuning.native_decode_tile)
     _variants: Dict[int, tuple] = field(default_factory=dict, repr=False)
     # the layers :meth:`run` built, by the identity of what built them (see remember_layer)
     _layers: Dict[tuple, "DecodeLayer"] = field(default_factory=dict, repr=False)
@@ -430,7 +431,7 @@ class DecodePlan:
             soft_cap=layer.soft_cap, sliding_window=layer.sliding_window, sinks=layer.sinks,
             partition_size=cfg.partition_size if self.split else _WHOLE_SEQUENCE,
             num_partitions=cfg.num_partitions, loop_stages=self.native_stages,
-            workspace=self.workspace)
+            loop_tile=self.native_tile, workspace=self.workspace)
         return out
 
     def _make_launches(self, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft_cap,
@@ -585,8 +586,9 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
     sm_scale = float(scale) if scale is not None else head_dim ** -0.5
     config = None
     fused = False
-    native_stages = 0
+    native_stages, native_tile = 0, 64
     if chosen == "native":
+        native_tile = tuning.native_decode_tile(head_dim=head_dim)
         native_rows = num_tokens * (num_q_heads // num_kv_heads)
         native_programs = _native.decode_grid_programs(
             num_seqs=num_seqs, num_kv_heads=num_kv_heads, rows=native_rows)
@@ -599,7 +601,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
             partition_size = _native_partition_size(
                 programs=native_programs, rows=native_rows, head_dim=head_dim,
                 q_dtype=q_dtype, kv_dtype=kv_dtype, max_context=max_context,
-                loop_stages=native_stages, device=device,
+                loop_stages=native_stages, loop_tile=native_tile, device=device,
                 max_partitions=None if workspace is None
                 else workspace.max_logits.shape[0] // num_seqs)
         config = decode_launch_config(
@@ -629,13 +631,13 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         kv_dtype=kv_dtype, device=device,
         max_seq_len=max_seq_len if max_seq_len is not None else max_blocks * page_size,
         scale=sm_scale, config=config, workspace=workspace, kv_head_grid=kv_head_grid,
-        native_stages=native_stages,
+        native_stages=native_stages, native_tile=native_tile,
         fused_combine=fused, pdl=chosen == "triton" and config is not None
         and config.num_partitions > 1 and not fused and tuning.decode_combine_pdl(device))
 
 
 def _native_partition_size(*, programs, rows, head_dim, q_dtype, kv_dtype, max_context,
-                           loop_stages, device, max_partitions) -> int:
+                           loop_stages, loop_tile, device, max_partitions) -> int:
     """The native decode's partition size for a grid of ``programs`` per partition with
     ``rows`` query rows per KV head: whole waves of its own occupancy
     (:func:`tuning.native_decode_partition_size`), no more partitions than a caller's
@@ -643,8 +645,10 @@ def _native_partition_size(*, programs, rows, head_dim, q_dtype, kv_dtype, max_c
     per_sm = _native.decode_programs_per_sm(
         device_index=device.index if device.index is not None else torch.cuda.current_device(),
         q_dtype=q_dtype, kv_dtype=kv_dtype, head_dim=head_dim,
-        rows=min(rows, _native.DECODE_MAX_ROWS), loop_stages=loop_stages)
+        rows=min(rows, _native.DECODE_MAX_ROWS), loop_stages=loop_stages,
+        loop_tile=loop_tile)
     return tuning.native_decode_partition_size(
         programs=programs, max_context_len=max_context,
-        block_n=_native.decode_block_n(head_dim), programs_per_sm=per_sm,
+        block_n=_native.decode_block_n(head_dim, loop_tile if loop_stages and rows <= 16 else 64),
+        programs_per_sm=per_sm,
         num_sms=num_sms_of(device), max_partitions=max_partitions)
