@@ -55,14 +55,15 @@ struct Layout {
 
 // The split-N loop's shared memory for KV tiles of SN_TOKENS tokens (decode_split_n.cuh):
 // Q (16 rows), then 2..MAX_SPLIT_N_STAGES cp.async stages of (K, V, token flags), then two
-// tiles' block ids; the slices' merge (m, l, O of 16 rows each) reuses the stages.
+// tiles' row offsets; the slices' merge (m, l, O of 16 rows each) reuses the stages.
 template <int HEAD_DIM_PAD, int SN_TOKENS>
 struct SplitNGeometry {
   typedef Layout<16, HEAD_DIM_PAD> L;
   static constexpr int SLICES = SN_TOKENS / 16;                 // 16-token slices of a tile
   static constexpr int CTW = HEAD_DIM_PAD / 16 / (NUM_WARPS / SLICES);  // O column tiles a warp
-  static constexpr int STAGE_BYTES = 2 * SN_TOKENS * L::LDK * 2 + SN_TOKENS * 4;
-  static constexpr int bytes(int stages) { return L::K_OFF + stages * STAGE_BYTES + 2 * SN_TOKENS * 4; }
+  static constexpr int STAGE_BYTES = 2 * SN_TOKENS * L::LDK * 2 + SN_TOKENS;  // K, V, token flags (bytes)
+  // after the stages: two tiles' (block, slot) per token, int2 [2][SN_TOKENS]
+  static constexpr int bytes(int stages) { return L::K_OFF + stages * STAGE_BYTES + 2 * SN_TOKENS * 8; }
   static_assert(NUM_WARPS % SLICES == 0 && CTW * (NUM_WARPS / SLICES) * 16 == HEAD_DIM_PAD,
                 "the warps split a tile's tokens and O's channels evenly");
   static_assert(SLICES * 16 * (2 + HEAD_DIM_PAD) * 4 <= 2 * STAGE_BYTES, "the merge fits in two stages");

@@ -44,12 +44,21 @@ HAB_DEV void cp_async_wait_pending(int pending) {
   else asm volatile("cp.async.wait_group 0;\n" ::);
 }
 
-// Block ids: thread tid < BLOCK_N reads the block id of token tid of a tile (one table
+// 2^x for x <= 0 or -inf in one instruction (a result below 2^-126 flushes to 0, far
+// under a 16-bit P's resolution); exp2f adds a range fix-up for denormal results.
+HAB_DEV float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Token rows: thread tid < BLOCK_N reads the block id of token tid of a tile (one table
 // read per token instead of one per staged chunk: the threads staging one token's row
-// share it) into ids[tile & 1][tid] in shared memory. The read of tile A + 1 is
-// issued after the barrier of the iteration that stages tile A and stored after that
-// iteration's math, so its latency overlaps a tile; the next barrier publishes it. The
-// buffer A + 1 & 1 was last read by issue(A - 1), before that barrier.
+// share it) and its slot, rows[tile & 1][tid] = (block, slot) in shared memory (block -1: a
+// token to skip), so the 8 threads that stage the row do no division. The table read of tile A + 1 is issued after the barrier
+// of the iteration that stages tile A and its offsets stored after that iteration's math,
+// so its latency overlaps a tile; the next barrier publishes them. The buffer A + 1 & 1
+// was last read by issue(A - 1), before that barrier.
 template <typename KIND, int HEAD_DIM_PAD, int SN_TOKENS, typename BlockOf>
 HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_start, int seq_len, int rows,
                             int row0, int group, int kv_head, int64_t seq, int part, int head_dim, float qk_scale,
@@ -65,16 +74,19 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   const bool keeps_state = warp < SLICES;  // one warp a slice publishes (m, l) for the merge
   const int g = lane >> 2, t4 = lane & 3;
   const int num_tiles = part_end > loop_start ? (part_end - loop_start + BLOCK_N - 1) / BLOCK_N : 0;
-  // stage s: K [BLOCK_N][LDK], V [BLOCK_N][LDK], token flags [BLOCK_N]
+  // stage s: K [BLOCK_N][LDK], V [BLOCK_N][LDK], token flags [BLOCK_N] bytes
   constexpr int STAGE_BYTES = G::STAGE_BYTES;
   static_assert((L::LDK * 2) % 16 == 0 && L::K_OFF % 16 == 0 && STAGE_BYTES % 16 == 0 &&
                     (BLOCK_N * L::LDK * 2) % 16 == 0,
                 "ldmatrix and cp.async need 16-byte aligned rows in every stage");
   auto k_stage = [&](int s) { return reinterpret_cast<uint16_t*>(stage_smem + s * STAGE_BYTES); };
   auto v_stage = [&](int s) { return k_stage(s) + BLOCK_N * L::LDK; };
-  auto ok_stage = [&](int s) { return reinterpret_cast<int*>(stage_smem + s * STAGE_BYTES + 2 * BLOCK_N * L::LDK * 2); };
-  int* ids = reinterpret_cast<int*>(stage_smem + stages * STAGE_BYTES);  // [2][BLOCK_N] block ids, -1: skip
-  auto block_of_tile = [&](int tile) { return block_of(loop_start + tile * BLOCK_N + tid); };  // tid < BLOCK_N
+  auto ok_stage = [&](int s) { return stage_smem + s * STAGE_BYTES + 2 * BLOCK_N * L::LDK * 2; };  // [BLOCK_N] bytes
+  int2* rows_s = reinterpret_cast<int2*>(stage_smem + stages * STAGE_BYTES);  // [2][BLOCK_N] (block, slot)
+  // token tid of tile `tile` (tid < BLOCK_N): its block id (-1: skip) and its slot
+  auto block_of_tile = [&](int tile) { return block_of(loop_start + tile * BLOCK_N + tid); };
+  auto slot_of_tile = [&](int tile) { return geo.slot_of(loop_start + tile * BLOCK_N + tid); };
+  auto store_rows = [&](int tile, int blk, int slot) { rows_s[(tile & 1) * BLOCK_N + tid] = make_int2(blk, slot); };
   // K/V rows of a tile straight into shared memory (cp.async, no registers); bad tokens
   // are zero-filled without a read. TPT = 8 threads stage one token: thread u copies chunks
   // u, u + 8, ... (8 channels each), so each copy instruction of the warp moves whole
@@ -88,33 +100,45 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   constexpr int PASSES = BLOCK_N / TOKENS_PER_PASS;
   static_assert(L::CH % TPT == 0 && PASSES * TOKENS_PER_PASS == BLOCK_N, "a tile's rows split evenly");
   const int u = tid % TPT, tn0 = tid / TPT;  // chunk lane, first token of this thread
+  bool chunk_in[CPT];  // chunk u + TPT j is inside head_dim (else it stays zero, never read)
+#pragma unroll
+  for (int j = 0; j < CPT; ++j) chunk_in[j] = 8 * (u + TPT * j) < head_dim;
+  // bit i: every token this thread staged for the i-th most recent tile was valid; the
+  // barrier of a tile ANDs them over the block (a full tile needs no token mask)
+  uint32_t ok_hist = 0;
   auto issue = [&](int tile, int s) {  // s: the stage it goes to, tile % stages
-    const int start = loop_start + tile * BLOCK_N;
-    const int* tile_ids = ids + (tile & 1) * BLOCK_N;
+    const int2* tile_rows = rows_s + (tile & 1) * BLOCK_N;
     uint16_t* ks = k_stage(s);
     uint16_t* vs = v_stage(s);
-    int* oks = ok_stage(s);
+    uint8_t* oks = ok_stage(s);
+    bool all_ok = true;
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
       const int n = tn0 + pass * TOKENS_PER_PASS;
-      const int pg = tile_ids[n];
-      const bool tok_ok = pg >= 0;
+      const int2 bs = tile_rows[n];
+      const bool tok_ok = bs.x >= 0;
+      all_ok = all_ok && tok_ok;
       // no branch: a skipped token addresses block 0, slot 0 of the head (inside the
       // cache; a zero-byte copy reads nothing)
-      const int blk = tok_ok ? pg : 0, slot = tok_ok ? geo.slot_of(start + n) : 0;
-      const uint8_t* k_row = geo.k_base + 2 * geo.k_row(blk, slot);
-      const uint8_t* v_row = geo.v_base + 2 * geo.v_row(blk, slot);
+      const int blk = tok_ok ? bs.x : 0, slot = tok_ok ? bs.y : 0;
+      const uint8_t* k_row = geo.k_base + 2 * geo.k_row(blk, slot) + 16 * u;
+      const uint8_t* v_row = geo.v_base + 2 * geo.v_row(blk, slot) + 16 * u;
       uint16_t* k_dst = ks + n * L::LDK + 8 * u;
       uint16_t* v_dst = vs + n * L::LDK + 8 * u;
 #pragma unroll
       for (int j = 0; j < CPT; ++j) {  // chunk u + TPT j: channels 8 (u + TPT j) ..
-        const bool fill = tok_ok && 8 * (u + TPT * j) < head_dim;
-        const int off = fill ? 16 * (u + TPT * j) : 0;  // a skipped chunk stays in the row
+        const bool fill = tok_ok && chunk_in[j];
+        const int off = fill ? 16 * TPT * j : 0;  // a skipped chunk stays in the row
         cp_async16(k_dst + 8 * TPT * j, k_row + off, fill);
         cp_async16(v_dst + 8 * TPT * j, v_row + off, fill);
       }
       if (u == 0) oks[n] = tok_ok;
     }
+    ok_hist = (ok_hist << 1) | (all_ok ? 1u : 0u);
+    cp_async_commit();
+  };
+  auto push_empty = [&]() {  // an empty group past the last tile
+    ok_hist = (ok_hist << 1) | 1u;
     cp_async_commit();
   };
   // rows g and g + 8 of this lane: last visible key, validity
@@ -143,16 +167,20 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[ct][e] = 0.f;
 
-  // prologue: tiles 0 .. stages-2 (their block ids read here, one barrier each)
-  if (tid < BLOCK_N && num_tiles > 0) ids[tid] = block_of_tile(0);
+  // prologue: tiles 0 .. stages-2 (their rows read here, one barrier each)
+  if (tid < BLOCK_N && num_tiles > 0) store_rows(0, block_of_tile(0), slot_of_tile(0));
+  // the last valid key of the first row: a tile ending at or before it needs no causal mask
+  const int pos_lo = seq_len - int(p.num_tokens);
   for (int t = 0; t < stages - 1; ++t) {
-    __syncthreads();  // ids of tile t are visible; issue(t - 1) is done with the other buffer
+    __syncthreads();  // rows of tile t are visible; issue(t - 1) is done with the other buffer
     if (t < num_tiles) {
-      const int next = tid < BLOCK_N && t + 1 < num_tiles ? block_of_tile(t + 1) : -1;
+      const bool more = tid < BLOCK_N && t + 1 < num_tiles;
+      const int next = more ? block_of_tile(t + 1) : -1;
+      const int next_slot = more ? slot_of_tile(t + 1) : 0;
       issue(t, t);
-      if (tid < BLOCK_N) ids[((t + 1) & 1) * BLOCK_N + tid] = next;
+      if (tid < BLOCK_N) store_rows(t + 1, next, next_slot);
     } else {
-      cp_async_commit();
+      push_empty();
     }
   }
   // stage indices advance by one per tile (a run-time modulo is a division)
@@ -162,16 +190,21 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     const int start = loop_start + tile * BLOCK_N;
     const uint16_t* k_s = k_stage(s);
     const uint16_t* v_s = v_stage(s);
-    const int* ok_s = ok_stage(s);
+    const uint8_t* ok_s = ok_stage(s);
     cp_async_wait_pending(stages - 2);  // this thread's copies of the tile landed
-    __syncthreads();                    // everyone's did, and every warp is done with tile - 1
+    // everyone's did, and every warp is done with tile - 1; and whether every token of the
+    // tile is valid (this thread staged it stages - 1 issues ago)
+    const bool tile_ok = __syncthreads_and(int((ok_hist >> (stages - 2)) & 1u)) != 0;
     const int ahead = tile + stages - 1;
-    int next_id = -1;  // block id of token tid of tile ahead + 1, stored after the math
+    int next_id = -1, next_slot = 0;  // token tid of tile ahead + 1, its rows stored after the math
     if (ahead < num_tiles) {
-      if (tid < BLOCK_N && ahead + 1 < num_tiles) next_id = block_of_tile(ahead + 1);
+      if (tid < BLOCK_N && ahead + 1 < num_tiles) {
+        next_id = block_of_tile(ahead + 1);
+        next_slot = slot_of_tile(ahead + 1);
+      }
       issue(ahead, s_ahead);  // in flight during this tile's math (tile - 1's stage)
     } else {
-      cp_async_commit();
+      push_empty();
     }
 
     // S = Q K_slice^T: [16 rows, 16 tokens], element e of the lane: row g + 8 (e & 3) / 2,
@@ -180,7 +213,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
 #pragma unroll
     for (int e = 0; e < 8; ++e) c[e] = 0.f;
     const uint16_t* k_w = k_s + slice * 16 * L::LDK;
-#pragma unroll 2
+#pragma unroll
     for (int kk = 0; kk < HEAD_DIM_PAD / 16; ++kk) Tile::mma_ldsm(c, q_s + kk * 16, L::LDK, k_w + kk * 16, L::LDK, lane);
     // logits in log2 units (the soft cap is a warp-uniform branch around all 8), then the
     // mask as selects: no per-element branch
@@ -194,23 +227,35 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
 #pragma unroll
       for (int e = 0; e < 8; ++e) c[e] *= qk_scale;
     }
+    // The mask (warp-uniform choice): a full tile (every token valid, all before the first
+    // row's last key, no window) keeps every logit; padded rows then see finite logits of
+    // a zero query, which change nothing that is stored. Otherwise each element is masked
+    // by selects on the tokens' flags (4 of them a lane, read as two byte pairs).
+    if (!(tile_ok && start + BLOCK_N - 1 <= pos_lo && !use_window)) {
+      const int n0 = slice * 16 + 2 * t4;
+      const uint32_t f[2] = {*reinterpret_cast<const uint16_t*>(ok_s + n0),
+                             *reinterpret_cast<const uint16_t*>(ok_s + n0 + 8)};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int k = (e & 3) >> 1, n = n0 + 8 * (e >> 2) + (e & 1), j = start + n;
+        const bool flag = (f[e >> 2] >> (8 * (e & 1))) & 0xffu;
+        bool vis = row_ok[k] & flag & (j <= pos[k]);
+        if (use_window) vis = vis & (j > pos[k] - int(p.sliding_window));
+        c[e] = vis ? c[e] : -INFINITY;
+      }
+    }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int k = (e & 3) >> 1;
-      const int n = slice * 16 + Tile::col(lane, e), j = start + n;
-      bool vis = row_ok[k] && ok_s[n] && j <= pos[k];
-      if (use_window) vis = vis && j > pos[k] - int(p.sliding_window);
-      c[e] = vis ? c[e] : -INFINITY;
-      mx[k] = fmaxf(mx[k], c[e]);
-    }
+    for (int e = 0; e < 8; ++e) mx[(e & 3) >> 1] = fmaxf(mx[(e & 3) >> 1], c[e]);
     float alpha[2], mu[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {  // the 4 lanes of a quad hold one row's 16 tokens
       mx[k] = hab_group_max<4>(mx[k]);
       const float m_new = fmaxf(m[k], mx[k]);
       mu[k] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[k] = exp2f(m[k] - mu[k]);
+      // exactly 1 when the max did not move (also a row that has seen no key yet), so the
+      // rescale below is skipped whenever no row of the warp moved
+      alpha[k] = m_new == m[k] ? 1.f : ex2_ftz(m[k] - mu[k]);
       m[k] = m_new;
       l[k] *= alpha[k];
     }
@@ -218,7 +263,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const int k = (e & 3) >> 1;
-      const float pv = exp2f(c[e] - mu[k]);
+      const float pv = ex2_ftz(c[e] - mu[k]);
       l[k] += pv;
       pb[e] = KIND::from_float(pv);
     }
@@ -236,7 +281,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     }
 #pragma unroll
     for (int ct = 0; ct < CTW; ++ct) Tile::mma_a_regs_ldsm(o[ct], a, v_w + ct * 16, L::LDK, lane);
-    if (tid < BLOCK_N && ahead < num_tiles) ids[((ahead + 1) & 1) * BLOCK_N + tid] = next_id;
+    if (tid < BLOCK_N && ahead < num_tiles) store_rows(ahead + 1, next_id, next_slot);
   }
 
   // ---- merge the slices: m_s, l_s [SLICES][16], O_s [SLICES][16][HEAD_DIM_PAD] fp32
