@@ -66,10 +66,11 @@ def native_preferred(op: str, *, is_hip: bool, group: int = 1) -> bool:
     registers and misses peak (published DCU numbers: 1.5-4.3x faster kernels, TPOT 79 ->
     35 ms); so HIP takes native for every op. On NVIDIA, Triton's kernels are tuned on the
     H200, and native is taken only where it was measured faster there.
-    Measurement (H200, bf16, D=128, page 16, docs/native.md, 2026-12-01): native reads
-    94-99% of the copy at large batches with G=1, 0.92-0.98x the Triton kernel at G <= 4
-    and 0.58-0.89x at batch 1 and G = 8 / 16; no decode shape makes native the faster one
-    on NVIDIA, so NVIDIA stays on Triton.
+    Measurement (H200, bf16, D=128, page 16, docs/native.md, session 10): native is
+    0.95-1.07x the Triton kernel at large batches with G <= 4 (ahead at (64, 16k) and
+    (256, 2k), by less than Triton's own spread between runs there, 4-6%), 0.88-0.94x at
+    G = 8 / 16 and 0.71-0.91x at batch 1; no decode shape makes native reliably the faster
+    one on NVIDIA, so NVIDIA stays on Triton.
     Override: ``HYGON_ATTN_NATIVE_AUTO=1`` (native wherever it runs) / ``0`` (never).
     """
     forced = envs.native_auto()
@@ -114,18 +115,23 @@ def native_decode_tile(*, head_dim: int) -> int:
     32 or 64.
 
     Reasoning: with 64-token tiles each of the 4 warps owns 16 tokens and all of O (64
-    fp32 registers a thread at head_dim 128): 145 registers and 35 KB a stage, 2 programs
+    fp32 registers a thread at head_dim 128): 153 registers and 35 KB a stage, 2 programs
     an SM with 3 stages. With 32-token tiles two warps share 16 tokens and split O's
-    channels (each computes the slice's S, so QK^T runs twice): 94 registers and 17.5 KB a
-    stage, 4 programs an SM with 3 stages and 5 with 2, for one more S product a token.
-    Measurement: docs/native.md, session 10.
+    channels (each computes the slice's S, so QK^T runs twice): 96 registers and 17.5 KB a
+    stage, 4 programs an SM with 3 stages and 5 with 2, for one more S product a token and
+    twice the per-tile work (barrier, staging, softmax) per token.
+    Measurement (H200, bf16, D=128, page 16, graph replay with the L2 cleared,
+    ``scripts/bench_native_decode.py``, docs/native.md session 10): the 32-token tile
+    issued 1.6x the instructions of the 64-token one at (1, 32k) 32/8 (ncu) at 1.75x the
+    IPC; timed over 18 shapes it was the faster only at (256, 2k) G = 8 / 16 (1-2%, with 3
+    stages) and at (8, 8k) (level), and 1-12% slower elsewhere, so 64 everywhere.
     Override: ``HYGON_ATTN_NATIVE_TILE=32|64``.
     """
     forced = envs.native_tile()
     if forced is not None:
         return forced
     del head_dim
-    return 32
+    return 64
 
 
 NATIVE_MANY_PROGRAMS_PER_SM = 4  # from here the native decode takes 2 stages
