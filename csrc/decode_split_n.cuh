@@ -21,7 +21,8 @@ namespace hab_decode {
 // Why two layouts: at head_dim 128 the 64-token layout holds a 64-register O a thread and
 // a 35 KB stage, so 2 programs (3 stages) fit an SM; the 32-token layout halves both (O 32
 // registers, a 17.5 KB stage), so 4 programs fit with 3 stages, for one more S product a
-// token (docs/native.md, session 10).
+// token and twice the per-tile work a token; it measured 1-12% slower at most shapes, so
+// 64 is the default (tuning.native_decode_tile, docs/native.md session 10).
 //
 // Pipeline: `stages` cp.async stages (a runtime value, 2..MAX_SPLIT_N_STAGES), one commit
 // group per tile. At the top of tile t the groups 0..t+stages-2 are committed; waiting
