@@ -15,6 +15,22 @@ constexpr int kCombineDimThreads = 128;  // threads along head_dim (2 channels e
 constexpr int kCombineGroups = 4;        // partition groups: each sums every 4th partition
 constexpr int kCombineThreads = kCombineDimThreads * kCombineGroups;
 
+// A block-wide max or sum of one float per thread: the warps reduce by shuffles, warp w
+// leaves its value in red[w], and after one barrier every thread reduces those
+// kCombineThreads / HAB_WARP_SIZE values itself (independent shared-memory reads). `red`
+// is free again after the next barrier.
+template <bool MAX>
+__device__ __forceinline__ float block_reduce(float v, float* red) {
+  constexpr int WARPS = kCombineThreads / HAB_WARP_SIZE;
+  v = MAX ? hab_group_max<HAB_WARP_SIZE>(v) : hab_group_sum<HAB_WARP_SIZE>(v);
+  if (threadIdx.x % HAB_WARP_SIZE == 0) red[threadIdx.x / HAB_WARP_SIZE] = v;
+  __syncthreads();
+  float r = red[0];
+#pragma unroll
+  for (int w = 1; w < WARPS; ++w) r = MAX ? fmaxf(r, red[w]) : r + red[w];
+  return r;
+}
+
 // One block per (sequence, row). Thread (g, c) sums channels c and c + 128 over the
 // partitions j with j % kCombineGroups == g; the groups' sums are added at the end. The
 // loads of one thread are independent of each other (no branch on the weight: every
@@ -22,10 +38,12 @@ constexpr int kCombineThreads = kCombineDimThreads * kCombineGroups;
 // keeps a zero weight from touching its value), so several are in flight per thread and
 // four groups multiply that. The first form, one thread per channel over every
 // partition with a branch on the weight, waited for each load before the next: 16-28 us
-// for 64 partitions on an H200 (ncu, docs/native.md).
+// for 64 partitions on an H200 (ncu, docs/native.md). The max and the weights' total are
+// block reductions by warp shuffles (one barrier each), not a shared-memory tree and a
+// serial sum (9 barriers and a 64-long chain of adds at 64 partitions: session 10).
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParams p) {
   __shared__ float w_s[kCombineThreads];  // weights of a chunk of partitions
-  __shared__ float red_s[kCombineThreads];
+  __shared__ float red_s[2][kCombineThreads / 32];  // the warps' partial max / sums (two, alternating)
   __shared__ float sum_s[kCombineGroups][2][kCombineDimThreads];  // the groups' sums
   const int64_t seq = blockIdx.x;
   const int64_t row = blockIdx.y;  // t * Hq + h
@@ -37,32 +55,32 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParam
   const int64_t slot0 = seq * p.num_partitions;
   const float* ml = p.max_logits + slot0 * p.ml_stride[0] + row * p.ml_stride[1];
   const float* es = p.exp_sums + slot0 * p.ml_stride[0] + row * p.ml_stride[1];
-  // pass 1: M = max_p m_p, one partition per thread, then a block reduction
-  float m = -INFINITY;
-  for (int q = tid; q < parts; q += kCombineThreads) m = fmaxf(m, ml[q * p.ml_stride[0]]);
-  red_s[tid] = m;
-  __syncthreads();
-  for (int s = kCombineThreads / 2; s > 0; s >>= 1) {
-    if (tid < s) red_s[tid] = fmaxf(red_s[tid], red_s[tid + s]);
-    __syncthreads();
+  // pass 1: M = max_p m_p, one partition per thread (the first chunk's m and l kept)
+  float m_first = -INFINITY, l_first = 0.f;
+  if (tid < parts) {
+    m_first = ml[tid * p.ml_stride[0]];
+    l_first = es[tid * p.ml_stride[0]];
   }
-  const float big_m = red_s[0] == -INFINITY ? 0.f : red_s[0];
+  float m = m_first;
+  for (int q = tid + kCombineThreads; q < parts; q += kCombineThreads) m = fmaxf(m, ml[q * p.ml_stride[0]]);
+  const float block_m = block_reduce<true>(m, red_s[0]);
+  const float big_m = block_m == -INFINITY ? 0.f : block_m;
   // pass 2: chunks of kCombineThreads partitions: weights by one thread each, then every
   // thread sums its channels over its group's partitions of the chunk
   const int64_t d0 = chan, d1 = chan + kCombineDimThreads;
   const bool has0 = d0 < p.head_dim, has1 = d1 < p.head_dim;
   const float* po0 = p.partial_out + slot0 * p.po_stride[0] + row * p.po_stride[1];
   float acc0 = 0.f, acc1 = 0.f, total = 0.f;
-  for (int c0 = 0; c0 < parts; c0 += kCombineThreads) {
+  for (int c0 = 0, k = 1; c0 < parts; c0 += kCombineThreads, k ^= 1) {
     const int q = c0 + tid;
     float w = 0.f;
     if (q < parts) {
-      const float l = es[q * p.ml_stride[0]];
-      w = l > 0.f ? l * exp2f(ml[q * p.ml_stride[0]] - big_m) : 0.f;
+      const float l = c0 == 0 ? l_first : es[q * p.ml_stride[0]];
+      const float mq = c0 == 0 ? m_first : ml[q * p.ml_stride[0]];
+      w = l > 0.f ? l * exp2f(mq - big_m) : 0.f;
     }
-    __syncthreads();  // the previous chunk's weights are read
-    w_s[tid] = w;
-    __syncthreads();
+    w_s[tid] = w;  // the previous chunk's weights were read before its closing barrier
+    total += block_reduce<false>(w, red_s[k]);  // its barrier also publishes w_s
     const int n = min(kCombineThreads, parts - c0);
     for (int j = group; j < n; j += kCombineGroups) {
       const float wj = w_s[j];
@@ -72,7 +90,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParam
       acc0 += wj > 0.f ? wj * o0 : 0.f;
       acc1 += wj > 0.f ? wj * o1 : 0.f;
     }
-    for (int j = 0; j < n; ++j) total += w_s[j];
+    __syncthreads();  // every thread is done with this chunk's w_s and red_s[k ^ 1] is free
   }
   sum_s[group][0][chan] = acc0;
   sum_s[group][1][chan] = acc1;
