@@ -75,12 +75,16 @@ typedef cudaError_t hab_error_t;
 #define HAB_DEV __device__ __forceinline__
 
 // Host side: whether the current device runs mma.sync m16n8k16 (NVIDIA sm_80+; the device
-// pass's HAB_HAS_MMA_SYNC), for kernels that exist only there.
+// pass's HAB_HAS_MMA_SYNC), for kernels that exist only there. Asked of the runtime once
+// per device (64 devices cached; any other is asked every time).
 inline bool hab_device_has_mma_sync() {
 #if defined(HAB_CUDA)
+  static signed char known[64] = {};  // 0: not asked yet, 1: yes, -1: no
   int dev = 0, major = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (dev >= 0 && dev < 64 && known[dev]) return known[dev] > 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+  if (dev >= 0 && dev < 64) known[dev] = major >= 8 ? 1 : -1;
   return major >= 8;
 #else
   return false;

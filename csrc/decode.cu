@@ -126,11 +126,12 @@ bool fits_int32(int64_t x) { return x >= 0 && x <= 2147483647LL; }
 // loop; 2..MAX, the split-N loop where it applies, with that many cp.async stages (two keep
 // one tile in flight while a tile is computed, three keep two) and KV tiles of loop_tile
 // tokens (32 or 64; at head_dim 128 a stage is 17.5 or 35 KB). The caller plans both
-// (tuning.native_decode_stages / native_decode_tile); false for any other value.
+// (tuning.native_decode_stages / native_decode_tile); false for any other value. A device
+// without mma.sync runs the shared-softmax loop whatever was planned.
 bool loop_flags(int64_t loop_stages, int64_t loop_tile, hab_decode::Flags* flags) {
   if (loop_stages != 0 && (loop_stages < 2 || loop_stages > hab_decode::MAX_SPLIT_N_STAGES)) return false;
   if (loop_stages != 0 && loop_tile != 32 && loop_tile != 64) return false;
-  flags->split_n = loop_stages != 0 ? int(loop_tile) : 0;
+  flags->split_n = loop_stages != 0 && hab_device_has_mma_sync() ? int(loop_tile) : 0;
   flags->stages = loop_stages != 0 ? int(loop_stages) : 2;
   return true;
 }

@@ -55,7 +55,7 @@ struct Layout {
 
 // The split-N loop's shared memory for KV tiles of SN_TOKENS tokens (decode_split_n.cuh):
 // Q (16 rows), then 2..MAX_SPLIT_N_STAGES cp.async stages of (K, V, token flags), then two
-// tiles' row offsets; the slices' merge (m, l, O of 16 rows each) reuses the stages.
+// tiles' (block, slot) per token; the slices' merge (m, l, O of 16 rows each) reuses the stages.
 template <int HEAD_DIM_PAD, int SN_TOKENS>
 struct SplitNGeometry {
   typedef Layout<16, HEAD_DIM_PAD> L;
@@ -590,11 +590,12 @@ const char* launch_kernel(const HabDecodeParams& p, Flags flags, int bytes, hab_
 template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP>
 const char* launch(const HabDecodeParams& p, Flags flags, hab_stream_t stream) {
   typedef Layout<ROWS, HEAD_DIM_PAD> L;
-  // the split-N loop's layout where it may run (its unit is a device-pass fact, checked there)
+  // the split-N loop's layout where it may run (flags.split_n is 0 on a device without
+  // mma.sync: decode.cu's loop_flags)
   constexpr bool SPLIT_N_SHAPE = HAB_CUDA_BUILD && SplitN<KIND, ROWS, HEAD_DIM_PAD, 32>::value_on_host;
   if constexpr (SPLIT_N_SHAPE) {
     const bool split_n = flags.split_n && flags.k_vec && flags.v_vec && p.kv_dtype == p.q_dtype &&
-                         p.k_split_x == 0 && hab_device_has_mma_sync();
+                         p.k_split_x == 0;
     if (split_n && flags.split_n == 32) {
       typedef SplitNGeometry<HEAD_DIM_PAD, 32> G;
       return launch_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP, 32, G::bytes(MAX_SPLIT_N_STAGES)>(

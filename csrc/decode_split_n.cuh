@@ -56,10 +56,10 @@ HAB_DEV float ex2_ftz(float x) {
 // Token rows: thread tid < BLOCK_N reads the block id of token tid of a tile (one table
 // read per token instead of one per staged chunk: the threads staging one token's row
 // share it) and its slot, rows[tile & 1][tid] = (block, slot) in shared memory (block -1: a
-// token to skip), so the 8 threads that stage the row do no division. The table read of tile A + 1 is issued after the barrier
-// of the iteration that stages tile A and its offsets stored after that iteration's math,
-// so its latency overlaps a tile; the next barrier publishes them. The buffer A + 1 & 1
-// was last read by issue(A - 1), before that barrier.
+// token to skip), so the 8 threads that stage the row do no division. The table read of
+// tile A + 1 is issued after the barrier of the iteration that stages tile A and the pair
+// stored after that iteration's math, so its latency overlaps a tile; the next barrier
+// publishes it. The buffer A + 1 & 1 was last read by issue(A - 1), before that barrier.
 template <typename KIND, int HEAD_DIM_PAD, int SN_TOKENS, typename BlockOf>
 HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_start, int seq_len, int rows,
                             int row0, int group, int kv_head, int64_t seq, int part, int head_dim, float qk_scale,

@@ -110,7 +110,7 @@ def native_decode_stages(*, programs: int, num_sms: int) -> int:
     return 2 if programs >= NATIVE_MANY_PROGRAMS_PER_SM * max(1, num_sms) else 3
 
 
-def native_decode_tile(*, head_dim: int) -> int:
+def native_decode_tile() -> int:
     """KV tokens per tile of the native split-N decode loop (``HabDecodeParams::loop_tile``):
     32 or 64.
 
@@ -130,7 +130,6 @@ def native_decode_tile(*, head_dim: int) -> int:
     forced = envs.native_tile()
     if forced is not None:
         return forced
-    del head_dim
     return 64
 
 

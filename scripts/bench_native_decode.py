@@ -30,13 +30,12 @@ HEADS = ((32, 32), (32, 8), (32, 4), (64, 4))
 # native: the planned loop (tuning.native_decode_stages / native_decode_tile) and split;
 # native_t64: the split-N loop's 64-token tiles (its planned stages); native_t32_sN: its
 # 32-token tiles with N cp.async stages; native_tparts: the planned loop on the Triton
-# rule's partitions; native_shared: the shared-softmax loop (HYGON_ATTN_NATIVE_SPLIT_N=0)
+# rule's partitions
 VARIANTS = ("triton", "native", "native_t64", "native_t32_s2", "native_t32_s3", "native_t32_s4",
             "native_tparts")
 ENV = {"native": ("", "", ""), "native_t64": ("", "", "64"), "native_t32_s2": ("1", "2", "32"),
        "native_t32_s3": ("1", "3", "32"), "native_t32_s4": ("1", "4", "32"),
-       "native_tparts": ("", "", ""), "native_shared": ("0", "", ""),
-       "triton": ("", "", "")}  # (SPLIT_N, STAGES, TILE); "": unset
+       "native_tparts": ("", "", ""), "triton": ("", "", "")}  # (SPLIT_N, STAGES, TILE); "": unset
 ENV_NAMES = ("HYGON_ATTN_NATIVE_SPLIT_N", "HYGON_ATTN_NATIVE_STAGES", "HYGON_ATTN_NATIVE_TILE")
 SHAPES = [(b, c, hq, hkv) for b, c in ((64, 4096), (64, 16384), (256, 2048), (1, 32768))
           for hq, hkv in HEADS] + [(8, 8192, 32, 8), (1, 131072, 32, 8)]

@@ -105,13 +105,13 @@ def test_native_stage_rule(monkeypatch):
 def test_native_tile_rule(monkeypatch):
     """tuning.native_decode_tile: the measured default, the override, a bad value named."""
     monkeypatch.delenv("HYGON_ATTN_NATIVE_TILE", raising=False)
-    assert tuning.native_decode_tile(head_dim=128) in (32, 64)
+    assert tuning.native_decode_tile() in (32, 64)
     for forced in ("32", "64"):
         monkeypatch.setenv("HYGON_ATTN_NATIVE_TILE", forced)
-        assert tuning.native_decode_tile(head_dim=128) == int(forced)
+        assert tuning.native_decode_tile() == int(forced)
     monkeypatch.setenv("HYGON_ATTN_NATIVE_TILE", "48")
     with pytest.raises(ValueError, match="HYGON_ATTN_NATIVE_TILE must be 32 or 64"):
-        tuning.native_decode_tile(head_dim=128)
+        tuning.native_decode_tile()
 
 
 @pytest.mark.parametrize("programs,ctx", [(8, 32768), (8, 131072), (32, 32768), (512, 4096),

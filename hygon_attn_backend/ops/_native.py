@@ -66,11 +66,14 @@ def decode_grid_programs(*, num_seqs: int, num_kv_heads: int, rows: int) -> int:
     return num_seqs * num_kv_heads * -(-rows // DECODE_MAX_ROWS)
 
 
-def decode_block_n(head_dim: int, loop_tile: int = 64) -> int:
-    """KV tokens per tile of the native decode: ``loop_tile`` for the split-N loop (32 or
-    64, at head_dim <= 128), else the shared-softmax loop's ``Layout::BLOCK_N`` (64, 32 past
-    D=128)."""
-    return 32 if head_dim > 128 else loop_tile
+def decode_block_n(*, head_dim: int, rows: int, loop_stages: int, loop_tile: int) -> int:
+    """KV tokens per tile of the native decode for ``rows`` query rows per program:
+    ``loop_tile`` where the split-N loop runs (``loop_stages`` > 0, up to 16 rows, head_dim
+    <= 128: ``SplitN`` in decode_kernel.cuh), else the shared-softmax loop's
+    ``Layout::BLOCK_N`` (64, 32 past D=128)."""
+    if head_dim > 128:
+        return 32
+    return loop_tile if loop_stages and rows <= 16 else 64
 
 
 @functools.lru_cache(maxsize=None)

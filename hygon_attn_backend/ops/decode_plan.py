@@ -588,7 +588,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
     fused = False
     native_stages, native_tile = 0, 64
     if chosen == "native":
-        native_tile = tuning.native_decode_tile(head_dim=head_dim)
+        native_tile = tuning.native_decode_tile()
         native_rows = num_tokens * (num_q_heads // num_kv_heads)
         native_programs = _native.decode_grid_programs(
             num_seqs=num_seqs, num_kv_heads=num_kv_heads, rows=native_rows)
@@ -649,6 +649,7 @@ def _native_partition_size(*, programs, rows, head_dim, q_dtype, kv_dtype, max_c
         loop_tile=loop_tile)
     return tuning.native_decode_partition_size(
         programs=programs, max_context_len=max_context,
-        block_n=_native.decode_block_n(head_dim, loop_tile if loop_stages and rows <= 16 else 64),
+        block_n=_native.decode_block_n(head_dim=head_dim, rows=min(rows, _native.DECODE_MAX_ROWS),
+                                       loop_stages=loop_stages, loop_tile=loop_tile),
         programs_per_sm=per_sm,
         num_sms=num_sms_of(device), max_partitions=max_partitions)
