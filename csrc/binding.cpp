@@ -129,7 +129,7 @@ void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
                   const std::optional<at::Tensor>& v_scale, at::Tensor& max_logits, at::Tensor& exp_sums,
                   at::Tensor& partial_out, double scale, double k_scale_value, double v_scale_value,
                   double soft_cap, int64_t sliding_window, int64_t partition_size, int64_t num_partitions,
-                  int64_t loop_stages, int64_t loop_tile) {
+                  int64_t loop_stages, int64_t loop_tile, bool combine_pdl) {
   TORCH_CHECK(q.dim() == 4 && out.sizes() == q.sizes(), "paged_decode: q, out must be [S, T, Hq, D]");
   TORCH_CHECK(v_cache.dim() == 4 && (k_cache.dim() == 4 || k_cache.dim() == 5), "paged_decode: cache ranks");
   TORCH_CHECK(partition_size > 0 && num_partitions >= 1, "paged_decode: partitions");
@@ -186,6 +186,7 @@ void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
   p.num_partitions = num_partitions;
   p.loop_stages = loop_stages;
   p.loop_tile = loop_tile;
+  p.combine_pdl = combine_pdl ? 1 : 0;
   for (int i = 0; i < 4; ++i) {
     p.q_stride[i] = q.stride(i);
     p.o_stride[i] = out.stride(i);
@@ -225,7 +226,7 @@ TORCH_LIBRARY(hygon_attn, m) {
         "Tensor seq_lens, Tensor? sinks, Tensor? k_scale, Tensor? v_scale, Tensor(b!) max_logits, "
         "Tensor(c!) exp_sums, Tensor(d!) partial_out, float scale, float k_scale_value, "
         "float v_scale_value, float soft_cap, int sliding_window, int partition_size, "
-        "int num_partitions, int loop_stages, int loop_tile) -> ()");
+        "int num_partitions, int loop_stages, int loop_tile, bool combine_pdl) -> ()");
   m.def("warp_size() -> int", &warp_size);
   m.def("decode_programs_per_sm(ScalarType q_dtype, ScalarType kv_dtype, int head_dim, int rows, int loop_stages, "
         "int loop_tile) -> int",

@@ -91,6 +91,23 @@ inline bool hab_device_has_mma_sync() {
 #endif
 }
 
+// Programmatic dependent launch (NVIDIA sm_90+; no-ops elsewhere). A kernel launched with
+// the programmatic-serialization attribute may start before the previous kernel of its
+// stream ends: it must call hab_gdc_wait() before reading what that kernel wrote (the
+// wait returns once the whole previous grid has finished and its writes are visible).
+// hab_gdc_launch_dependents() in the previous kernel lets the dependent grid be scheduled
+// as soon as every program has made the call (without it: as the programs exit).
+HAB_DEV void hab_gdc_wait() {
+#if defined(HAB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+HAB_DEV void hab_gdc_launch_dependents() {
+#if defined(HAB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+
 // ------------------------------------------------------------------ shuffles
 template <typename T>
 HAB_DEV T hab_shfl_xor(T v, int lane_mask) {

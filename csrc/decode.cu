@@ -11,9 +11,8 @@
 
 namespace {
 
-constexpr int kCombineDimThreads = 128;  // threads along head_dim (2 channels each at 256)
-constexpr int kCombineGroups = 4;        // partition groups: each sums every 4th partition
-constexpr int kCombineThreads = kCombineDimThreads * kCombineGroups;
+constexpr int kCombineThreads = 512;
+constexpr int kCombineVec = 4;  // channels a thread sums (one 16-byte load a partition)
 
 // A block-wide max or sum of one float per thread: the warps reduce by shuffles, warp w
 // leaves its value in red[w], and after one barrier every thread reduces those
@@ -31,30 +30,44 @@ __device__ __forceinline__ float block_reduce(float v, float* red) {
   return r;
 }
 
-// One block per (sequence, row). Thread (g, c) sums channels c and c + 128 over the
-// partitions j with j % kCombineGroups == g; the groups' sums are added at the end. The
-// loads of one thread are independent of each other (no branch on the weight: every
-// partition below `parts` wrote its slot, an empty one with l = 0 and o = 0; a select
-// keeps a zero weight from touching its value), so several are in flight per thread and
-// four groups multiply that. The first form, one thread per channel over every
-// partition with a branch on the weight, waited for each load before the next: 16-28 us
-// for 64 partitions on an H200 (ncu, docs/native.md). The max and the weights' total are
-// block reductions by warp shuffles (one barrier each), not a shared-memory tree and a
-// serial sum (9 barriers and a 64-long chain of adds at 64 partitions: session 10).
+// One block per (sequence, row). The block's threads are `groups` groups of `dim_threads`
+// (cdiv(head_dim, 4) rounded up to a power of two: 16, 32 or 64); thread (g, c) sums
+// channels 4c .. 4c + 3 over the partitions j with j % groups == g, one 16-byte load per
+// partition where the workspace rows allow it, and the groups' sums are added at the end.
+// At head_dim 128 that is 16 groups, so 64 partitions are 4 independent loads a thread:
+// one round of L2 latency instead of the 4 of one channel a thread in 4 groups (session
+// 11). The loads are unconditional (every partition below `parts` wrote its slot, an
+// empty one with l = 0 and o = 0; a select keeps a zero weight from touching its value).
+// The first form, a branch on the weight before each load, waited for each load before
+// the next: 16-28 us for 64 partitions on an H200 (ncu, docs/native.md). The max and the
+// weights' total are block reductions by warp shuffles, one barrier each.
+// Launched as a programmatic dependent launch of the decode kernel (combine_pdl), a block
+// may start while the decode grid runs: everything before hab_gdc_wait() reads only what
+// the decode kernel does not write.
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParams p) {
   __shared__ float w_s[kCombineThreads];  // weights of a chunk of partitions
   __shared__ float red_s[2][kCombineThreads / 32];  // the warps' partial max / sums (two, alternating)
-  __shared__ float sum_s[kCombineGroups][2][kCombineDimThreads];  // the groups' sums
+  __shared__ __align__(16) float sum_s[kCombineThreads * kCombineVec];  // the groups' sums [groups][4 dim_threads]
   const int64_t seq = blockIdx.x;
   const int64_t row = blockIdx.y;  // t * Hq + h
   const int64_t tok = row / p.num_q_heads, head = row % p.num_q_heads;
   const int tid = threadIdx.x;
-  const int group = tid / kCombineDimThreads, chan = tid % kCombineDimThreads;
+  const int head_dim = int(p.head_dim);
+  int dim_shift = 4;  // log2(dim_threads)
+  while ((1 << dim_shift) * kCombineVec < head_dim) ++dim_shift;
+  const int dim_threads = 1 << dim_shift, groups = kCombineThreads >> dim_shift;
+  const int group = tid >> dim_shift, d0 = kCombineVec * (tid & (dim_threads - 1));
+  const bool has = d0 < head_dim;  // head_dim is a multiple of 8: all 4 channels or none
   const int64_t seq_len = hab_decode::load_index(p.seq_lens, p.lens_is_int64, seq * p.lens_stride);
   const int parts = int(min(hab_cdiv(seq_len, p.partition_size), p.num_partitions));
   const int64_t slot0 = seq * p.num_partitions;
   const float* ml = p.max_logits + slot0 * p.ml_stride[0] + row * p.ml_stride[1];
   const float* es = p.exp_sums + slot0 * p.ml_stride[0] + row * p.ml_stride[1];
+  const float* po0 = p.partial_out + slot0 * p.po_stride[0] + row * p.po_stride[1];
+  // the partial rows as 16-byte vectors (the planned workspace is contiguous)
+  const bool vec = p.po_stride[2] == 1 && p.po_stride[0] % kCombineVec == 0 && p.po_stride[1] % kCombineVec == 0 &&
+                   reinterpret_cast<uintptr_t>(p.partial_out) % 16 == 0;
+  hab_gdc_wait();  // the decode grid's writes are visible from here
   // pass 1: M = max_p m_p, one partition per thread (the first chunk's m and l kept)
   float m_first = -INFINITY, l_first = 0.f;
   if (tid < parts) {
@@ -67,10 +80,8 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParam
   const float big_m = block_m == -INFINITY ? 0.f : block_m;
   // pass 2: chunks of kCombineThreads partitions: weights by one thread each, then every
   // thread sums its channels over its group's partitions of the chunk
-  const int64_t d0 = chan, d1 = chan + kCombineDimThreads;
-  const bool has0 = d0 < p.head_dim, has1 = d1 < p.head_dim;
-  const float* po0 = p.partial_out + slot0 * p.po_stride[0] + row * p.po_stride[1];
-  float acc0 = 0.f, acc1 = 0.f, total = 0.f;
+  float acc[kCombineVec] = {0.f, 0.f, 0.f, 0.f};
+  float total = 0.f;
   for (int c0 = 0, k = 1; c0 < parts; c0 += kCombineThreads, k ^= 1) {
     const int q = c0 + tid;
     float w = 0.f;
@@ -82,28 +93,61 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParam
     w_s[tid] = w;  // the previous chunk's weights were read before its closing barrier
     total += block_reduce<false>(w, red_s[k]);  // its barrier also publishes w_s
     const int n = min(kCombineThreads, parts - c0);
-    for (int j = group; j < n; j += kCombineGroups) {
-      const float wj = w_s[j];
-      const float* po = po0 + int64_t(c0 + j) * p.po_stride[0];
-      const float o0 = has0 ? po[d0 * p.po_stride[2]] : 0.f;
-      const float o1 = has1 ? po[d1 * p.po_stride[2]] : 0.f;
-      acc0 += wj > 0.f ? wj * o0 : 0.f;
-      acc1 += wj > 0.f ? wj * o1 : 0.f;
+    if (has) {
+#pragma unroll 4
+      for (int j = group; j < n; j += groups) {
+        const float wj = w_s[j];
+        const float* po = po0 + int64_t(c0 + j) * p.po_stride[0] + d0 * p.po_stride[2];
+        float o[kCombineVec];
+        if (vec) {
+          const float4 v4 = *reinterpret_cast<const float4*>(po);
+          o[0] = v4.x, o[1] = v4.y, o[2] = v4.z, o[3] = v4.w;
+        } else {
+#pragma unroll
+          for (int e = 0; e < kCombineVec; ++e) o[e] = po[e * p.po_stride[2]];
+        }
+#pragma unroll
+        for (int e = 0; e < kCombineVec; ++e) acc[e] += wj > 0.f ? wj * o[e] : 0.f;
+      }
     }
     __syncthreads();  // every thread is done with this chunk's w_s and red_s[k ^ 1] is free
   }
-  sum_s[group][0][chan] = acc0;
-  sum_s[group][1][chan] = acc1;
+  *reinterpret_cast<float4*>(sum_s + kCombineVec * tid) = make_float4(acc[0], acc[1], acc[2], acc[3]);
   __syncthreads();
-  if (group != 0) return;
-  for (int g = 1; g < kCombineGroups; ++g) {
-    acc0 += sum_s[g][0][chan];
-    acc1 += sum_s[g][1][chan];
+  if (group != 0 || !has) return;
+  for (int g = 1; g < groups; ++g) {
+    const float4 v4 = *reinterpret_cast<const float4*>(sum_s + kCombineVec * (g * dim_threads + tid));
+    acc[0] += v4.x, acc[1] += v4.y, acc[2] += v4.z, acc[3] += v4.w;
   }
   const float inv = 1.f / (total > 0.f ? total : 1.f);
   const int64_t o_base = seq * p.o_stride[0] + tok * p.o_stride[1] + head * p.o_stride[2];
-  if (has0) hab_decode::store_out(p, o_base + d0 * p.o_stride[3], acc0 * inv);
-  if (has1) hab_decode::store_out(p, o_base + d1 * p.o_stride[3], acc1 * inv);
+#pragma unroll
+  for (int e = 0; e < kCombineVec; ++e) hab_decode::store_out(p, o_base + (d0 + e) * p.o_stride[3], acc[e] * inv);
+}
+
+// The combine launch; with `pdl` (CUDA) a programmatic dependent launch: its blocks may be
+// scheduled while the decode grid's last programs run (the decode kernel calls
+// hab_gdc_launch_dependents first), and wait inside for the decode grid's writes.
+hab_error_t launch_combine(const HabDecodeParams& p, dim3 grid, bool pdl, hab_stream_t stream) {
+#if defined(HAB_CUDA)
+  if (pdl) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kCombineThreads);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, combine_kernel, p);
+  }
+#else
+  (void)pdl;
+#endif
+  combine_kernel<<<grid, kCombineThreads, 0, stream>>>(p);
+  return hab_get_last_error();
 }
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
@@ -202,7 +246,8 @@ extern "C" const char* hab_paged_decode(const HabDecodeParams* pp, void* stream)
     const int64_t rows = p.num_tokens * p.num_q_heads;
     if (rows > 65535) return "paged_decode: too many query rows for the combine launch";
     dim3 grid(unsigned(p.num_seqs), unsigned(rows));
-    combine_kernel<<<grid, kCombineThreads, 0, static_cast<hab_stream_t>(stream)>>>(p);
+    const hab_error_t e = launch_combine(p, grid, p.combine_pdl != 0, static_cast<hab_stream_t>(stream));
+    if (e != hab_success) return hab_error_string(e);
   }
   const hab_error_t e = hab_get_last_error();
   return e == hab_success ? nullptr : hab_error_string(e);

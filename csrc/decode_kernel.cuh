@@ -55,7 +55,7 @@ struct Layout {
 
 // The split-N loop's shared memory for KV tiles of SN_TOKENS tokens (decode_split_n.cuh):
 // Q (16 rows), then 2..MAX_SPLIT_N_STAGES cp.async stages of (K, V, token flags), then two
-// tiles' (block, slot) per token; the slices' merge (m, l, O of 16 rows each) reuses the stages.
+// tiles' (block, slot) per token; the slices' merge (decode_split_n.cuh) reuses the stages.
 template <int HEAD_DIM_PAD, int SN_TOKENS>
 struct SplitNGeometry {
   typedef Layout<16, HEAD_DIM_PAD> L;
@@ -66,7 +66,6 @@ struct SplitNGeometry {
   static constexpr int bytes(int stages) { return L::K_OFF + stages * STAGE_BYTES + 2 * SN_TOKENS * 8; }
   static_assert(NUM_WARPS % SLICES == 0 && CTW * (NUM_WARPS / SLICES) * 16 == HEAD_DIM_PAD,
                 "the warps split a tile's tokens and O's channels evenly");
-  static_assert(SLICES * 16 * (2 + HEAD_DIM_PAD) * 4 <= 2 * STAGE_BYTES, "the merge fits in two stages");
 };
 
 HAB_DEV int64_t load_index(const void* p, int is_int64, int64_t i) {
@@ -250,18 +249,23 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 
   const int head_dim = int(p.head_dim);  // <= HEAD_DIM_PAD, a multiple of 8; the rest is zeros
 
-  // ---- Q rows -> shared (zeros in padded rows and channels), running state
+  // ---- Q rows -> shared (zeros in padded rows and channels), running state. The split-N
+  // loop loads Q after its first block-id reads are issued (their latencies overlap).
   static_assert((MP * HEAD_DIM_PAD) % THREADS == 0, "Q tile splits evenly over threads");
+  auto load_q = [&]() {
 #pragma unroll  // every load of the Q tile in flight at once
-  for (int k = 0; k < MP * HEAD_DIM_PAD / THREADS; ++k) {
-    const int i = tid + k * THREADS, r = i / HEAD_DIM_PAD, d = i % HEAD_DIM_PAD;
-    uint16_t x = 0;
-    if (r < rows && d < head_dim) {
-      const int gr = row0 + r, t = gr / group, h = kv_head * group + gr % group;
-      x = static_cast<const uint16_t*>(p.q)[seq * p.q_stride[0] + t * p.q_stride[1] + h * p.q_stride[2] + d * p.q_stride[3]];
+    for (int k = 0; k < MP * HEAD_DIM_PAD / THREADS; ++k) {
+      const int i = tid + k * THREADS, r = i / HEAD_DIM_PAD, d = i % HEAD_DIM_PAD;
+      uint16_t x = 0;
+      if (r < rows && d < head_dim) {
+        const int gr = row0 + r, t = gr / group, h = kv_head * group + gr % group;
+        x = static_cast<const uint16_t*>(p.q)[seq * p.q_stride[0] + t * p.q_stride[1] + h * p.q_stride[2] +
+                                              d * p.q_stride[3]];
+      }
+      q_s[r * L::LDK + d] = x;
     }
-    q_s[r * L::LDK + d] = x;
-  }
+  };
+  if constexpr (SN == 0) load_q();
   const int kv_bytes = (p.kv_dtype == HAB_FP8_E4M3 || p.kv_dtype == HAB_FP8_E5M2) ? 1 : 2;
   // the split-N loop (mma.sync targets, 16-bit KV read as 16-byte vectors; the host
   // launches its kernel only then) lays out its shared memory differently: the
@@ -393,7 +397,7 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
     if constexpr (SplitN<KIND, ROWS, HEAD_DIM_PAD, WARP>::value)
       decode_split_n<KIND, HEAD_DIM_PAD, SN>(p, part_end, loop_start, seq_len, rows, row0, group, kv_head, seq,
                                              part, head_dim, qk_scale, sm_scale, v_scale, use_cap, use_window, q_s,
-                                             smem + L::K_OFF, flags.stages, geo, block_of);
+                                             smem + L::K_OFF, flags.stages, geo, block_of, load_q);
 #endif
     return;
   }
@@ -548,6 +552,9 @@ template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP, int SN>
 __global__ void __launch_bounds__(NUM_WARPS * WARP, (MinBlocks<ROWS, HEAD_DIM_PAD, SN>::value))
 paged_decode_kernel(HabDecodeParams p, Flags flags, int row_chunks) {
 #if defined(HAB_DEVICE_PASS)
+  // a split launch's combine kernel may be scheduled once every program is here (it waits
+  // for this grid's writes itself: decode.cu, combine_kernel)
+  hab_gdc_launch_dependents();
   // the other warp size's instantiation (HIP builds both) compiles to an empty kernel
   if constexpr (WARP == HAB_WARP_SIZE) decode_body<KIND, ROWS, HEAD_DIM_PAD, WARP, SN>(p, flags, row_chunks);
 #endif

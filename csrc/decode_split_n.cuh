@@ -60,11 +60,14 @@ HAB_DEV float ex2_ftz(float x) {
 // tile A + 1 is issued after the barrier of the iteration that stages tile A and the pair
 // stored after that iteration's math, so its latency overlaps a tile; the next barrier
 // publishes it. The buffer A + 1 & 1 was last read by issue(A - 1), before that barrier.
-template <typename KIND, int HEAD_DIM_PAD, int SN_TOKENS, typename BlockOf>
+// load_q() stores the Q tile into q_s; it runs after the first tile's block ids are read,
+// so the two latencies overlap (the prologue's first barrier publishes both).
+template <typename KIND, int HEAD_DIM_PAD, int SN_TOKENS, typename BlockOf, typename LoadQ>
 HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_start, int seq_len, int rows,
                             int row0, int group, int kv_head, int64_t seq, int part, int head_dim, float qk_scale,
                             float sm_scale, float v_scale, bool use_cap, bool use_window, const uint16_t* q_s,
-                            uint8_t* stage_smem, int stages, const StageGeometry& geo, BlockOf& block_of) {
+                            uint8_t* stage_smem, int stages, const StageGeometry& geo, BlockOf& block_of,
+                            LoadQ& load_q) {
   typedef Layout<16, HEAD_DIM_PAD> L;
   typedef SplitNGeometry<HEAD_DIM_PAD, SN_TOKENS> G;
   typedef HabWarpTile<KIND, 32> Tile;
@@ -168,8 +171,12 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[ct][e] = 0.f;
 
-  // prologue: tiles 0 .. stages-2 (their rows read here, one barrier each)
-  if (tid < BLOCK_N && num_tiles > 0) store_rows(0, block_of_tile(0), slot_of_tile(0));
+  // prologue: Q and tile 0's rows, then tiles 0 .. stages-2 (their rows read here, one
+  // barrier each)
+  const bool first_rows = tid < BLOCK_N && num_tiles > 0;
+  const int blk0 = first_rows ? block_of_tile(0) : -1, slot0 = first_rows ? slot_of_tile(0) : 0;
+  load_q();
+  if (first_rows) store_rows(0, blk0, slot0);
   // the last valid key of the first row: a tile ending at or before it needs no causal mask
   const int pos_lo = seq_len - int(p.num_tokens);
   for (int t = 0; t < stages - 1; ++t) {
@@ -210,12 +217,20 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
 
     // S = Q K_slice^T: [16 rows, 16 tokens], element e of the lane: row g + 8 (e & 3) / 2,
     // token 16 slice + 8 (e / 4) + 2 t4 + (e & 1)
-    float c[8];
+    // Two accumulator chains over the even and odd 16-channel steps, added at the end: each
+    // mma waits for the one before it on its accumulator, so one chain of HEAD_DIM_PAD / 16
+    // products is twice as long a dependency as two of half the length.
+    float c[8], c_odd[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) c[e] = 0.f;
+    for (int e = 0; e < 8; ++e) c[e] = c_odd[e] = 0.f;
     const uint16_t* k_w = k_s + slice * 16 * L::LDK;
 #pragma unroll
-    for (int kk = 0; kk < HEAD_DIM_PAD / 16; ++kk) Tile::mma_ldsm(c, q_s + kk * 16, L::LDK, k_w + kk * 16, L::LDK, lane);
+    for (int kk = 0; kk < HEAD_DIM_PAD / 16; kk += 2) {
+      Tile::mma_ldsm(c, q_s + kk * 16, L::LDK, k_w + kk * 16, L::LDK, lane);
+      Tile::mma_ldsm(c_odd, q_s + (kk + 1) * 16, L::LDK, k_w + (kk + 1) * 16, L::LDK, lane);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) c[e] += c_odd[e];
     // logits in log2 units (the soft cap is a warp-uniform branch around all 8), then the
     // mask as selects: no per-element branch
     if (use_cap) {
@@ -285,7 +300,12 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     if (tid < BLOCK_N && ahead < num_tiles) store_rows(ahead + 1, next_id, next_slot);
   }
 
-  // ---- merge the slices: m_s, l_s [SLICES][16], O_s [SLICES][16][HEAD_DIM_PAD] fp32
+  // ---- merge the slices (shared memory, the stages reused): m_s, l_s [SLICES][16], then
+  // O_s [SLICES][16][LDO] fp32, then the rows' output offsets [16] int64. The O rows are
+  // padded by 8 floats, so a warp's float2 stores of a fragment hit 32 distinct banks per
+  // half-warp (a row stride of HEAD_DIM_PAD floats put the fragment's 8 rows on one bank).
+  constexpr int LDO = HEAD_DIM_PAD + 8;
+  static_assert(SLICES * 16 * (2 + LDO) * 4 + 16 * 8 <= 2 * STAGE_BYTES, "the merge fits in two stages");
 #pragma unroll
   for (int k = 0; k < 2; ++k) l[k] = hab_group_sum<4>(l[k]);
   cp_async_wait_all();  // only empty groups can be pending here; the merge reuses the stages
@@ -293,6 +313,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   float* mw = reinterpret_cast<float*>(stage_smem);
   float* lw = mw + SLICES * 16;
   float* ow = lw + SLICES * 16;
+  int64_t* base_w = reinterpret_cast<int64_t*>(ow + SLICES * 16 * LDO);
   if (t4 == 0 && keeps_state) {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -303,36 +324,63 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
 #pragma unroll
   for (int ct = 0; ct < CTW; ++ct)
 #pragma unroll
-    for (int e = 0; e < 8; ++e)
-      ow[(slice * 16 + Tile::row(lane, e)) * HEAD_DIM_PAD + (ct0 + ct) * 16 + Tile::col(lane, e)] = o[ct][e];
+    for (int e = 0; e < 8; e += 2)  // elements e, e + 1: one row, two adjacent channels
+      *reinterpret_cast<float2*>(ow + (slice * 16 + Tile::row(lane, e)) * LDO + (ct0 + ct) * 16 + Tile::col(lane, e)) =
+          make_float2(o[ct][e], o[ct][e + 1]);
   __syncthreads();
+  // one thread a row: the slices' weights 2^(m_w - M) * v_scale / l (in place of l_w), the
+  // row's (M, l) of a split, and where its output goes
   const bool split = p.num_partitions > 1;
-  for (int i = tid; i < 16 * HEAD_DIM_PAD; i += NUM_WARPS * 32) {
-    const int r = i / HEAD_DIM_PAD, d = i % HEAD_DIM_PAD;
-    if (r >= rows || d >= head_dim) continue;
+  if (tid < rows) {
+    const int r = tid;
     float big_m = -INFINITY;
 #pragma unroll
     for (int w = 0; w < SLICES; ++w) big_m = fmaxf(big_m, mw[w * 16 + r]);
     const float mu = big_m == -INFINITY ? 0.f : big_m;
-    float lsum = 0.f, acc = 0.f;
+    float f[SLICES], lsum = 0.f;
 #pragma unroll
     for (int w = 0; w < SLICES; ++w) {
-      const float f = exp2f(mw[w * 16 + r] - mu);  // 0 for a slice that saw no key
-      lsum += lw[w * 16 + r] * f;
-      acc += ow[(w * 16 + r) * HEAD_DIM_PAD + d] * f;
+      f[w] = exp2f(mw[w * 16 + r] - mu);  // 0 for a slice that saw no key
+      lsum += lw[w * 16 + r] * f[w];
     }
-    const float val = acc * (v_scale / (lsum > 0.f ? lsum : 1.f));
+    const float inv = v_scale / (lsum > 0.f ? lsum : 1.f);
+#pragma unroll
+    for (int w = 0; w < SLICES; ++w) lw[w * 16 + r] = f[w] * inv;
     const int gr = row0 + r, t = gr / group, h = kv_head * group + gr % group;
     if (split) {
       const int64_t slot = seq * p.num_partitions + part, row = int64_t(t) * p.num_q_heads + h;
-      p.partial_out[slot * p.po_stride[0] + row * p.po_stride[1] + d * p.po_stride[2]] = val;
-      if (d == 0) {
-        p.max_logits[slot * p.ml_stride[0] + row * p.ml_stride[1]] = big_m;
-        p.exp_sums[slot * p.ml_stride[0] + row * p.ml_stride[1]] = lsum;
-      }
+      base_w[r] = slot * p.po_stride[0] + row * p.po_stride[1];
+      p.max_logits[slot * p.ml_stride[0] + row * p.ml_stride[1]] = big_m;
+      p.exp_sums[slot * p.ml_stride[0] + row * p.ml_stride[1]] = lsum;
     } else {
-      store_out(p, seq * p.o_stride[0] + int64_t(t) * p.o_stride[1] + int64_t(h) * p.o_stride[2] + d * p.o_stride[3],
-                val);
+      base_w[r] = seq * p.o_stride[0] + int64_t(t) * p.o_stride[1] + int64_t(h) * p.o_stride[2];
+    }
+  }
+  __syncthreads();
+  // 4 adjacent channels a thread: sum_w weight_w O_w, one 16-byte store into the workspace
+  // where its rows allow it
+  const bool vec = split && p.po_stride[2] == 1 && p.po_stride[0] % 4 == 0 && p.po_stride[1] % 4 == 0 &&
+                   reinterpret_cast<uintptr_t>(p.partial_out) % 16 == 0;
+  constexpr int V4 = HEAD_DIM_PAD / 4;
+  for (int i = tid; i < rows * V4; i += NUM_WARPS * 32) {
+    const int r = i / V4, d = 4 * (i % V4);
+    if (d >= head_dim) continue;  // head_dim is a multiple of 8: 4 channels in or out
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int w = 0; w < SLICES; ++w) {
+      const float fw = lw[w * 16 + r];
+      const float4 v4 = *reinterpret_cast<const float4*>(ow + (w * 16 + r) * LDO + d);
+      acc[0] += fw * v4.x, acc[1] += fw * v4.y, acc[2] += fw * v4.z, acc[3] += fw * v4.w;
+    }
+    const int64_t base = base_w[r];
+    if (vec) {
+      *reinterpret_cast<float4*>(p.partial_out + base + d) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    } else if (split) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p.partial_out[base + (d + e) * p.po_stride[2]] = acc[e];
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) store_out(p, base + (d + e) * p.o_stride[3], acc[e]);
     }
   }
 }

@@ -92,6 +92,10 @@ typedef struct HabDecodeParams {
   // cp.async stages and KV tiles of loop_tile tokens (32 or 64). Planned by the caller
   // (tuning.native_decode_stages, tuning.native_decode_tile).
   int64_t loop_stages, loop_tile;
+  // 1: a split launch starts its combine kernel as a programmatic dependent launch of the
+  // decode kernel (NVIDIA sm_90+; tuning.decode_combine_pdl), 0: a plain launch. Ignored
+  // on HIP and without a split.
+  int64_t combine_pdl;
   int64_t q_stride[4], o_stride[4];  // (seq, token, head, dim)
   int64_t k_stride[5];               // (block, head, slot, dim, chunk); chunk: split-x only
   int64_t v_stride[4];               // (block, head, slot, dim)

@@ -27,16 +27,16 @@ from hygon_attn_backend.ops.decode_plan import plan_paged_decode
 
 # (batch, context, Hq, Hkv): G = 1 (32/32), G = 4 (32/8), G = 8 (32/4), G = 16 (64/4)
 HEADS = ((32, 32), (32, 8), (32, 4), (64, 4))
-# native: the planned loop (tuning.native_decode_stages / native_decode_tile) and split;
-# native_t64: the split-N loop's 64-token tiles (its planned stages); native_t32_sN: its
-# 32-token tiles with N cp.async stages; native_tparts: the planned loop on the Triton
-# rule's partitions
-VARIANTS = ("triton", "native", "native_t64", "native_t32_s2", "native_t32_s3", "native_t32_s4",
-            "native_tparts")
-ENV = {"native": ("", "", ""), "native_t64": ("", "", "64"), "native_t32_s2": ("1", "2", "32"),
-       "native_t32_s3": ("1", "3", "32"), "native_t32_s4": ("1", "4", "32"),
-       "native_tparts": ("", "", ""), "triton": ("", "", "")}  # (SPLIT_N, STAGES, TILE); "": unset
-ENV_NAMES = ("HYGON_ATTN_NATIVE_SPLIT_N", "HYGON_ATTN_NATIVE_STAGES", "HYGON_ATTN_NATIVE_TILE")
+# native: the planned loop (tuning.native_decode_stages / native_decode_tile), split and
+# combine launch; native_nopdl: the same with the combine as a plain launch
+# (HYGON_ATTN_DECODE_PDL=0); native_t32: the split-N loop's 32-token tiles with 3 cp.async
+# stages; native_tparts: the planned loop on the Triton rule's partitions
+VARIANTS = ("triton", "native", "native_nopdl", "native_t32", "native_tparts")
+ENV = {"native": ("", "", "", ""), "native_nopdl": ("", "", "", "0"),
+       "native_t32": ("1", "3", "32", ""), "native_tparts": ("", "", "", ""),
+       "triton": ("", "", "", "")}  # (SPLIT_N, STAGES, TILE, DECODE_PDL); "": unset
+ENV_NAMES = ("HYGON_ATTN_NATIVE_SPLIT_N", "HYGON_ATTN_NATIVE_STAGES", "HYGON_ATTN_NATIVE_TILE",
+             "HYGON_ATTN_DECODE_PDL")
 SHAPES = [(b, c, hq, hkv) for b, c in ((64, 4096), (64, 16384), (256, 2048), (1, 32768))
           for hq, hkv in HEADS] + [(8, 8192, 32, 8), (1, 131072, 32, 8)]
 

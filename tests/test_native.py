@@ -20,6 +20,7 @@ import torch
 from hygon_attn_backend import native, reference, tuning
 from hygon_attn_backend.ops._dispatch import select_impl
 from hygon_attn_backend.ops.decode import allocate_decode_workspace, paged_decode_attention
+from hygon_attn_backend.ops.decode_plan import plan_paged_decode
 from tests._budget import assert_within_budget
 from tests.test_cache_ops import LAYOUT_NAMES, _run_copy_case, _run_write_case, _seed
 from tests.test_decode import make_cache, make_table, run_case
@@ -175,10 +176,10 @@ def test_native_decode_table_without_columns():
 @gpu
 @pytest.mark.parametrize("head_dim", [128, 256])
 def test_native_combine_more_partitions_than_one_block(head_dim):
-    """The combine kernel merges partitions in chunks of its 512 threads (four groups of
-    128 channels, every fourth partition each): 40,000 tokens in 64-token partitions are
-    625 of them, so the chunk loop runs twice, with a remainder in each group; D=256 gives
-    every thread two channels. Short and empty sequences beside it."""
+    """The combine kernel merges partitions in chunks of its 512 threads (groups of
+    head_dim / 4 threads, 4 channels a thread: 16 groups at D=128, 8 at D=256, every 16th or
+    8th partition each): 40,000 tokens in 64-token partitions are 625 of them, so the chunk
+    loop runs twice, with a remainder in each group. Short and empty sequences beside it."""
     _native_case(num_kv_heads=2, group=4, head_dim=head_dim, page_size=16,
                  seq_lens=[40000, 33, 0, 2049], layout="bshd", dtype=torch.bfloat16,
                  partition_size=64)
@@ -199,10 +200,10 @@ def test_native_decode_bad_stages(monkeypatch):
     lens = torch.full((1,), 5, dtype=torch.int32, device="cuda")
     with pytest.raises(RuntimeError, match="loop_stages must be 0, 2, 3 or 4"):
         native.load().paged_decode(torch.empty_like(q), q, k, k, table, lens, None, None, None,
-                                   q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, 5, 64)
+                                   q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, 5, 64, False)
     with pytest.raises(RuntimeError, match="loop_tile 32 or 64"):
         native.load().paged_decode(torch.empty_like(q), q, k, k, table, lens, None, None, None,
-                                   q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, 3, 48)
+                                   q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, 3, 48, False)
 
 
 @gpu
@@ -322,6 +323,50 @@ def test_native_decode_cuda_graph_replay_equals_eager(partition_size):
     want = paged_decode_attention(q, k, v, table, lens, **kw)
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+@gpu
+@pytest.mark.skipif(not HAS_CUDA or torch.version.hip is not None
+                    or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch needs an NVIDIA GPU of sm_90+")
+def test_native_pdl_combine_equals_plain_launch_eager_and_replayed(monkeypatch):
+    """The native combine as a programmatic dependent launch waits for the decode grid: its
+    output equals the plain launch's bit for bit, eagerly and over 50 graph replays with new
+    queries each time (a merge that read a partition before it was written would differ)."""
+    dev = torch.device("cuda")
+    seq_lens, hkv, group, d, p = [1, 4000, 777, 32768, 0, 2500], 4, 8, 128, 16
+    nb = sum(-(-s // p) for s in seq_lens) + 3
+    k, v = make_cache(nb, hkv, p, d, "bshd", torch.bfloat16, dev)
+    table = make_table(seq_lens, p, nb, dev)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
+    q = torch.randn(len(seq_lens), hkv * group, d, dtype=torch.bfloat16, device=dev)
+    ws = allocate_decode_workspace(max_num_seqs=len(seq_lens), num_q_heads=hkv * group,
+                                   num_kv_heads=hkv, head_dim=d,
+                                   max_context_len=table.shape[1] * p, device=dev,
+                                   partition_size=256)
+    monkeypatch.setenv("HYGON_ATTN_DECODE_PDL", "0")
+    plain_plan = plan_paged_decode(table, lens, num_q_heads=hkv * group, num_kv_heads=hkv,
+                                   head_dim=d, page_size=p, q_dtype=q.dtype, kv_dtype=k.dtype,
+                                   partition_size=256, workspace=ws, impl="native")
+    assert not plain_plan.pdl
+    plain = paged_decode_attention(q, k, v, table, lens, plan=plain_plan)
+    monkeypatch.setenv("HYGON_ATTN_DECODE_PDL", "1")
+    plan = plan_paged_decode(table, lens, num_q_heads=hkv * group, num_kv_heads=hkv,
+                             head_dim=d, page_size=p, q_dtype=q.dtype, kv_dtype=k.dtype,
+                             partition_size=256, workspace=ws, impl="native")
+    assert plan.pdl and plan.split
+    out = paged_decode_attention(q, k, v, table, lens, plan=plan)
+    torch.cuda.synchronize()
+    assert torch.equal(out, plain)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_decode_attention(q, k, v, table, lens, out=out, plan=plan)
+    for _ in range(50):
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        want = paged_decode_attention(q, k, v, table, lens, plan=plain_plan)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
 
 
 # ----------------------------------------------------------------------------- GPU: cache ops

@@ -97,11 +97,12 @@ def paged_decode(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.Tensor,
                  scale: float, k_scale, v_scale, soft_cap: Optional[float],
                  sliding_window: Optional[int], sinks: Optional[torch.Tensor],
                  partition_size: int, num_partitions: int, loop_stages: int,
-                 loop_tile: int, workspace) -> None:
+                 loop_tile: int, workspace, combine_pdl: bool = False) -> None:
     """q4, out4: ``[S, T, Hq, D]``; caches as ``paged_decode_attention`` takes them;
     ``workspace`` (a ``DecodeWorkspace``) is read only when ``num_partitions > 1``;
     ``loop_stages``, ``loop_tile``: :func:`tuning.native_decode_stages`,
-    :func:`tuning.native_decode_tile`."""
+    :func:`tuning.native_decode_tile`; ``combine_pdl``: the combine of a split launch as a
+    programmatic dependent launch (:func:`tuning.decode_combine_pdl`)."""
     k_t, k_val = _scale_pair(k_scale)
     v_t, v_val = _scale_pair(v_scale)
     sinks_f32 = sinks.to(torch.float32).contiguous() if sinks is not None else None
@@ -112,4 +113,4 @@ def paged_decode(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.Tensor,
     _ops().paged_decode(out4, q4, k_cache, v_cache, block_table, seq_lens, sinks_f32, k_t, v_t,
                         ml, es, po, float(scale), k_val, v_val, float(soft_cap or 0.0),
                         int(sliding_window or 0), int(partition_size), int(num_partitions),
-                        int(loop_stages), int(loop_tile))
+                        int(loop_stages), int(loop_tile), bool(combine_pdl))

@@ -431,7 +431,7 @@ class DecodePlan:
             soft_cap=layer.soft_cap, sliding_window=layer.sliding_window, sinks=layer.sinks,
             partition_size=cfg.partition_size if self.split else _WHOLE_SEQUENCE,
             num_partitions=cfg.num_partitions, loop_stages=self.native_stages,
-            loop_tile=self.native_tile, workspace=self.workspace)
+            loop_tile=self.native_tile, workspace=self.workspace, combine_pdl=self.pdl)
         return out
 
     def _make_launches(self, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft_cap,
@@ -632,7 +632,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         max_seq_len=max_seq_len if max_seq_len is not None else max_blocks * page_size,
         scale=sm_scale, config=config, workspace=workspace, kv_head_grid=kv_head_grid,
         native_stages=native_stages, native_tile=native_tile,
-        fused_combine=fused, pdl=chosen == "triton" and config is not None
+        fused_combine=fused, pdl=chosen in ("triton", "native") and config is not None
         and config.num_partitions > 1 and not fused and tuning.decode_combine_pdl(device))
 
 
