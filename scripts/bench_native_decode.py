@@ -77,7 +77,7 @@ def time_graph_replay(fn, rep_ms):
                                    return_mode="median")
 
 
-def run(rep_ms: float):
+def run(rep_ms: float, variants=VARIANTS):
     copy, _ = copy_ceiling(rep_ms)
     rows = []
     for batch, ctx, hq, hkv in SHAPES:
@@ -93,7 +93,7 @@ def run(rep_ms: float):
             num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
         triton_size = None if triton_size >= ctx else triton_size  # None: unsplit
         outs = {}
-        for variant in VARIANTS:
+        for variant in variants:
             impl = "native" if variant.startswith("native") else variant
             for name, value in zip(ENV_NAMES, ENV[variant]):
                 if value:
@@ -114,7 +114,7 @@ def run(rep_ms: float):
             row[variant] = {"us": 1000 * ms, "gbps": gbps, "pct_copy": 100 * gbps / copy}
         row["native_over_triton"] = row["triton"]["us"] / row["native"]["us"]
         row["max_abs_diff"] = max(float((outs[v].float() - outs["triton"].float()).abs().max())
-                                  for v in VARIANTS if v != "triton")
+                                  for v in variants if v != "triton")
         rows.append(row)
         print(f"B={batch:4d} ctx={ctx:6d} G={hq // hkv:2d} ({hq}/{hkv}) | triton "
               f"{row['triton']['us']:8.1f} us {row['triton']['gbps']:6.0f} GB/s "
@@ -122,7 +122,7 @@ def run(rep_ms: float):
               f"{row['native']['gbps']:6.0f} GB/s {row['native']['pct_copy']:5.1f}% | "
               f"native/triton speed {row['native_over_triton']:.2f}x "
               f"({row['native_partitions']} parts) | " +
-              ", ".join(f"{v[7:]} {row[v]['us']:.1f}" for v in VARIANTS[2:]) +
+              ", ".join(f"{v[7:]} {row[v]['us']:.1f}" for v in variants[2:]) +
               f" us | max|diff| {row['max_abs_diff']:.2e}",
               flush=True)
         del q, k, v, table, lens, ws, outs
@@ -135,8 +135,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rep-ms", type=float, default=200)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated subset of " + ", ".join(VARIANTS) +
+                        " (triton and native first)")
     args = parser.parse_args()
-    result = run(args.rep_ms)
+    variants = tuple(args.variants.split(","))
+    if variants[:2] != ("triton", "native") or not set(variants) <= set(VARIANTS):
+        parser.error(f"--variants must start with triton,native and name only {VARIANTS}")
+    result = run(args.rep_ms, variants)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
