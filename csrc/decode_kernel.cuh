@@ -62,8 +62,12 @@ struct SplitNGeometry {
   static constexpr int SLICES = SN_TOKENS / 16;                 // 16-token slices of a tile
   static constexpr int CTW = HEAD_DIM_PAD / 16 / (NUM_WARPS / SLICES);  // O column tiles a warp
   static constexpr int STAGE_BYTES = 2 * SN_TOKENS * L::LDK * 2 + SN_TOKENS;  // K, V, token flags (bytes)
-  // after the stages: two tiles' (block, slot) per token, int2 [2][SN_TOKENS]
-  static constexpr int bytes(int stages) { return L::K_OFF + stages * STAGE_BYTES + 2 * SN_TOKENS * 8; }
+  // after the stages: two tiles' (block, slot) per token, int2 [2][SN_TOKENS]; with
+  // 32-token tiles then the warp pairs' S halves, float4 [SLICES][2][2][32]
+  static constexpr int XCH_BYTES = SLICES < NUM_WARPS ? SLICES * 2 * 2 * 32 * 16 : 0;
+  static constexpr int bytes(int stages) {
+    return L::K_OFF + stages * STAGE_BYTES + 2 * SN_TOKENS * 8 + XCH_BYTES;
+  }
   static_assert(NUM_WARPS % SLICES == 0 && CTW * (NUM_WARPS / SLICES) * 16 == HEAD_DIM_PAD,
                 "the warps split a tile's tokens and O's channels evenly");
 };

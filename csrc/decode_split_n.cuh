@@ -12,7 +12,9 @@ namespace hab_decode {
 // SN_TOKENS, the tokens of a KV tile:
 //   64: warp w owns tokens [16 w, 16 w + 16) of every tile and all head_dim channels of O;
 //   32: warps w and w + 2 own tokens [16 (w % 2), 16 (w % 2) + 16), warp w the channel
-//       half w / 2 of O: the pair computes the same S (its QK^T twice), each half the P V.
+//       half w / 2 of Q K^T and of O: each computes half of S's products, the pair adds
+//       the halves through shared memory (a named barrier of the two warps), each does
+//       its half of P V.
 // A warp keeps its own online-softmax state (m, l) and O accumulator for its tokens, all
 // in registers: S = Q K^T of its 16 tokens is one 16x16 fragment, P is built from it in
 // the A layout of the P V product, so a tile needs no shared-memory round trip and no
@@ -20,9 +22,9 @@ namespace hab_decode {
 // through shared memory (the K/V staging area, free by then).
 // Why two layouts: at head_dim 128 the 64-token layout holds a 64-register O a thread and
 // a 35 KB stage, so 2 programs (3 stages) fit an SM; the 32-token layout halves both (O 32
-// registers, a 17.5 KB stage), so 4 programs fit with 3 stages, for one more S product a
-// token and twice the per-tile work a token; it measured 1-12% slower at most shapes, so
-// 64 is the default (tuning.native_decode_tile, docs/native.md session 10).
+// registers, a 17.5 KB stage, 4 KB for the S exchange), so 3 programs fit with 3 stages
+// and 5 with 2, for twice the per-tile work (barrier, staging, softmax) a token; see
+// tuning.native_decode_tile and docs/native.md (sessions 10-11) for what each measured.
 //
 // Pipeline: `stages` cp.async stages (a runtime value, 2..MAX_SPLIT_N_STAGES), one commit
 // group per tile. At the top of tile t the groups 0..t+stages-2 are committed; waiting
@@ -87,6 +89,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   auto v_stage = [&](int s) { return k_stage(s) + BLOCK_N * L::LDK; };
   auto ok_stage = [&](int s) { return stage_smem + s * STAGE_BYTES + 2 * BLOCK_N * L::LDK * 2; };  // [BLOCK_N] bytes
   int2* rows_s = reinterpret_cast<int2*>(stage_smem + stages * STAGE_BYTES);  // [2][BLOCK_N] (block, slot)
+  float4* xch = reinterpret_cast<float4*>(rows_s + 2 * BLOCK_N);  // 32-token tiles: the pairs' S halves
   // token tid of tile `tile` (tid < BLOCK_N): its block id (-1: skip) and its slot
   auto block_of_tile = [&](int tile) { return block_of(loop_start + tile * BLOCK_N + tid); };
   auto slot_of_tile = [&](int tile) { return geo.slot_of(loop_start + tile * BLOCK_N + tid); };
@@ -220,17 +223,37 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     // Two accumulator chains over the even and odd 16-channel steps, added at the end: each
     // mma waits for the one before it on its accumulator, so one chain of HEAD_DIM_PAD / 16
     // products is twice as long a dependency as two of half the length.
+    // With 32-token tiles the pair of warps sharing a slice splits the product over the
+    // channel halves (warp w: steps [KH half, KH half + KH)) and adds the partner's half
+    // through shared memory; both then hold the same S (a + b = b + a exactly).
     float c[8], c_odd[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) c[e] = c_odd[e] = 0.f;
     const uint16_t* k_w = k_s + slice * 16 * L::LDK;
+    constexpr int KH = HEAD_DIM_PAD / 16 / (NUM_WARPS / SLICES);  // 16-channel steps a warp
+    static_assert(KH % 2 == 0, "two chains of whole steps");
+    const int kk0 = (warp / SLICES) * KH;
 #pragma unroll
-    for (int kk = 0; kk < HEAD_DIM_PAD / 16; kk += 2) {
+    for (int kk = kk0; kk < kk0 + KH; kk += 2) {
       Tile::mma_ldsm(c, q_s + kk * 16, L::LDK, k_w + kk * 16, L::LDK, lane);
       Tile::mma_ldsm(c_odd, q_s + (kk + 1) * 16, L::LDK, k_w + (kk + 1) * 16, L::LDK, lane);
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) c[e] += c_odd[e];
+    if constexpr (SLICES < NUM_WARPS) {
+      static_assert(NUM_WARPS == 2 * SLICES, "a pair of warps a slice");
+      // xch [slice][half][2][32 lanes] float4: consecutive lanes, consecutive 16 bytes. The
+      // partner reads my half before it reaches the next tile's block barrier, which I pass
+      // before writing here again.
+      float4* mine = xch + ((slice * 2 + warp / SLICES) * 2) * 32 + lane;
+      const float4* other = xch + ((slice * 2 + 1 - warp / SLICES) * 2) * 32 + lane;
+      mine[0] = make_float4(c[0], c[1], c[2], c[3]);
+      mine[32] = make_float4(c[4], c[5], c[6], c[7]);
+      asm volatile("bar.sync %0, 64;\n" ::"r"(1 + slice) : "memory");  // the pair's named barrier
+      const float4 x0 = other[0], x1 = other[32];
+      c[0] += x0.x, c[1] += x0.y, c[2] += x0.z, c[3] += x0.w;
+      c[4] += x1.x, c[5] += x1.y, c[6] += x1.z, c[7] += x1.w;
+    }
     // logits in log2 units (the soft cap is a warp-uniform branch around all 8), then the
     // mask as selects: no per-element branch
     if (use_cap) {

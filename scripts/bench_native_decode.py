@@ -29,11 +29,12 @@ from hygon_attn_backend.ops.decode_plan import plan_paged_decode
 HEADS = ((32, 32), (32, 8), (32, 4), (64, 4))
 # native: the planned loop (tuning.native_decode_stages / native_decode_tile), split and
 # combine launch; native_nopdl: the same with the combine as a plain launch
-# (HYGON_ATTN_DECODE_PDL=0); native_t32: the split-N loop's 32-token tiles with 3 cp.async
-# stages; native_tparts: the planned loop on the Triton rule's partitions
-VARIANTS = ("triton", "native", "native_nopdl", "native_t32", "native_tparts")
+# (HYGON_ATTN_DECODE_PDL=0); native_t32 / native_t32_s2: the split-N loop's 32-token tiles
+# with 3 / 2 cp.async stages; native_tparts: the planned loop on the Triton rule's partitions
+VARIANTS = ("triton", "native", "native_nopdl", "native_t32", "native_t32_s2", "native_tparts")
 ENV = {"native": ("", "", "", ""), "native_nopdl": ("", "", "", "0"),
-       "native_t32": ("1", "3", "32", ""), "native_tparts": ("", "", "", ""),
+       "native_t32": ("1", "3", "32", ""), "native_t32_s2": ("1", "2", "32", ""),
+       "native_tparts": ("", "", "", ""),
        "triton": ("", "", "", "")}  # (SPLIT_N, STAGES, TILE, DECODE_PDL); "": unset
 ENV_NAMES = ("HYGON_ATTN_NATIVE_SPLIT_N", "HYGON_ATTN_NATIVE_STAGES", "HYGON_ATTN_NATIVE_TILE",
              "HYGON_ATTN_DECODE_PDL")
