@@ -256,7 +256,27 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
   // ---- Q rows -> shared (zeros in padded rows and channels), running state. The split-N
   // loop loads Q after its first block-id reads are issued (their latencies overlap).
   static_assert((MP * HEAD_DIM_PAD) % THREADS == 0, "Q tile splits evenly over threads");
+  // 16-byte chunks where q's rows allow it (contiguous channels, aligned): 2 loads a thread
+  // for a 16-row tile at head_dim 128 instead of 16, each with its row's head division
+  const bool q_vec = p.q_stride[3] == 1 && p.q_stride[0] % 8 == 0 && p.q_stride[1] % 8 == 0 &&
+                     p.q_stride[2] % 8 == 0 && reinterpret_cast<uintptr_t>(p.q) % 16 == 0;
+  constexpr int Q_CHUNKS = (MP * CH + THREADS - 1) / THREADS;  // a thread's chunks (the last may be past the tile)
   auto load_q = [&]() {
+    if (q_vec) {
+#pragma unroll  // every load of the Q tile in flight at once
+      for (int k = 0; k < Q_CHUNKS; ++k) {
+        const int i = tid + k * THREADS, r = i / CH, d = 8 * (i % CH);
+        if (i >= MP * CH) break;
+        uint4 x = make_uint4(0u, 0u, 0u, 0u);
+        if (r < rows && d < head_dim) {  // head_dim is a multiple of 8: a chunk is in or out
+          const int gr = row0 + r, t = gr / group, h = kv_head * group + gr % group;
+          x = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + seq * p.q_stride[0] +
+                                              t * p.q_stride[1] + h * p.q_stride[2] + d);
+        }
+        *reinterpret_cast<uint4*>(q_s + r * L::LDK + d) = x;
+      }
+      return;
+    }
 #pragma unroll  // every load of the Q tile in flight at once
     for (int k = 0; k < MP * HEAD_DIM_PAD / THREADS; ++k) {
       const int i = tid + k * THREADS, r = i / HEAD_DIM_PAD, d = i % HEAD_DIM_PAD;

@@ -47,7 +47,16 @@ HAB_DEV void cp_async_wait_pending(int pending) {
   else asm volatile("cp.async.wait_group 0;\n" ::);
 }
 
-// 2^x for x <= 0 or -inf in one instruction (a result below 2^-126 flushes to 0, far
+// How far (log2 units) a logit may exceed a row's reference max before the max moves and
+// O, l are rescaled. With the exact running max (0) a 16-row group rescales O on most
+// tiles of a short partition (some row's max still rises: P(any of 16 rows) ~ 1 - (1 -
+// 1/t)^16 at tile t, 88% at t = 8), 8 x CTW multiplies a thread each time; with a slack
+// of 8 it happens about once per partition, and P <= 256 stays exact to its 16-bit
+// rounding in either dtype (fp16 reaches 65504). l and O are relative to the same
+// reference, so the result is the same softmax (session 11, docs/native.md).
+constexpr float RESCALE_SLACK = 8.f;
+
+// 2^x for x <= RESCALE_SLACK or -inf in one instruction (a result below 2^-126 flushes to 0, far
 // under a 16-bit P's resolution); exp2f adds a range fix-up for denormal results.
 HAB_DEV float ex2_ftz(float x) {
   float y;
@@ -290,11 +299,14 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
 #pragma unroll
     for (int k = 0; k < 2; ++k) {  // the 4 lanes of a quad hold one row's 16 tokens
       mx[k] = hab_group_max<4>(mx[k]);
-      const float m_new = fmaxf(m[k], mx[k]);
+      // m is the row's reference max, moved only by a logit above it by more than
+      // RESCALE_SLACK (log2 units; any finite logit when m is -inf): P <= 2^RESCALE_SLACK.
+      // The rescale factor is exactly 1 when m stays, so the O rescale below is skipped
+      // unless some row of the warp moved.
+      const bool moves = mx[k] > m[k] + RESCALE_SLACK;
+      const float m_new = moves ? mx[k] : m[k];
       mu[k] = m_new == -INFINITY ? 0.f : m_new;
-      // exactly 1 when the max did not move (also a row that has seen no key yet), so the
-      // rescale below is skipped whenever no row of the warp moved
-      alpha[k] = m_new == m[k] ? 1.f : ex2_ftz(m[k] - mu[k]);
+      alpha[k] = moves ? ex2_ftz(m[k] - mu[k]) : 1.f;
       m[k] = m_new;
       l[k] *= alpha[k];
     }
