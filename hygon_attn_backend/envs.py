@@ -30,8 +30,9 @@ VARIABLES = {
     "HYGON_ATTN_DECODE_WARPS": "force the decode kernel's warps",
     "HYGON_ATTN_DECODE_STAGES": "force the decode kernel's pipeline stages",
     "HYGON_ATTN_DECODE_PREFETCH": "0/1: read the next tile's block ids one iteration ahead",
-    "HYGON_ATTN_DECODE_PDL": "0: launch the split-KV combine as a plain launch instead of a "
-                             "programmatic dependent launch (default on NVIDIA sm_90+)",
+    "HYGON_ATTN_DECODE_PDL": "0: launch the split-KV combine (Triton and native) as a plain "
+                             "launch instead of a programmatic dependent launch (default on "
+                             "NVIDIA sm_90+)",
     "HYGON_ATTN_WRITE_KV_BLOCK_H": "write_kv heads per program (a power of two)",
     "HYGON_ATTN_COPY_BLOCKS_BLOCK": "copy_blocks elements per program (a power of two)",
     "HYGON_SGLANG_CHECK_PAGES": "1: check page contiguity of every SGLang batch (debugging)",
@@ -44,7 +45,8 @@ VARIABLES = {
     "HYGON_ATTN_NATIVE_TILE": "32 or 64: KV tokens per tile of the native split-N decode loop "
                               "(default: tuning.native_decode_tile; read when planned)",
     "HYGON_ATTN_CSRC": "the csrc/ folder the native extension is built from (default: beside "
-                       "the package in a source checkout)",
+                       "the package in a source checkout, else the wheel's "
+                       "hygon_attn_backend/_csrc)",
 }
 
 IMPLS = ("auto", "triton", "native", "reference")

@@ -32,10 +32,11 @@ class NativeUnavailable(RuntimeError):
 
 def csrc_dir() -> Optional[Path]:
     """The kernel sources: ``$HYGON_ATTN_CSRC``, else ``csrc/`` beside the package (a source
-    checkout or editable install)."""
+    checkout or editable install), else the copy a wheel ships as ``hygon_attn_backend/_csrc``."""
     env = envs.csrc_dir()
     candidates = [Path(env)] if env else []
-    candidates.append(Path(__file__).resolve().parent.parent / "csrc")
+    here = Path(__file__).resolve().parent
+    candidates += [here.parent / "csrc", here / "_csrc"]
     for path in candidates:
         if all((path / name).is_file() for name in _SOURCES):
             return path
@@ -85,8 +86,9 @@ def _why_unbuildable() -> Optional[str]:
     if not torch.cuda.is_available():
         return "no GPU is visible to torch (torch.cuda.is_available() is False)"
     if csrc_dir() is None:
-        return ("the kernel sources (csrc/) are not found: use a source checkout "
-                "(pip install -e .) or set HYGON_ATTN_CSRC to its csrc/ folder")
+        return ("the kernel sources (csrc/, or hygon_attn_backend/_csrc in a wheel) are not "
+                "found: reinstall the package, use a source checkout (pip install -e .) or set "
+                "HYGON_ATTN_CSRC to its csrc/ folder")
     return None
 
 

@@ -10,6 +10,7 @@ CPU tests: the choice of implementation, the doctor line, and the libraries that
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -472,3 +473,27 @@ def test_compile_check_libraries_import(lib):
         res2 = subprocess.run([sys.executable, "-c", code2, str(path)], capture_output=True,
                               text=True, cwd=Path(__file__).resolve().parent.parent, timeout=300)
         assert "no-cpu-kernel" in res2.stdout, res2.stderr[-2000:]
+
+
+def test_wheel_ships_the_native_sources(tmp_path):
+    """A pip-installed package can build the native kernels on first use: its wheel holds
+    every file of csrc/ as hygon_attn_backend/_csrc, and csrc_dir() finds them there when no
+    source checkout is beside the package."""
+    import zipfile
+
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", str(root), "-w", str(tmp_path / "wheel")],
+                   check=True, capture_output=True)
+    wheel = next((tmp_path / "wheel").glob("hygon_attn_backend-*.whl"))
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    shipped = {p.name for p in (site / "hygon_attn_backend" / "_csrc").iterdir()}
+    assert {p.name for p in (root / "csrc").iterdir() if p.is_file()} <= shipped
+    env = {k: v for k, v in os.environ.items() if k != "HYGON_ATTN_CSRC"}
+    env["PYTHONPATH"] = str(site)
+    found = subprocess.run(
+        [sys.executable, "-c", "from hygon_attn_backend import native; print(native.csrc_dir())"],
+        check=True, capture_output=True, text=True, env=env, cwd=tmp_path).stdout.strip()
+    assert Path(found) == (site / "hygon_attn_backend" / "_csrc").resolve()
