@@ -115,16 +115,20 @@ def native_decode_tile() -> int:
     32 or 64.
 
     Reasoning: with 64-token tiles each of the 4 warps owns 16 tokens and all of O (64
-    fp32 registers a thread at head_dim 128): 153 registers and 35 KB a stage, 2 programs
-    an SM with 3 stages. With 32-token tiles two warps share 16 tokens and split O's
-    channels (each computes the slice's S, so QK^T runs twice): 96 registers and 17.5 KB a
-    stage, 4 programs an SM with 3 stages and 5 with 2, for one more S product a token and
-    twice the per-tile work (barrier, staging, softmax) per token.
+    fp32 registers a thread at head_dim 128): 158 registers and 35 KB a stage, 2 programs
+    an SM with 3 stages. With 32-token tiles two warps share 16 tokens and split both
+    QK^T's channels (the halves of S added through shared memory) and O's: 96 registers,
+    17.5 KB a stage and 4 KB for the exchange, 3 programs an SM with 3 stages and 5 with 2,
+    for twice the per-tile work (barriers, staging, softmax) per token.
     Measurement (H200, bf16, D=128, page 16, graph replay with the L2 cleared,
     ``scripts/bench_native_decode.py``, docs/native.md session 10): the 32-token tile
     issued 1.6x the instructions of the 64-token one at (1, 32k) 32/8 (ncu) at 1.75x the
     IPC; timed over 18 shapes it was the faster only at (256, 2k) G = 8 / 16 (1-2%, with 3
-    stages) and at (8, 8k) (level), and 1-12% slower elsewhere, so 64 everywhere.
+    stages) and at (8, 8k) (level), and 1-12% slower elsewhere. With the S exchange
+    (session 11, three runs): 2 stages 1-2% faster at (256, 2k) G = 8 / 16, (64, 4k) 32/8
+    and (8, 8k), level at batch 1, 5-26% slower at (64, 4k) / (64, 16k) G >= 8; 3 stages
+    slower nearly everywhere. No rule separates the few wins from run-to-run noise, so
+    64 everywhere.
     Override: ``HYGON_ATTN_NATIVE_TILE=32|64``.
     """
     forced = envs.native_tile()
