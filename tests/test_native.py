@@ -293,11 +293,11 @@ def test_native_decode_zero_lengths_give_zeros():
     assert torch.count_nonzero(out) == 0
 
 
-@gpu
-@pytest.mark.parametrize("partition_size", [None, 256])
-def test_native_decode_cuda_graph_replay_equals_eager(partition_size):
+def _graph_problem(seq_lens, partition_size):
+    """bf16 decode inputs on a bshd cache (4 KV heads, G = 8, head_dim 128, page 16) and a
+    workspace for ``partition_size``: ``q, k, v, table, lens, workspace``."""
     dev = torch.device("cuda")
-    seq_lens, hkv, group, d, p = [1000, 77, 3000], 4, 8, 128, 16
+    hkv, group, d, p = 4, 8, 128, 16
     nb = sum(-(-s // p) for s in seq_lens) + 3
     k, v = make_cache(nb, hkv, p, d, "bshd", torch.bfloat16, dev)
     table = make_table(seq_lens, p, nb, dev)
@@ -307,6 +307,13 @@ def test_native_decode_cuda_graph_replay_equals_eager(partition_size):
                                    num_kv_heads=hkv, head_dim=d,
                                    max_context_len=table.shape[1] * p, device=dev,
                                    partition_size=partition_size)
+    return q, k, v, table, lens, ws
+
+
+@gpu
+@pytest.mark.parametrize("partition_size", [None, 256])
+def test_native_decode_cuda_graph_replay_equals_eager(partition_size):
+    q, k, v, table, lens, ws = _graph_problem([1000, 77, 3000], partition_size)
     kw = dict(partition_size=partition_size, workspace=ws, impl="native")
     eager = paged_decode_attention(q, k, v, table, lens, **kw)
     out = torch.full_like(q, float("nan"))
@@ -334,17 +341,8 @@ def test_native_pdl_combine_equals_plain_launch_eager_and_replayed(monkeypatch):
     """The native combine as a programmatic dependent launch waits for the decode grid: its
     output equals the plain launch's bit for bit, eagerly and over 50 graph replays with new
     queries each time (a merge that read a partition before it was written would differ)."""
-    dev = torch.device("cuda")
-    seq_lens, hkv, group, d, p = [1, 4000, 777, 32768, 0, 2500], 4, 8, 128, 16
-    nb = sum(-(-s // p) for s in seq_lens) + 3
-    k, v = make_cache(nb, hkv, p, d, "bshd", torch.bfloat16, dev)
-    table = make_table(seq_lens, p, nb, dev)
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
-    q = torch.randn(len(seq_lens), hkv * group, d, dtype=torch.bfloat16, device=dev)
-    ws = allocate_decode_workspace(max_num_seqs=len(seq_lens), num_q_heads=hkv * group,
-                                   num_kv_heads=hkv, head_dim=d,
-                                   max_context_len=table.shape[1] * p, device=dev,
-                                   partition_size=256)
+    q, k, v, table, lens, ws = _graph_problem([1, 4000, 777, 32768, 0, 2500], 256)
+    hkv, group, d, p = 4, 8, 128, 16
     monkeypatch.setenv("HYGON_ATTN_DECODE_PDL", "0")
     plain_plan = plan_paged_decode(table, lens, num_q_heads=hkv * group, num_kv_heads=hkv,
                                    head_dim=d, page_size=p, q_dtype=q.dtype, kv_dtype=k.dtype,
