@@ -33,7 +33,8 @@ __device__ __forceinline__ float block_reduce(float v, float* red) {
 // One block per (sequence, row). The block's threads are `groups` groups of `dim_threads`
 // (cdiv(head_dim, 4) rounded up to a power of two: 16, 32 or 64); thread (g, c) sums
 // channels 4c .. 4c + 3 over the partitions j with j % groups == g, one 16-byte load per
-// partition where the workspace rows allow it, and the groups' sums are added at the end.
+// partition where the workspace rows allow it (po_vec, checked on the host), and the
+// groups' sums are added at the end.
 // At head_dim 128 that is 16 groups, so 64 partitions are 4 independent loads a thread:
 // one round of L2 latency instead of the 4 of one channel a thread in 4 groups (session
 // 11). The loads are unconditional (every partition below `parts` wrote its slot, an
@@ -44,7 +45,7 @@ __device__ __forceinline__ float block_reduce(float v, float* red) {
 // Launched as a programmatic dependent launch of the decode kernel (combine_pdl), a block
 // may start while the decode grid runs: everything before hab_gdc_wait() reads only what
 // the decode kernel does not write.
-__global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParams p) {
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParams p, bool po_vec) {
   __shared__ float w_s[kCombineThreads];  // weights of a chunk of partitions
   __shared__ float red_s[2][kCombineThreads / 32];  // the warps' partial max / sums (two, alternating)
   __shared__ __align__(16) float sum_s[kCombineThreads * kCombineVec];  // the groups' sums [groups][4 dim_threads]
@@ -64,9 +65,6 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParam
   const float* ml = p.max_logits + slot0 * p.ml_stride[0] + row * p.ml_stride[1];
   const float* es = p.exp_sums + slot0 * p.ml_stride[0] + row * p.ml_stride[1];
   const float* po0 = p.partial_out + slot0 * p.po_stride[0] + row * p.po_stride[1];
-  // the partial rows as 16-byte vectors (the planned workspace is contiguous)
-  const bool vec = p.po_stride[2] == 1 && p.po_stride[0] % kCombineVec == 0 && p.po_stride[1] % kCombineVec == 0 &&
-                   reinterpret_cast<uintptr_t>(p.partial_out) % 16 == 0;
   hab_gdc_wait();  // the decode grid's writes are visible from here
   // pass 1: M = max_p m_p, one partition per thread (the first chunk's m and l kept)
   float m_first = -INFINITY, l_first = 0.f;
@@ -99,7 +97,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParam
         const float wj = w_s[j];
         const float* po = po0 + int64_t(c0 + j) * p.po_stride[0] + d0 * p.po_stride[2];
         float o[kCombineVec];
-        if (vec) {
+        if (po_vec) {  // the partial rows as 16-byte vectors
           const float4 v4 = *reinterpret_cast<const float4*>(po);
           o[0] = v4.x, o[1] = v4.y, o[2] = v4.z, o[3] = v4.w;
         } else {
@@ -128,7 +126,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParam
 // The combine launch; with `pdl` (CUDA) a programmatic dependent launch: its blocks may be
 // scheduled while the decode grid's last programs run (the decode kernel calls
 // hab_gdc_launch_dependents first), and wait inside for the decode grid's writes.
-hab_error_t launch_combine(const HabDecodeParams& p, dim3 grid, bool pdl, hab_stream_t stream) {
+hab_error_t launch_combine(const HabDecodeParams& p, bool po_vec, dim3 grid, bool pdl, hab_stream_t stream) {
 #if defined(HAB_CUDA)
   if (pdl) {
     cudaLaunchConfig_t cfg = {};
@@ -141,23 +139,23 @@ hab_error_t launch_combine(const HabDecodeParams& p, dim3 grid, bool pdl, hab_st
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, combine_kernel, p);
+    return cudaLaunchKernelEx(&cfg, combine_kernel, p, po_vec);
   }
 #else
   (void)pdl;
 #endif
-  combine_kernel<<<grid, kCombineThreads, 0, stream>>>(p);
+  combine_kernel<<<grid, kCombineThreads, 0, stream>>>(p, po_vec);
   return hab_get_last_error();
 }
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-// The 8-element chunks of a cache row are one vector load: contiguous along d (stride 1
+// The `chunk`-element chunks of a row are one vector load: contiguous along d (stride 1
 // inside each chunk) and every chunk start aligned to the vector.
 int chunks_are_vectors(const void* base, int elem_bytes, int64_t d_stride, int64_t chunk_mult,
-                       const int64_t* strides, int n) {
-  if (d_stride != 1 || chunk_mult % 8 != 0) return 0;
-  const int64_t vec = 8 * elem_bytes;
+                       const int64_t* strides, int n, int chunk = 8) {
+  if (d_stride != 1 || chunk_mult % chunk != 0) return 0;
+  const int64_t vec = int64_t(chunk) * elem_bytes;
   if (!aligned(base, vec)) return 0;
   for (int i = 0; i < n; ++i)
     if ((strides[i] * elem_bytes) % vec != 0) return 0;
@@ -237,7 +235,11 @@ extern "C" const char* hab_paged_decode(const HabDecodeParams* pp, void* stream)
   }
   const int v_vec = chunks_are_vectors(p.v_cache, kv_bytes, p.v_stride[3], 8, p.v_stride, 3);
 
-  hab_decode::Flags flags{k_vec, v_vec, 0, 2, nullptr};
+  const int q_vec = chunks_are_vectors(p.q, 2, p.q_stride[3], 8, p.q_stride, 3);
+  // the split workspace's rows as float4 (the planned workspace is contiguous)
+  const int po_vec = p.num_partitions > 1 &&
+                     chunks_are_vectors(p.partial_out, 4, p.po_stride[2], kCombineVec, p.po_stride, 2, kCombineVec);
+  hab_decode::Flags flags{k_vec, v_vec, q_vec, po_vec, 0, 2, nullptr};
   if (!loop_flags(p.loop_stages, p.loop_tile, &flags))
     return "paged_decode: loop_stages must be 0, 2, 3 or 4 and loop_tile 32 or 64";
   const char* err = launch_for_head_dim(p, flags, warp, stream);
@@ -246,7 +248,8 @@ extern "C" const char* hab_paged_decode(const HabDecodeParams* pp, void* stream)
     const int64_t rows = p.num_tokens * p.num_q_heads;
     if (rows > 65535) return "paged_decode: too many query rows for the combine launch";
     dim3 grid(unsigned(p.num_seqs), unsigned(rows));
-    const hab_error_t e = launch_combine(p, grid, p.combine_pdl != 0, static_cast<hab_stream_t>(stream));
+    const hab_error_t e =
+        launch_combine(p, po_vec != 0, grid, p.combine_pdl != 0, static_cast<hab_stream_t>(stream));
     if (e != hab_success) return hab_error_string(e);
   }
   const hab_error_t e = hab_get_last_error();
@@ -266,7 +269,7 @@ extern "C" int hab_decode_programs_per_sm(int q_dtype, int kv_dtype, int head_di
   p.num_q_heads = rows;
   p.num_kv_heads = 1;
   int programs = 0;
-  hab_decode::Flags flags{1, 1, 0, 2, &programs};
+  hab_decode::Flags flags{1, 1, 1, 1, 0, 2, &programs};
   if (!loop_flags(loop_stages, loop_tile, &flags)) return -1;
   return launch_for_head_dim(p, flags, warp, nullptr) ? -1 : programs;
 }

@@ -175,7 +175,9 @@ HAB_DEV void issue_loads(uint4 (&k_reg)[ITEMS], uint4 (&v_reg)[ITEMS], const int
 }
 
 struct Flags {  // per launch, computed on the host
-  int k_vec, v_vec;
+  int k_vec, v_vec;  // K / V rows read as 16-byte chunks
+  int q_vec;         // Q rows read as 16-byte chunks
+  int po_vec;        // the split workspace's partial rows written / read as 16-byte float4
   int split_n;  // mma.sync targets, <= 16 rows, head_dim <= 128: the split-N loop's tile (32 or 64 tokens), 0: off
   int stages;   // the split-N loop's cp.async stages, 2..MAX_SPLIT_N_STAGES (stages - 1 tiles in flight)
   int* programs_per_sm;  // host pointer: set, the launcher writes the occupancy there and launches nothing
@@ -256,13 +258,11 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
   // ---- Q rows -> shared (zeros in padded rows and channels), running state. The split-N
   // loop loads Q after its first block-id reads are issued (their latencies overlap).
   static_assert((MP * HEAD_DIM_PAD) % THREADS == 0, "Q tile splits evenly over threads");
-  // 16-byte chunks where q's rows allow it (contiguous channels, aligned): 2 loads a thread
-  // for a 16-row tile at head_dim 128 instead of 16, each with its row's head division
-  const bool q_vec = p.q_stride[3] == 1 && p.q_stride[0] % 8 == 0 && p.q_stride[1] % 8 == 0 &&
-                     p.q_stride[2] % 8 == 0 && reinterpret_cast<uintptr_t>(p.q) % 16 == 0;
+  // 16-byte chunks where q's rows allow it (flags.q_vec): 2 loads a thread for a 16-row
+  // tile at head_dim 128 instead of 16, each with its row's head division
   constexpr int Q_CHUNKS = (MP * CH + THREADS - 1) / THREADS;  // a thread's chunks (the last may be past the tile)
   auto load_q = [&]() {
-    if (q_vec) {
+    if (flags.q_vec) {
 #pragma unroll  // every load of the Q tile in flight at once
       for (int k = 0; k < Q_CHUNKS; ++k) {
         const int i = tid + k * THREADS, r = i / CH, d = 8 * (i % CH);
@@ -421,7 +421,8 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
     if constexpr (SplitN<KIND, ROWS, HEAD_DIM_PAD, WARP>::value)
       decode_split_n<KIND, HEAD_DIM_PAD, SN>(p, part_end, loop_start, seq_len, rows, row0, group, kv_head, seq,
                                              part, head_dim, qk_scale, sm_scale, v_scale, use_cap, use_window, q_s,
-                                             smem + L::K_OFF, flags.stages, geo, block_of, load_q);
+                                             smem + L::K_OFF, flags.stages, flags.po_vec != 0, geo, block_of,
+                                             load_q);
 #endif
     return;
   }
@@ -563,8 +564,8 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 // Programs per multiprocessor the register budget is sized for: 3-4 for the common 16-row
 // tile (12-16 warps in flight per SM to cover the memory latency; 3 at head_dim 128 keeps
 // the 64-token split-N accumulators out of local memory), fewer for the big tiles; the
-// 32-token split-N loop holds half the accumulators and its shared memory fits 4 programs
-// (3 stages, head_dim 128) or more.
+// 32-token split-N loop holds half the accumulators (its shared memory fits 3 programs
+// with 3 stages at head_dim 128, 5 with 2).
 template <int ROWS, int HEAD_DIM_PAD, int SN>
 struct MinBlocks {
   static constexpr int value = SN == 32 ? (HEAD_DIM_PAD <= 64 ? 6 : 5)

@@ -77,8 +77,8 @@ template <typename KIND, int HEAD_DIM_PAD, int SN_TOKENS, typename BlockOf, type
 HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_start, int seq_len, int rows,
                             int row0, int group, int kv_head, int64_t seq, int part, int head_dim, float qk_scale,
                             float sm_scale, float v_scale, bool use_cap, bool use_window, const uint16_t* q_s,
-                            uint8_t* stage_smem, int stages, const StageGeometry& geo, BlockOf& block_of,
-                            LoadQ& load_q) {
+                            uint8_t* stage_smem, int stages, bool po_vec, const StageGeometry& geo,
+                            BlockOf& block_of, LoadQ& load_q) {
   typedef Layout<16, HEAD_DIM_PAD> L;
   typedef SplitNGeometry<HEAD_DIM_PAD, SN_TOKENS> G;
   typedef HabWarpTile<KIND, 32> Tile;
@@ -393,9 +393,8 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   }
   __syncthreads();
   // 4 adjacent channels a thread: sum_w weight_w O_w, one 16-byte store into the workspace
-  // where its rows allow it
-  const bool vec = split && p.po_stride[2] == 1 && p.po_stride[0] % 4 == 0 && p.po_stride[1] % 4 == 0 &&
-                   reinterpret_cast<uintptr_t>(p.partial_out) % 16 == 0;
+  // where its rows allow it (po_vec)
+  const bool vec = split && po_vec;
   constexpr int V4 = HEAD_DIM_PAD / 4;
   for (int i = tid; i < rows * V4; i += NUM_WARPS * 32) {
     const int r = i / V4, d = 4 * (i % V4);

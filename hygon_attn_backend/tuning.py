@@ -66,11 +66,11 @@ def native_preferred(op: str, *, is_hip: bool, group: int = 1) -> bool:
     registers and misses peak (published DCU numbers: 1.5-4.3x faster kernels, TPOT 79 ->
     35 ms); so HIP takes native for every op. On NVIDIA, Triton's kernels are tuned on the
     H200, and native is taken only where it was measured faster there.
-    Measurement (H200, bf16, D=128, page 16, docs/native.md, session 10): native is
-    0.95-1.07x the Triton kernel at large batches with G <= 4 (ahead at (64, 16k) and
-    (256, 2k), by less than Triton's own spread between runs there, 4-6%), 0.88-0.94x at
-    G = 8 / 16 and 0.71-0.91x at batch 1; no decode shape makes native reliably the faster
-    one on NVIDIA, so NVIDIA stays on Triton.
+    Measurement (H200, bf16, D=128, page 16, docs/native.md, session 11, three runs over
+    18 shapes): native is 0.93-0.98x the Triton kernel at 14 shapes and level or ahead at
+    large batches with G <= 4 (0.97-1.04x; ahead in every run only at (256, 2k) G = 4, by
+    1-4%, inside Triton's own spread between runs elsewhere); no decode shape makes native
+    reliably the faster one on NVIDIA, so NVIDIA stays on Triton.
     Override: ``HYGON_ATTN_NATIVE_AUTO=1`` (native wherever it runs) / ``0`` (never).
     """
     forced = envs.native_auto()

@@ -642,14 +642,14 @@ def _native_partition_size(*, programs, rows, head_dim, q_dtype, kv_dtype, max_c
     ``rows`` query rows per KV head: whole waves of its own occupancy
     (:func:`tuning.native_decode_partition_size`), no more partitions than a caller's
     workspace holds."""
+    chunk_rows = min(rows, _native.DECODE_MAX_ROWS)  # the rows of one program
     per_sm = _native.decode_programs_per_sm(
         device_index=device.index if device.index is not None else torch.cuda.current_device(),
-        q_dtype=q_dtype, kv_dtype=kv_dtype, head_dim=head_dim,
-        rows=min(rows, _native.DECODE_MAX_ROWS), loop_stages=loop_stages,
-        loop_tile=loop_tile)
+        q_dtype=q_dtype, kv_dtype=kv_dtype, head_dim=head_dim, rows=chunk_rows,
+        loop_stages=loop_stages, loop_tile=loop_tile)
     return tuning.native_decode_partition_size(
         programs=programs, max_context_len=max_context,
-        block_n=_native.decode_block_n(head_dim=head_dim, rows=min(rows, _native.DECODE_MAX_ROWS),
+        block_n=_native.decode_block_n(head_dim=head_dim, rows=chunk_rows,
                                        loop_stages=loop_stages, loop_tile=loop_tile),
         programs_per_sm=per_sm,
         num_sms=num_sms_of(device), max_partitions=max_partitions)
