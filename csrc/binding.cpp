@@ -208,6 +208,88 @@ void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
   check(hab_paged_decode(&p, stream_of(q)), "paged_decode");
 }
 
+void prefix_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                    const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
+                    const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& sinks,
+                    const at::Tensor& block_table, const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k,
+                    const at::Tensor& tile_req, const at::Tensor& tile_mblock, double scale, double soft_cap,
+                    bool causal, int64_t sliding_window, bool pingpong, bool overlap) {
+  TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes(), "prefix_prefill: q, out must be [T, Hq, D]");
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4, "prefix_prefill: caches must be [N, Hkv, P, D]");
+  TORCH_CHECK(q.stride(2) == 1 && out.stride(2) == 1 && k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
+              "prefix_prefill: the innermost dimension must be contiguous");
+  TORCH_CHECK(tile_req.scalar_type() == at::kInt && tile_mblock.scalar_type() == at::kInt &&
+                  tile_req.is_contiguous() && tile_mblock.is_contiguous() && tile_mblock.numel() == tile_req.numel(),
+              "prefix_prefill: the tile map must be contiguous int32");
+  TORCH_CHECK(k_new.has_value() == v_new.has_value(), "prefix_prefill: k_new and v_new go together");
+  c10::OptionalDeviceGuard guard(q.device());
+  HabPrefillParams p{};
+  p.out = out.data_ptr();
+  p.q = q.data_ptr();
+  p.k_cache = k_cache.data_ptr();
+  p.v_cache = v_cache.data_ptr();
+  if (k_new.has_value()) {
+    TORCH_CHECK(k_new->dim() == 3 && v_new->dim() == 3 && k_new->stride(2) == 1 && v_new->stride(2) == 1 &&
+                    k_new->scalar_type() == q.scalar_type() && v_new->scalar_type() == q.scalar_type(),
+                "prefix_prefill: k_new, v_new must be [T, Hkv, D] of q's dtype, innermost contiguous");
+    p.k_new = k_new->data_ptr();
+    p.v_new = v_new->data_ptr();
+    p.kn_stride[0] = k_new->stride(0);
+    p.kn_stride[1] = k_new->stride(1);
+    p.vn_stride[0] = v_new->stride(0);
+    p.vn_stride[1] = v_new->stride(1);
+  }
+  if (lse.has_value()) {
+    TORCH_CHECK(lse->scalar_type() == at::kFloat && lse->dim() == 2, "prefix_prefill: lse must be float32 [T, Hq]");
+    p.lse = lse->data_ptr<float>();
+    p.lse_stride[0] = lse->stride(0);
+    p.lse_stride[1] = lse->stride(1);
+  }
+  if (sinks.has_value()) {
+    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() && sinks->numel() == q.size(1),
+                "prefix_prefill: sinks must be contiguous float32 [Hq]");
+    p.sinks = sinks->data_ptr<float>();
+  }
+  p.block_table = block_table.data_ptr();
+  p.cu_seqlens_q = cu_seqlens_q.data_ptr();
+  p.seq_lens_k = seq_lens_k.data_ptr();
+  p.tile_req = tile_req.data_ptr<int32_t>();
+  p.tile_mblock = tile_mblock.data_ptr<int32_t>();
+  p.scale = float(scale);
+  p.soft_cap = float(soft_cap);
+  p.dtype = dtype_code(q, "q");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type() &&
+                  out.scalar_type() == q.scalar_type(),
+              "prefix_prefill: q, out and the caches must share one 16-bit dtype");
+  p.table_is_int64 = index_is_int64(block_table, "block_table");
+  p.cu_is_int64 = index_is_int64(cu_seqlens_q, "cu_seqlens_q");
+  p.lens_is_int64 = index_is_int64(seq_lens_k, "seq_lens_k");
+  p.causal = causal ? 1 : 0;
+  p.pingpong = pingpong ? 1 : 0;
+  p.overlap = overlap ? 1 : 0;
+  p.num_tiles = tile_req.numel();
+  p.num_q_heads = q.size(1);
+  p.num_kv_heads = k_cache.size(1);
+  p.head_dim = q.size(2);
+  p.page_size = k_cache.size(2);
+  p.num_blocks = k_cache.size(0);
+  p.max_blocks = block_table.size(1);
+  p.sliding_window = sliding_window;
+  p.q_stride[0] = q.stride(0);
+  p.q_stride[1] = q.stride(1);
+  p.o_stride[0] = out.stride(0);
+  p.o_stride[1] = out.stride(1);
+  for (int i = 0; i < 3; ++i) {
+    p.k_stride[i] = k_cache.stride(i);
+    p.v_stride[i] = v_cache.stride(i);
+  }
+  p.bt_stride[0] = block_table.stride(0);
+  p.bt_stride[1] = block_table.stride(1);
+  p.cu_stride = cu_seqlens_q.stride(0);
+  p.lens_stride = seq_lens_k.stride(0);
+  check(hab_prefix_prefill(&p, stream_of(q)), "prefix_prefill");
+}
+
 int64_t warp_size() { return hab_runtime_warp_size(); }
 
 int64_t decode_programs_per_sm(at::ScalarType q_dtype, at::ScalarType kv_dtype, int64_t head_dim, int64_t rows,
@@ -227,6 +309,10 @@ TORCH_LIBRARY(hygon_attn, m) {
         "Tensor(c!) exp_sums, Tensor(d!) partial_out, float scale, float k_scale_value, "
         "float v_scale_value, float soft_cap, int sliding_window, int partition_size, "
         "int num_partitions, int loop_stages, int loop_tile, bool combine_pdl) -> ()");
+  m.def("prefix_prefill(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor? k_new, Tensor? v_new, "
+        "Tensor(b!)? lse, Tensor? sinks, Tensor block_table, Tensor cu_seqlens_q, Tensor seq_lens_k, "
+        "Tensor tile_req, Tensor tile_mblock, float scale, float soft_cap, bool causal, int sliding_window, "
+        "bool pingpong, bool overlap) -> ()");
   m.def("warp_size() -> int", &warp_size);
   m.def("decode_programs_per_sm(ScalarType q_dtype, ScalarType kv_dtype, int head_dim, int rows, int loop_stages, "
         "int loop_tile) -> int",
@@ -237,4 +323,5 @@ TORCH_LIBRARY_IMPL(hygon_attn, CUDA, m) {
   m.impl("write_kv", &write_kv);
   m.impl("copy_blocks", &copy_blocks);
   m.impl("paged_decode", &paged_decode);
+  m.impl("prefix_prefill", &prefix_prefill);
 }

@@ -41,10 +41,6 @@ template <> struct Codec<E5M2> {
   HAB_DEV static void store(storage* p, int64_t i, float x, float s) { p[i] = hab_fp8_encode<HabE5M2>(x, s); }
 };
 
-HAB_DEV int64_t load_index(const void* p, int is_int64, int64_t i) {
-  return is_int64 ? static_cast<const int64_t*>(p)[i] : int64_t(static_cast<const int32_t*>(p)[i]);
-}
-
 // One program per (token, chunk of H*D elements): grid (num_tokens, cdiv(H*D, 1024)).
 // Element e of the chunk is head e / D, channel e % D, written to K and V.
 template <typename SRC, typename DST>
@@ -52,7 +48,7 @@ __global__ void __launch_bounds__(kWriteThreads) write_kv_kernel(HabWriteKvParam
   typedef typename Codec<SRC>::storage S;
   typedef typename Codec<DST>::storage C;
   const int64_t tok = blockIdx.x;
-  const int64_t slot = load_index(p.slot_mapping, p.slot_is_int64, tok * p.slot_stride);
+  const int64_t slot = hab_load_index(p.slot_mapping, p.slot_is_int64, tok * p.slot_stride);
   if (slot < 0 || slot >= p.num_blocks * p.page_size) return;  // padding (-1) or out of range
   const int64_t blk = slot / p.page_size, off = slot % p.page_size;
   const float k_scale = p.k_scale_ptr ? *p.k_scale_ptr : p.k_scale_value;
@@ -109,8 +105,8 @@ constexpr int kCopyElems = 8;
 template <typename W>
 __global__ void __launch_bounds__(kCopyThreads) copy_blocks_kernel(HabCopyBlocksParams p) {
   const int64_t pair = blockIdx.x;
-  const int64_t src = load_index(p.block_mapping, p.map_is_int64, pair * p.map_stride_n);
-  const int64_t dst = load_index(p.block_mapping, p.map_is_int64, pair * p.map_stride_n + p.map_stride_c);
+  const int64_t src = hab_load_index(p.block_mapping, p.map_is_int64, pair * p.map_stride_n);
+  const int64_t dst = hab_load_index(p.block_mapping, p.map_is_int64, pair * p.map_stride_n + p.map_stride_c);
   if (src < 0 || src >= p.num_blocks || dst < 0 || dst >= p.num_blocks) return;
   const int64_t numel = p.sizes[0] * p.sizes[1] * p.sizes[2] * p.sizes[3];
   W* cache = static_cast<W*>(p.cache);

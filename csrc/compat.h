@@ -165,3 +165,8 @@ struct HabBf16 {
 HAB_DEV uint32_t hab_pack2(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
 
 HAB_HD int64_t hab_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Element i of an index tensor that is int32 or int64 (is_int64).
+HAB_DEV int64_t hab_load_index(const void* p, int is_int64, int64_t i) {
+  return is_int64 ? static_cast<const int64_t*>(p)[i] : int64_t(static_cast<const int32_t*>(p)[i]);
+}

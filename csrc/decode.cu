@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParam
   const int dim_threads = 1 << dim_shift, groups = kCombineThreads >> dim_shift;
   const int group = tid >> dim_shift, d0 = kCombineVec * (tid & (dim_threads - 1));
   const bool has = d0 < head_dim;  // head_dim is a multiple of 8: all 4 channels or none
-  const int64_t seq_len = hab_decode::load_index(p.seq_lens, p.lens_is_int64, seq * p.lens_stride);
+  const int64_t seq_len = hab_load_index(p.seq_lens, p.lens_is_int64, seq * p.lens_stride);
   const int parts = int(min(hab_cdiv(seq_len, p.partition_size), p.num_partitions));
   const int64_t slot0 = seq * p.num_partitions;
   const float* ml = p.max_logits + slot0 * p.ml_stride[0] + row * p.ml_stride[1];

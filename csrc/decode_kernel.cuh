@@ -72,10 +72,6 @@ struct SplitNGeometry {
                 "the warps split a tile's tokens and O's channels evenly");
 };
 
-HAB_DEV int64_t load_index(const void* p, int is_int64, int64_t i) {
-  return is_int64 ? static_cast<const int64_t*>(p)[i] : int64_t(static_cast<const int32_t*>(p)[i]);
-}
-
 // out[off] = val in the output dtype (fp32, bf16 or fp16)
 HAB_DEV void store_out(const HabDecodeParams& p, int64_t off, float val) {
   if (p.out_dtype == HAB_F32) static_cast<float*>(p.out)[off] = val;
@@ -240,7 +236,7 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
   const int total_rows = int(p.num_tokens) * group;
   const int rows = min(ROWS, total_rows - row0);  // valid rows here
 
-  const int seq_len = int(load_index(p.seq_lens, p.lens_is_int64, seq * p.lens_stride));
+  const int seq_len = int(hab_load_index(p.seq_lens, p.lens_is_int64, seq * p.lens_stride));
   const bool split = p.num_partitions > 1;
   const int part_start = int(int64_t(part) * p.partition_size);
   if (split && part_start >= seq_len) return;
@@ -344,7 +340,7 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
   auto block_of = [&](int j) {
     const int blk = page_div.div(j);
     int64_t page = -1;
-    if (j < part_end && blk < max_blk) page = load_index(p.block_table, p.table_is_int64, bt_row + blk * bt_col);
+    if (j < part_end && blk < max_blk) page = hab_load_index(p.block_table, p.table_is_int64, bt_row + blk * bt_col);
     return (page >= 0 && page < p.num_blocks) ? int(page) : -1;
   };
   auto lookup = [&](int tile) {

@@ -106,6 +106,48 @@ typedef struct HabDecodeParams {
 
 const char* hab_paged_decode(const HabDecodeParams* p, void* stream);
 
+// prefix prefill ("extend") on sm_90a (wgmma): new tokens of each request attend to its
+// paged prefix and to themselves under j <= i + (Lk - Lq) (causal), head_dim 128, fp16 or
+// bf16 everywhere (no fp8 KV). q/out [total_q, Hq, 128], caches [N, Hkv, P, 128] views,
+// k_new/v_new [total_q, Hkv, 128] or null (then every key is in the cache), innermost
+// stride 1 and rows 16-byte aligned (checked by the caller). The tile map (tile_req,
+// tile_mblock: num_tiles int32, req < 0 unused) has blocks of 128 / group tokens. A block
+// id outside [0, num_blocks) or a table column past max_blocks is an absent key.
+typedef struct HabPrefillParams {
+  void* out;
+  const void* q;
+  const void* k_cache;
+  const void* v_cache;
+  const void* k_new;  // null: every key in the cache
+  const void* v_new;
+  float* lse;          // [total_q, Hq] float32 natural log, or null
+  const float* sinks;  // [Hq] float32 or null
+  const void* block_table;
+  const void* cu_seqlens_q;
+  const void* seq_lens_k;
+  const int32_t* tile_req;
+  const int32_t* tile_mblock;
+  float scale, soft_cap;  // soft_cap <= 0: off
+  int dtype;              // F16 / BF16 (q, caches, out)
+  int table_is_int64, cu_is_int64, lens_is_int64;
+  int causal;
+  // 1: the two consumer warpgroups take turns issuing S = Q K^T (named barriers), so one's
+  // softmax runs under the other's matrix products; 0: each issues when its data is there
+  int pingpong;
+  // 1: a warpgroup issues S of the next tile with P V of this one and runs the softmax
+  // under them (intra-warpgroup overlap); 0: one tile at a time
+  int overlap;
+  int64_t num_tiles, num_q_heads, num_kv_heads, head_dim;
+  int64_t page_size, num_blocks, max_blocks, sliding_window;  // sliding_window <= 0: off
+  int64_t q_stride[2], o_stride[2];    // (token, head)
+  int64_t k_stride[3], v_stride[3];    // (block, head, slot)
+  int64_t kn_stride[2], vn_stride[2];  // (token, head)
+  int64_t lse_stride[2];               // (token, head)
+  int64_t bt_stride[2], cu_stride, lens_stride;
+} HabPrefillParams;
+
+const char* hab_prefix_prefill(const HabPrefillParams* p, void* stream);
+
 // Programs of the paged-decode kernel that fit on one multiprocessor at once (the
 // runtime's occupancy calculator) for queries of q_dtype, a KV cache of kv_dtype, head_dim,
 // `rows` query rows per KV head (G * T) and loop_stages / loop_tile as in HabDecodeParams,

@@ -44,6 +44,12 @@ VARIABLES = {
                                 "(default: tuning.native_decode_stages; read when planned)",
     "HYGON_ATTN_NATIVE_TILE": "32 or 64: KV tokens per tile of the native split-N decode loop "
                               "(default: tuning.native_decode_tile; read when planned)",
+    "HYGON_ATTN_NATIVE_PREFILL_PINGPONG": "0: the native prefill's two consumer warpgroups "
+                                          "issue their S = Q K^T products without taking "
+                                          "turns (default 1; read per call)",
+    "HYGON_ATTN_NATIVE_PREFILL_OVERLAP": "0: the native prefill runs one tile at a time "
+                                         "instead of issuing the next tile's S with this "
+                                         "tile's P V (default 1; read per call)",
     "HYGON_ATTN_CSRC": "the csrc/ folder the native extension is built from (default: beside "
                        "the package in a source checkout, else the wheel's "
                        "hygon_attn_backend/_csrc)",
@@ -186,6 +192,16 @@ def native_tile() -> Optional[int]:
     if value is not None and value not in (32, 64):
         raise ValueError(f"HYGON_ATTN_NATIVE_TILE must be 32 or 64, got {value}")
     return value
+
+
+def native_prefill_pingpong() -> bool:
+    """``HYGON_ATTN_NATIVE_PREFILL_PINGPONG``: ``False`` when set to 0, else ``True``."""
+    return _switch("HYGON_ATTN_NATIVE_PREFILL_PINGPONG") is not False
+
+
+def native_prefill_overlap() -> bool:
+    """``HYGON_ATTN_NATIVE_PREFILL_OVERLAP``: ``False`` when set to 0, else ``True``."""
+    return _switch("HYGON_ATTN_NATIVE_PREFILL_OVERLAP") is not False
 
 
 def csrc_dir() -> Optional[str]:

@@ -18,10 +18,11 @@ from typing import Optional
 
 from hygon_attn_backend import envs
 
-OPS = ("write_kv", "copy_blocks", "paged_decode", "warp_size", "decode_programs_per_sm")
+OPS = ("write_kv", "copy_blocks", "paged_decode", "prefix_prefill", "warp_size",
+       "decode_programs_per_sm")
 _EXT_NAME = "hygon_attn_native"
 _SOURCES = ("cache_kernels.cu", "decode.cu", "decode_d64.cu", "decode_d128.cu", "decode_d256.cu",
-            "binding.cpp")
+            "prefill_sm90.cu", "binding.cpp")
 _loaded: Optional[bool] = None
 _error: Optional[str] = None
 
@@ -64,6 +65,16 @@ def gpu_arch() -> str:
     if name:
         return name.split(":")[0]
     return f"sm_{props.major}{props.minor}"
+
+
+def cuda_arch_flags() -> list:
+    """nvcc arch flags of the build: on sm_90 (H100/H200) ``sm_90a``, the arch-specific
+    target whose wgmma the native prefill needs (``csrc/sm90.cuh``); elsewhere none (torch
+    picks the visible GPU's arch). Given flags replace torch's own choice entirely."""
+    kind, _ = _torch_runtime()
+    if kind == "cuda" and gpu_arch() == "sm_90":
+        return ["-gencode=arch=compute_90a,code=sm_90a"]
+    return []
 
 
 def build_dir() -> Path:
@@ -146,7 +157,7 @@ def _build_and_load(*, verbose: bool) -> None:
         sources=[str(src / name) for name in _SOURCES],
         extra_include_paths=[str(src)],
         extra_cflags=flags,
-        extra_cuda_cflags=flags,
+        extra_cuda_cflags=flags + cuda_arch_flags(),
         build_directory=str(out),
         is_python_module=False,
         verbose=verbose,

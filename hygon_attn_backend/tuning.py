@@ -76,9 +76,12 @@ def native_preferred(op: str, *, is_hip: bool, group: int = 1) -> bool:
     forced = envs.native_auto()
     if forced is not None:
         return forced
-    if op not in ("decode", "write_kv", "copy_blocks"):
-        raise ValueError(f"op must be 'decode', 'write_kv' or 'copy_blocks', got {op!r}")
+    if op not in ("decode", "write_kv", "copy_blocks", "prefill"):
+        raise ValueError(f"op must be 'decode', 'write_kv', 'copy_blocks' or 'prefill', got "
+                         f"{op!r}")
     del group  # NVIDIA: no group measured faster yet
+    if op == "prefill":
+        return False  # not measured yet: Triton until the native prefill is timed
     return is_hip
 
 

@@ -7,6 +7,9 @@
 #   native-build    hygon-attn build-native, in the background (joined by the next native-*)
 #   prefill-tests   the GPU tests of the prefill, bounds, launch and vLLM-core kernels
 #   native-tests    tests/test_native.py on the GPU
+#   native-prefill-tests  tests/test_native_prefill.py (stops at the first failure)
+#   native-prefill-bench  bench prefill --impl triton,native on $PREFILL_SHAPES ($PREFILL_PAGES,
+#                   $PREFILL_SOURCE, $PREFILL_REP_MS)
 #   gpu-tests       the GPU tests of $TESTS (test files), 8 processes
 #   native-bench    scripts/bench_native_decode.py (Triton beside native; $NATIVE_REP_MS, default 50)
 #   native-sanitize compute-sanitizer memcheck + racecheck on scripts/native_sanitize.py
@@ -84,6 +87,19 @@ run_step() {
       timeout "$limit" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_native.py \
         >"$OUT/$name.log" 2>&1
       pytest_summary "$OUT/$name.log" ;;
+    native-prefill-tests)
+      join_build
+      timeout "$limit" "$PY" -m pytest -q -x -m gpu -p no:cacheprovider \
+        tests/test_native_prefill.py >"$OUT/$name.log" 2>&1
+      pytest_summary "$OUT/$name.log" ;;
+    native-prefill-bench)
+      join_build
+      timeout "$limit" "$PY" -m hygon_attn_backend bench prefill --shapes "$PREFILL_SHAPES" \
+        --block-sizes "${PREFILL_PAGES:-16,64}" --kv-source "${PREFILL_SOURCE:-both}" \
+        --impl triton,native --rep-ms "${PREFILL_REP_MS:-40}" \
+        --json "$OUT/native-prefill-bench.json" --markdown "$OUT/native-prefill-bench.md" \
+        >"$OUT/$name.log" 2>&1
+      echo "rc=$?"; tail -40 "$OUT/$name.log" | cut -c1-200 ;;
     native-bench)
       join_build
       timeout "$limit" "$PY" scripts/bench_native_decode.py --rep-ms "${NATIVE_REP_MS:-50}" \

@@ -157,14 +157,17 @@ def make_inputs(case: Case, device, *, seed: int = 0, min_blocks: int = 0):
     return args, kw
 
 
-def run_case(case: Case, device, *, seed: int = 0, min_blocks: int = 0):
-    """Run one case; assert within budget. Returns ``(max_err, budget)`` of the output."""
-    args, kw = make_inputs(case, device, seed=seed, min_blocks=min_blocks)
+def run_case(case: Case, device, *, seed: int = 0, min_blocks: int = 0, impl: str = "triton",
+             inputs=None):
+    """Run one case with ``impl``; assert within budget. Returns ``(max_err, budget)`` of
+    the output. ``inputs``: ``(args, kw)`` as :func:`make_inputs` returns them, if made."""
+    args, kw = inputs or make_inputs(case, device, seed=seed, min_blocks=min_blocks)
     q = args[0]
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=device)
-    res = prefix_prefill_attention(*args, out=out, impl="triton", **kw)
-    ref64 = reference.prefix_prefill_attention(*args, compute_dtype=torch.float64, **kw)
-    ref_lp = reference.prefix_prefill_attention(*args, compute_dtype=q.dtype, **kw)
+    res = prefix_prefill_attention(*args, out=out, impl=impl, **kw)
+    ref_kw = {k: v for k, v in kw.items() if k != "validate"}
+    ref64 = reference.prefix_prefill_attention(*args, compute_dtype=torch.float64, **ref_kw)
+    ref_lp = reference.prefix_prefill_attention(*args, compute_dtype=q.dtype, **ref_kw)
     if case.lse:
         res, lse = res
         ref64, ref_lse = ref64

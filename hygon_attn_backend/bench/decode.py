@@ -114,7 +114,7 @@ def _partition_size(choice, prob, device):
     return int(choice)
 
 
-def _parse_impls(text: str) -> list:
+def parse_impls(text: str) -> list:
     """``--impl``: a comma list of ``auto``, ``triton``, ``native`` (no repeats)."""
     impls = [x.strip() for x in str(text).split(",") if x.strip()]
     bad = [x for x in impls if x not in ("auto", "triton", "native")]
@@ -137,7 +137,7 @@ def run_decode_bench(args) -> dict:
     from hygon_attn_backend.bench import _timing
 
     try:
-        impls = _parse_impls(args.impl)  # a bad list fails before any device work
+        impls = parse_impls(args.impl)  # a bad list fails before any device work
     except ValueError as exc:
         raise SystemExit(str(exc)) from exc
     started = _harness.start(args, "decode")

@@ -79,22 +79,26 @@ def ours_decode(prob, *, partition_size: Optional[int], kv_head_grid: bool = Tru
     return Runner(label, fn, out, note=note, keep=[ws, plan])
 
 
-def ours_prefill(prob, *, kv_source: str = "cache", tile=None, label: str = "hygon") -> Runner:
+def ours_prefill(prob, *, kv_source: str = "cache", tile=None, label: str = "hygon",
+                 impl: str = "auto") -> Runner:
     """Our prefix prefill with the plan built once (host copies of the lengths, so no host
     check per call). ``kv_source``: ``cache`` reads the new tokens' K/V from the cache
-    (vLLM), ``dense`` from the packed tensors (SGLang)."""
+    (vLLM), ``dense`` from the packed tensors (SGLang); ``impl`` as the op takes it."""
     import torch
     from hygon_attn_backend.ops.prefill import plan_prefix_prefill
     kview, vview = prob.kv_views()
     plan = plan_prefix_prefill(prob.cu_seqlens_q, prob.seq_lens_k, total_q=prob.q.shape[0],
                                num_q_heads=prob.num_q_heads, num_kv_heads=prob.num_kv_heads,
                                head_dim=prob.head_dim, tile=tile,
-                               host_cu_seqlens_q=prob.cu_seqlens_q.cpu())
+                               host_cu_seqlens_q=prob.cu_seqlens_q.cpu(), q_dtype=prob.q.dtype,
+                               impl=impl)
     out = torch.empty_like(prob.q)
     kw = dict(k_new=prob.k_new, v_new=prob.v_new) if kv_source == "dense" else {}
     fn = lambda: plan.run(prob.q, kview, vview, prob.block_table, prob.cu_seqlens_q,
                           prob.seq_lens_k, out=out, **kw)
     note = f"tile {plan.block_m},{plan.block_n},{plan.num_warps},{plan.num_stages}"
+    if plan.impl == "native":
+        note = f"native sm_90a, {plan.block_m} rows x 128 keys"
     return Runner(label, fn, out, note=note, keep=[plan])
 
 

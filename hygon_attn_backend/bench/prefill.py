@@ -18,7 +18,7 @@ import argparse
 import sys
 
 from hygon_attn_backend.bench import _harness, output, problems
-from hygon_attn_backend.bench.decode import _add_common
+from hygon_attn_backend.bench.decode import _add_common, parse_impls
 from hygon_attn_backend.bench.peers import make_peers, ours_prefill
 
 DEFAULT_SHAPES = "1,0,8192;1,4096,4096;8,2048,512;32,1024,128;4,16384,1024"
@@ -56,6 +56,9 @@ def add_prefill_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--tiles", default="",
                    help="';'-separated BLOCK_M,BLOCK_N,warps,stages configs to sweep "
                         "(passed to plan_prefix_prefill), 'default' for the heuristic")
+    p.add_argument("--impl", default="auto",
+                   help="our implementations, comma list of auto, triton, native (e.g. "
+                        "triton,native: both in one run)")
     _add_common(p, rep_ms=100.0)
     p.set_defaults(func=_cli)
     return p
@@ -79,6 +82,7 @@ def run_prefill_bench(args) -> dict:
     hq, hkv, dim = args.num_q_heads, args.num_kv_heads, args.head_dim
     pages = [int(x) for x in str(args.block_sizes).split(",") if x]
     tiles = _parse_tiles(args.tiles)
+    impls = parse_impls(args.impl)
     sources = ["cache", "dense"] if args.kv_source == "both" else [args.kv_source]
     meta = _harness.header(device)
     mm, mm_ms = _timing.matmul_ceiling(args.rep_ms, device=device)
@@ -100,12 +104,14 @@ def run_prefill_bench(args) -> dict:
             made = []
             for tile in tiles:
                 for src in sources:
-                    label = "hygon" if src == "cache" else "hygon (new K/V dense)"
-                    try:
-                        made.append((label, ours_prefill(prob, kv_source=src, tile=tile,
-                                                         label=label)))
-                    except Exception as exc:  # e.g. a swept tile the op refuses
-                        made.append((label, exc))
+                    for impl in impls:
+                        label = "hygon" if src == "cache" else "hygon (new K/V dense)"
+                        label += f" [{impl}]" if len(impls) > 1 else ""
+                        try:
+                            made.append((label, ours_prefill(prob, kv_source=src, tile=tile,
+                                                             label=label, impl=impl)))
+                        except Exception as exc:  # e.g. a swept tile the op refuses
+                            made.append((label, exc))
             for name in peers:
                 made += make_peers(name, prob, "prefill")
             rows += _harness.run_all(made, lambda out: problems.check_prefill(prob, out),

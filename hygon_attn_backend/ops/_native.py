@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from hygon_attn_backend import native
+from hygon_attn_backend import envs, native
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 NATIVE_HEAD_DIMS = (64, 80, 96, 128, 192, 256)
@@ -114,3 +114,89 @@ def paged_decode(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.Tensor,
                         ml, es, po, float(scale), k_val, v_val, float(soft_cap or 0.0),
                         int(sliding_window or 0), int(partition_size), int(num_partitions),
                         int(loop_stages), int(loop_tile), bool(combine_pdl))
+
+
+# ----------------------------------------------------------------------------- prefill
+
+PREFILL_BLOCK_M = 128  # query rows of a native prefill program (csrc/prefill_sm90.cu)
+PREFILL_HEAD_DIM = 128
+
+
+def prefill_device_unsupported(device: torch.device) -> Optional[str]:
+    """None when ``device`` has the native prefill (an NVIDIA sm_90 GPU: the kernel is
+    written for sm_90a's wgmma), else the reason."""
+    if device.type != "cuda":
+        return f"device {device} (the native prefill runs on NVIDIA sm_90 GPUs)"
+    if getattr(torch.version, "hip", None):
+        return "a HIP GPU (the native prefill is the sm_90 wgmma kernel; HIP runs Triton)"
+    cap = torch.cuda.get_device_capability(device)
+    if cap != (9, 0):
+        return f"compute capability {cap[0]}.{cap[1]} (the native prefill needs sm_90: H100/H200)"
+    return None
+
+
+def prefill_unsupported(*, head_dim: int, q_dtype: Optional[torch.dtype],
+                        device: torch.device, group: int) -> Optional[str]:
+    """None when the native prefill (sm_90a wgmma, ``csrc/prefill_sm90.cu``) covers a batch
+    of these shapes on ``device``, else the reason it does not."""
+    why = prefill_device_unsupported(device)
+    if why is not None:
+        return why
+    if head_dim != PREFILL_HEAD_DIM:
+        return f"head_dim {head_dim} (native prefill: {PREFILL_HEAD_DIM})"
+    if q_dtype is not None and q_dtype not in (torch.float16, torch.bfloat16):
+        return f"q dtype {q_dtype} (native prefill: float16/bfloat16)"
+    if group > PREFILL_BLOCK_M:
+        return f"GQA group {group} > {PREFILL_BLOCK_M}"
+    return None
+
+
+def _rows_aligned(t: torch.Tensor, elems: int) -> bool:
+    """Innermost stride 1 and every row start a multiple of ``elems`` elements from a base
+    aligned to as many elements (the kernel's 16-byte copies / 4-byte stores)."""
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        return False
+    if t.data_ptr() % (elems * t.element_size()):
+        return False
+    return all(s % elems == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1)
+
+
+def prefill_layer_unsupported(k_cache: torch.Tensor, v_cache: torch.Tensor) -> Optional[str]:
+    """Why one layer's caches cannot run the native prefill (None: they can; the caller
+    checks that q has the caches' dtype)."""
+    if k_cache.dtype not in (torch.float16, torch.bfloat16) or v_cache.dtype != k_cache.dtype:
+        return f"KV cache dtype {k_cache.dtype} (native prefill: float16/bfloat16, no fp8 KV)"
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not _rows_aligned(t, 8):
+            return (f"{name} rows not 16-byte aligned with a contiguous last dim (strides "
+                    f"{tuple(t.stride())})")
+    return None
+
+
+def prefill_call_unsupported(q: torch.Tensor, out: torch.Tensor,
+                             k_new: Optional[torch.Tensor],
+                             v_new: Optional[torch.Tensor]) -> Optional[str]:
+    """Why one call's tensors cannot run the native prefill (None: they can)."""
+    for name, t, elems in (("q", q, 8), ("out", out, 2), ("k_new", k_new, 8),
+                           ("v_new", v_new, 8)):
+        if t is not None and not _rows_aligned(t, elems):
+            return (f"{name} rows not {2 * elems}-byte aligned with a contiguous last dim "
+                    f"(strides {tuple(t.stride())})")
+    return None
+
+
+def prefix_prefill(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, block_table: torch.Tensor,
+                   cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor,
+                   tile_req: torch.Tensor, tile_mblock: torch.Tensor, *, scale: float,
+                   causal: bool, k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor],
+                   lse: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+                   soft_cap: Optional[float], sliding_window: Optional[int]) -> None:
+    """The native prefill launch: tensors as ``prefix_prefill_attention`` takes them,
+    already checked (:func:`prefill_layer_unsupported`, :func:`prefill_call_unsupported`);
+    ``tile_req``/``tile_mblock`` the plan's map of ``128 // group``-token blocks."""
+    sinks_f32 = sinks.to(torch.float32).contiguous() if sinks is not None else None
+    _ops().prefix_prefill(out, q, k_cache, v_cache, k_new, v_new, lse, sinks_f32, block_table,
+                          cu_seqlens_q, seq_lens_k, tile_req, tile_mblock, float(scale),
+                          float(soft_cap or 0.0), bool(causal), int(sliding_window or 0),
+                          envs.native_prefill_pingpong(), envs.native_prefill_overlap())

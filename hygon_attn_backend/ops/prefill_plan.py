@@ -20,7 +20,7 @@ from typing import Dict, Optional, Sequence
 import torch
 
 from hygon_attn_backend import reference, tuning
-from hygon_attn_backend.ops import _checks
+from hygon_attn_backend.ops import _checks, _native
 from hygon_attn_backend.ops._dispatch import select_impl, triton_interpreter_on
 from hygon_attn_backend.ops._launch import LayerArgs, Launch, intern_key
 from hygon_attn_backend.ops.decode_plan import (next_pow2, num_sms_of, remember_layer,
@@ -156,7 +156,7 @@ class PrefillLayer:
     """
 
     __slots__ = ("k_cache", "v_cache", "scale", "causal", "k_scale", "v_scale",
-                 "sliding_window", "soft_cap", "sinks", "key", "variant", "args")
+                 "sliding_window", "soft_cap", "sinks", "key", "variant", "args", "native_why")
 
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
                  scale: Optional[float] = None, causal: bool = True, k_scale: ScaleLike = None,
@@ -177,6 +177,9 @@ class PrefillLayer:
             (k_cache, v_cache, k_cache if sinks is None else sinks,
              k_cache if ks is None else ks, k_cache if vs is None else vs),
             (ksv, vsv, *k_cache.stride(), *v_cache.stride(), k_cache.shape[0]))
+        # why the native prefill cannot read these caches (None: it can)
+        self.native_why = (_native.prefill_layer_unsupported(k_cache, v_cache)
+                           if k_cache.device.type == "cuda" else "CPU caches")
 
 
 @dataclass(eq=False)
@@ -204,13 +207,17 @@ class PrefillPlan:
     num_kv_heads: int = 0
     head_dim: int = 0
     impl: str = "triton"
+    #: what the caller asked for: a plan of ``"auto"`` that chose native runs Triton for a
+    #: layer or call the native kernel does not cover; one of ``"native"`` raises instead
+    impl_requested: str = "auto"
     _variants: Dict[tuple, object] = field(default_factory=dict, repr=False)
     # the layers :meth:`run` built (see decode_plan.remember_layer)
     _layers: Dict[tuple, "PrefillLayer"] = field(default_factory=dict, repr=False)
 
     @property
     def num_launches(self) -> int:
-        return 1 if self.impl == "triton" and self.total_q and self.tile_req.shape[0] else 0
+        return 1 if self.impl in ("triton", "native") and self.total_q and \
+            self.tile_req.shape[0] else 0
 
     def check_call(self, q, k_cache, cu_seqlens_q, seq_lens_k) -> None:
         """What a layer may get wrong against the plan (cheap: no tensor checks)."""
@@ -266,6 +273,22 @@ class PrefillPlan:
                if return_lse else None)
         if self.tile_req.shape[0] == 0 or self.total_q == 0:
             return (out, lse) if return_lse else out
+        if self.impl == "native":
+            why = layer.native_why or (
+                None if q.dtype == layer.k_cache.dtype else
+                f"q dtype {q.dtype} with KV cache {layer.k_cache.dtype}") or \
+                _native.prefill_call_unsupported(q, out, k_new, v_new)
+            if why is None:
+                _native.prefix_prefill(
+                    out, q, layer.k_cache, layer.v_cache, block_table, cu_seqlens_q, seq_lens_k,
+                    self.tile_req, self.tile_mblock,
+                    scale=layer.scale if layer.scale is not None else 1.0 / math.sqrt(q.shape[2]),
+                    causal=layer.causal, k_new=k_new, v_new=v_new, lse=lse, sinks=layer.sinks,
+                    soft_cap=layer.soft_cap, sliding_window=layer.sliding_window)
+                return (out, lse) if return_lse else out
+            if self.impl_requested == "native":
+                raise ValueError(f"impl='native' does not cover this call: {why}")
+            # impl="auto" chose native for the batch: this layer runs Triton on the same map
         has_new = k_new is not None
         # the variant: the layer's (interned) key and what the call decides (q's dtype and
         # head size, K/V given with the call, the LSE asked for)
@@ -341,7 +364,11 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     host and copied over once; without them it is built on the device with no host sync
     (safe before capturing a graph), and nothing is checked.
     q_dtype: the queries' dtype, if known (float32 runs the reference with ``"auto"``).
-    impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
+    impl: ``"auto"`` | ``"triton"`` | ``"native"`` | ``"reference"``. ``"native"`` is the
+    sm_90a wgmma kernel (``csrc/prefill_sm90.cu``: head_dim 128, fp16/bf16 q and KV, tiles
+    of 128 rows); on a GPU without it (HIP, not sm_90) it runs Triton, as the engines pass
+    one ``HYGON_ATTN_IMPL`` to every op; on an sm_90 GPU a call it does not cover raises.
+    ``"auto"`` takes it where :func:`tuning.native_preferred` says so.
     """
     _checks.check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=_checks.INDEX_DTYPES)
     num_seqs = cu_seqlens_q.shape[0] - 1
@@ -352,11 +379,29 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                          f"({num_kv_heads})")
     group = num_q_heads // num_kv_heads
     device = cu_seqlens_q.device
-    chosen = select_impl(impl, device)
+    if impl == "native" and device.type == "cuda" and \
+            _native.prefill_device_unsupported(device) is not None:
+        impl = "triton"  # no native prefill on this GPU (see the docstring)
+    native_why = None
+    if impl in ("native", "auto") and device.type == "cuda":
+        native_why = _native.prefill_unsupported(head_dim=head_dim, q_dtype=q_dtype,
+                                                 device=device, group=group)
+    chosen = select_impl(impl, device, native_unsupported=native_why,
+                         native_preferred=tuning.native_preferred(
+                             "prefill", is_hip=bool(getattr(torch.version, "hip", None)),
+                             group=group))
     if q_dtype is not None and q_dtype not in PREFILL_Q_DTYPES:
         if chosen == "triton" and impl == "triton":
             raise ValueError(f"impl='triton' takes float16/bfloat16 queries, got {q_dtype}")
         chosen = "reference"
+    if chosen == "native":
+        # the native kernel's tile; a layer it does not cover runs Triton's 128-row tile
+        # on the same tile map
+        native_tile = (_native.PREFILL_BLOCK_M, 128, 8, 3)
+        if tile is not None and int(tile[0]) != _native.PREFILL_BLOCK_M:
+            raise ValueError(f"tile BLOCK_M={tile[0]}: the native prefill takes "
+                             f"{_native.PREFILL_BLOCK_M}-row tiles")
+        tile = tile if tile is not None else native_tile
     if tile is None:
         tile = tuning.prefill_tile_config(
             head_dim_pad=max(16, next_pow2(head_dim)), group=group, total_q=total_q,
@@ -384,7 +429,8 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                        block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                        group=group, total_q=total_q, num_seqs=num_seqs,
                        cu_seqlens_q=cu_seqlens_q, seq_lens_k=seq_lens_k,
-                       num_kv_heads=num_kv_heads, head_dim=head_dim, impl=chosen)
+                       num_kv_heads=num_kv_heads, head_dim=head_dim, impl=chosen,
+                       impl_requested=impl)
 
 
 def _host_list(values) -> list:

@@ -306,7 +306,7 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, md: HygonAttentionMet
         md.decode_plan.run_layer(layer.decode_layer(kv_cache, k_scale, v_scale), q_dec,
                                  o_dec)
     if md.prefill_plan is not None:
-        if md.prefill_plan.impl == "triton":
+        if md.prefill_plan.impl in ("triton", "native"):
             # the whole tensors and the rows' offsets in them: the kernel addresses q and
             # out rows through cu_seqlens_q, so no slices (the plan's tile map is relative)
             q_pre, o_pre, cu = query, out, md.prefill_query_start_loc

@@ -1,0 +1,540 @@
+// Prefix-prefill ("extend") attention on Hopper: wgmma, a producer warp, two consumer
+// warpgroups (FlashAttention-3's structure over a paged cache).
+//
+// Grid (tile, kv_head): a tile is one (request, m_block) of the plan's tile map. Its
+// BLOCK_M = 128 query rows pack the GQA group: row r is token m_block * TOK_M + r / G and
+// query head kv_head * G + r % G (TOK_M = 128 / G), so every K/V tile is loaded once for
+// the whole group. 288 threads:
+//
+//   warp 8 (producer)  Q once, then K and V tiles of BLOCK_N = 128 keys into a 2-stage
+//                      ring of shared memory with cp.async (16-byte copies, 8 lanes a
+//                      128-byte row half: coalesced), each key row's address from its
+//                      own page (any page size; with k_new the keys past the prefix from
+//                      the dense tensors). A key that is absent (past the causal limit,
+//                      a bad block id, a column past the table) is zero-filled and its
+//                      bit cleared in the stage's 128-bit key mask.
+//   warps 0-7          two warpgroups, 64 rows each. Per tile: S = Q K^T (8 wgmma
+//   (consumers)        m64n128k16, both operands in shared memory), the online softmax
+//                      in registers (exp2, scale * log2 e folded into one FMA), P packed
+//                      to 16 bits in registers, O += P V (8 wgmma with A from registers,
+//                      V read MN-major: no transpose). The mask is applied only to tiles
+//                      that need it (the causal diagonal, a window edge, an absent key).
+//
+// Synchronization: mbarriers per stage. full_k / full_v complete when the producer's
+// cp.async copies of the stage land (cp.async.mbarrier.arrive) and, for K, the key mask is
+// written; empty_k / empty_v when the 8 consumer warps have finished the wgmma that read
+// the stage. A consumer fences the async proxy after its wait (the copies are generic
+// writes, wgmma reads through the async proxy).
+//
+// Keys walked by a tile: [key_lo, key_end) with key_end = min(Lk, last row's diagonal + 1)
+// (causal: tiles above the diagonal never loaded) and key_lo from the sliding window.
+// Rows that see no key give out = 0 and lse = -inf (with a sink: the sink alone).
+#include "compat.h"
+#include "hab_ops.h"
+
+#if defined(HAB_CUDA)
+#include "fastdiv.h"
+#include "sm90.cuh"
+
+namespace hab_prefill {
+
+constexpr int BLOCK_M = 128;  // query rows of a program: two consumer warpgroups x 64
+constexpr int BLOCK_N = 128;  // keys per K/V tile
+constexpr int HEAD_DIM = 128;
+constexpr int STAGES = 2;
+constexpr int CONSUMER_WARPS = 8;
+constexpr int PRODUCER_WARPS = 4;
+constexpr int THREADS = (CONSUMER_WARPS + PRODUCER_WARPS) * 32;
+
+constexpr int PANEL_BYTES = 128 * 128;             // 128 rows x 64 channels x 2 bytes
+constexpr int TILE_BYTES = 2 * PANEL_BYTES;        // 128 rows x 128 channels (Q, a K or a V tile)
+constexpr int Q_OFF = 0;
+constexpr int K_OFF = TILE_BYTES;
+constexpr int V_OFF = K_OFF + STAGES * TILE_BYTES;
+constexpr int BAR_OFF = V_OFF + STAGES * TILE_BYTES;  // mbarriers, then the key masks
+constexpr int MASK_OFF = BAR_OFF + 8 * (1 + 4 * STAGES);
+constexpr int SMEM_USED = MASK_OFF + 16 * STAGES;
+constexpr int SMEM_BYTES = SMEM_USED + 1024;  // slack: the tiles start on a 1024-byte boundary
+
+HAB_DEV float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+HAB_DEV float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// What every role of a program derives from its tile: the request's lengths, the rows'
+// tokens and the key range walked.
+struct TileInfo {
+  int64_t q_start;
+  int len_q, len_k, len_p;  // new tokens, all keys, prefix keys
+  int group, tok_m, m_tok0;
+  int diag_min, diag_max;  // global key position of the first / last row's token
+  int key_end;             // keys [tile_lo * BLOCK_N, key_end) are walked
+  int tile_lo, n_tiles;
+};
+
+HAB_DEV bool tile_info(const HabPrefillParams& p, TileInfo& ti) {
+  const int32_t req = p.tile_req[blockIdx.x];
+  if (req < 0) return false;
+  ti.q_start = hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req) * p.cu_stride);
+  ti.len_q = int(hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req + 1) * p.cu_stride) - ti.q_start);
+  ti.len_k = int(hab_load_index(p.seq_lens_k, p.lens_is_int64, int64_t(req) * p.lens_stride));
+  ti.len_p = ti.len_k - ti.len_q;
+  ti.group = int(p.num_q_heads / p.num_kv_heads);
+  ti.tok_m = BLOCK_M / ti.group;
+  ti.m_tok0 = p.tile_mblock[blockIdx.x] * ti.tok_m;
+  const int tok_hi = min(ti.len_q, ti.m_tok0 + ti.tok_m);  // > m_tok0 for a mapped tile
+  ti.diag_min = ti.len_p + ti.m_tok0;
+  ti.diag_max = ti.len_p + tok_hi - 1;
+  ti.key_end = p.causal ? min(ti.len_k, ti.diag_max + 1) : ti.len_k;
+  int key_lo = 0;
+  if (p.causal && p.sliding_window > 0) key_lo = max(0, ti.diag_min - int(p.sliding_window) + 1);
+  ti.tile_lo = key_lo / BLOCK_N;
+  ti.n_tiles = max(0, int(hab_cdiv(ti.key_end, BLOCK_N)) - ti.tile_lo);
+  return true;
+}
+
+struct Barriers {
+  uint64_t* full_q;
+  uint64_t* full_k;  // [STAGES]
+  uint64_t* full_v;
+  uint64_t* empty_k;
+  uint64_t* empty_v;
+  uint32_t* mask;  // [STAGES][4] key bits of the K stage
+};
+
+// ------------------------------------------------------------------ producer
+// Address of key `pos` of this request's KV head in K (V: the same row of the V cache),
+// or null when the key is absent.
+struct KeyRows {
+  const uint16_t* k;
+  const uint16_t* v;
+};
+
+HAB_DEV KeyRows key_rows(const HabPrefillParams& p, const TileInfo& ti, const HabFastDiv& page_div, int64_t req,
+                         int kv_head, int pos) {
+  KeyRows r{nullptr, nullptr};
+  if (pos < 0 || pos >= ti.key_end) return r;
+  if (p.k_new != nullptr && pos >= ti.len_p) {
+    const int64_t t = ti.q_start + (pos - ti.len_p);
+    r.k = static_cast<const uint16_t*>(p.k_new) + t * p.kn_stride[0] + kv_head * p.kn_stride[1];
+    r.v = static_cast<const uint16_t*>(p.v_new) + t * p.vn_stride[0] + kv_head * p.vn_stride[1];
+    return r;
+  }
+  const int blk = page_div.div(pos), slot = page_div.mod(pos, blk);
+  if (blk >= p.max_blocks) return r;
+  const int64_t page = hab_load_index(p.block_table, p.table_is_int64, req * p.bt_stride[0] + int64_t(blk) * p.bt_stride[1]);
+  if (page < 0 || page >= p.num_blocks) return r;
+  r.k = static_cast<const uint16_t*>(p.k_cache) + page * p.k_stride[0] + kv_head * p.k_stride[1] + slot * p.k_stride[2];
+  r.v = static_cast<const uint16_t*>(p.v_cache) + page * p.v_stride[0] + kv_head * p.v_stride[1] + slot * p.v_stride[2];
+  return r;
+}
+
+HAB_DEV const uint16_t* shfl_ptr(const uint16_t* ptr, int src_lane) {
+  const uint64_t u = reinterpret_cast<uint64_t>(ptr);
+  const uint32_t lo = __shfl_sync(0xffffffffu, uint32_t(u), src_lane);
+  const uint32_t hi = __shfl_sync(0xffffffffu, uint32_t(u >> 32), src_lane);
+  return reinterpret_cast<const uint16_t*>((uint64_t(hi) << 32) | lo);
+}
+
+// Producer warp `pw` copies rows 32 pw .. 32 pw + 31 of a 128-row tile; row 32 pw + l
+// starts at `row` of lane l (null: zero fill). Into the swizzled panels at `dst`
+// (sm90.cuh): per instruction 4 rows x one 128-byte half, 8 lanes a half-row.
+HAB_DEV void copy_rows(uint32_t dst, const uint16_t* row_ptr, const uint16_t* fallback, int pw, int lane) {
+  const int sub = lane >> 3, chunk = lane & 7;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int row = 32 * pw + 4 * i + sub;
+    const uint16_t* src = shfl_ptr(row_ptr, 4 * i + sub);
+    const bool fill = src != nullptr;
+    if (!fill) src = fallback;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t d = dst + h * PANEL_BYTES + row * 128 + ((chunk ^ (row & 7)) << 4);
+      hab_sm90::cp_async16(d, fill ? src + h * 64 + chunk * 8 : src, fill);
+    }
+  }
+}
+
+// The producer warpgroup (4 warps, 32 rows of every tile each): Q once, then per key tile
+// its rows' addresses (one block-table read a row), the K copies, the mask word, the V
+// copies. The next tile's addresses are computed while the ring slot is still busy.
+HAB_DEV void producer(const HabPrefillParams& p, const TileInfo& ti, const Barriers& b, uint32_t smem, int pw,
+                      int lane) {
+  const int kv_head = blockIdx.y;
+  const int64_t req = p.tile_req[blockIdx.x];
+  const int r = 32 * pw + lane;  // the row this lane addresses
+  {  // Q: row r = (token m_tok0 + r / G, head kv_head * G + r % G)
+    const int tok = ti.m_tok0 + r / ti.group;
+    const bool ok = r < ti.tok_m * ti.group && tok < ti.len_q;
+    const uint16_t* row = ok ? static_cast<const uint16_t*>(p.q) + (ti.q_start + tok) * p.q_stride[0] +
+                                   (int64_t(kv_head) * ti.group + r % ti.group) * p.q_stride[1]
+                             : nullptr;
+    copy_rows(smem + Q_OFF, row, static_cast<const uint16_t*>(p.q), pw, lane);
+    hab_sm90::mbar_arrive_cp_async(b.full_q);
+  }
+  const HabFastDiv page_div(int(p.page_size));
+  KeyRows next = ti.n_tiles > 0 ? key_rows(p, ti, page_div, req, kv_head, ti.tile_lo * BLOCK_N + r) : KeyRows{};
+  for (int j = 0; j < ti.n_tiles; ++j) {
+    const int s = j % STAGES;
+    const uint32_t parity = ((j / STAGES) & 1) ^ 1;
+    const KeyRows kr = next;
+    const uint32_t bits = __ballot_sync(0xffffffffu, kr.k != nullptr);
+    if (j + 1 < ti.n_tiles) next = key_rows(p, ti, page_div, req, kv_head, (ti.tile_lo + j + 1) * BLOCK_N + r);
+    hab_sm90::mbar_wait(b.empty_k + s, parity);
+    if (lane == 0) b.mask[4 * s + pw] = bits;
+    copy_rows(smem + K_OFF + s * TILE_BYTES, kr.k, static_cast<const uint16_t*>(p.k_cache), pw, lane);
+    hab_sm90::mbar_arrive_cp_async(b.full_k + s);
+    if (lane == 0) hab_sm90::mbar_arrive(b.full_k + s);  // releases the mask word
+    hab_sm90::mbar_wait(b.empty_v + s, parity);
+    copy_rows(smem + V_OFF + s * TILE_BYTES, kr.v, static_cast<const uint16_t*>(p.v_cache), pw, lane);
+    hab_sm90::mbar_arrive_cp_async(b.full_v + s);
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives its thread
+}
+
+// ------------------------------------------------------------------ consumers
+// Thread (warpgroup wg, warp wq, lane = 4 g + t) holds rows r0 = 64 wg + 16 wq + g and
+// r0 + 8 of S and O: element 4 i + e is row r0 + 8 (e >> 1), column 8 i + 2 t + (e & 1).
+template <bool IS_BF16, bool SOFT_CAP>
+struct Consumer {
+  const HabPrefillParams& p;
+  const TileInfo& ti;
+  const Barriers& b;
+  uint32_t smem, q_tile;  // q_tile: this warpgroup's 64 rows of each Q panel
+  int wg, lane, t;
+  int tok[2], head[2], diag[2];
+  bool row_ok[2];
+  float mult, cap_log2, cap_div;  // mult: logit -> log2 units inside exp2's FMA
+  float m[2], l[2];               // running max (log2 units), this lane's part of the sum
+  float o[64];
+  bool pingpong;
+
+  static constexpr float LOG2E = 1.4426950408889634f;
+
+  HAB_DEV Consumer(const HabPrefillParams& p_, const TileInfo& ti_, const Barriers& b_, uint32_t smem_, int warp,
+                   int lane_)
+      : p(p_), ti(ti_), b(b_), smem(smem_), wg(warp >> 2), lane(lane_), t(lane_ & 3) {
+    q_tile = smem + Q_OFF + wg * 64 * 128;
+    const int r_base = 64 * wg + 16 * (warp & 3) + (lane >> 2);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r_base + 8 * h;
+      tok[h] = ti.m_tok0 + r / ti.group;
+      head[h] = int(blockIdx.y) * ti.group + r % ti.group;
+      row_ok[h] = r < ti.tok_m * ti.group && tok[h] < ti.len_q;
+      diag[h] = ti.len_p + tok[h];
+      // a sink is one more key of value 0: l starts at 1 (on one lane of the row)
+      m[h] = p.sinks != nullptr && row_ok[h] ? p.sinks[head[h]] * LOG2E : -INFINITY;
+      l[h] = m[h] != -INFINITY && t == 0 ? 1.f : 0.f;
+    }
+    cap_log2 = p.soft_cap * LOG2E;
+    cap_div = p.scale / (SOFT_CAP ? p.soft_cap : 1.f);
+    mult = SOFT_CAP ? 1.f : p.scale * LOG2E;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    pingpong = p.pingpong != 0;
+  }
+
+  HAB_DEV int stage(int j) const { return j % STAGES; }
+  HAB_DEV uint32_t parity(int j) const { return (j / STAGES) & 1; }
+
+  // ping-pong turns: warpgroup w issues its products after barrier 1 + w, then lets the
+  // other go (warpgroup 1 opens the first turn for warpgroup 0)
+  HAB_DEV void open_turns() { if (pingpong && wg == 1) hab_sm90::named_arrive(1, 256); }
+  HAB_DEV void take_turn() { if (pingpong) hab_sm90::named_sync(1 + wg, 256); }
+  HAB_DEV void pass_turn() { if (pingpong) hab_sm90::named_arrive(1 + (wg ^ 1), 256); }
+
+  // Wait for K tile j, keep its key mask (the producer rewrites it once the stage is
+  // released) and issue S = Q K^T ([64 x 128] fp32) into sc; committed, not waited.
+  HAB_DEV void issue_s(float (&sc)[64], uint32_t (&bits)[4], int j) {
+    const int s = stage(j);
+    hab_sm90::mbar_wait(b.full_k + s, parity(j));
+#pragma unroll
+    for (int w = 0; w < 4; ++w) bits[w] = b.mask[4 * s + w];
+    hab_sm90::fence_proxy_async();
+    const uint32_t k_tile = smem + K_OFF + s * TILE_BYTES;
+    hab_sm90::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+      const uint32_t off = (ks / 4) * PANEL_BYTES + (ks % 4) * 32;
+      hab_sm90::wgmma_ss_m64n128k16<IS_BF16>(sc, hab_sm90::desc_sw128(q_tile + off, 16, 1024),
+                                              hab_sm90::desc_sw128(k_tile + off, 16, 1024), ks > 0);
+    }
+    hab_sm90::wgmma_commit();
+  }
+
+  // Wait for V tile j and issue O += P V ([64 x 128] fp32); committed, not waited.
+  HAB_DEV void issue_pv(const uint32_t (&pa)[32], int j) {
+    const int s = stage(j);
+    hab_sm90::mbar_wait(b.full_v + s, parity(j));
+    hab_sm90::fence_proxy_async();
+    const uint32_t v_tile = smem + V_OFF + s * TILE_BYTES;
+    hab_sm90::fence_regs(o);
+    hab_sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+      const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+      hab_sm90::wgmma_rs_m64n128k16_tb<IS_BF16>(o, a, hab_sm90::desc_sw128(v_tile + kk * 16 * 128, PANEL_BYTES, 1024));
+    }
+    hab_sm90::wgmma_commit();
+  }
+
+  HAB_DEV void release_k(int j) { if (lane == 0) hab_sm90::mbar_arrive(b.empty_k + stage(j)); }
+  HAB_DEV void release_v(int j) { if (lane == 0) hab_sm90::mbar_arrive(b.empty_v + stage(j)); }
+
+  // S of tile j -> P (fp32, in place) under the mask (the diagonal, a window edge, absent
+  // keys; only tiles that need it pay); the running max and sums move, alpha is the
+  // factor O must be scaled by before P V is added.
+  HAB_DEV void softmax(float (&sc)[64], const uint32_t (&bits)[4], int j, float (&alpha)[2]) {
+    const int n0 = (ti.tile_lo + j) * BLOCK_N, window = int(p.sliding_window);
+    if (SOFT_CAP) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) sc[i] = cap_log2 * tanh_approx(sc[i] * cap_div);
+    }
+    const bool all_keys = (bits[0] & bits[1] & bits[2] & bits[3]) == 0xffffffffu;
+    const bool masked = !all_keys || (p.causal && n0 + BLOCK_N - 1 > ti.diag_min) ||
+                        (p.causal && window > 0 && n0 <= ti.diag_max - window);
+    if (masked) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = 8 * i + 2 * t + (e & 1), kpos = n0 + col, h = e >> 1;
+          bool vis = (bits[i >> 2] >> (col & 31)) & 1u;  // columns 8 i .. 8 i + 7: one word
+          if (p.causal) vis = vis && kpos <= diag[h] && (window <= 0 || kpos > diag[h] - window);
+          if (!vis) sc[4 * i + e] = -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * h], sc[4 * i + 2 * h + 1]));
+      mx = fmaxf(mx, hab_shfl_xor(mx, 1));
+      mx = fmaxf(mx, hab_shfl_xor(mx, 2));
+      const float m_new = fmaxf(m[h], mx * mult);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing seen yet: p = 0
+      alpha[h] = ex2(m[h] - m_use);
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = sc[4 * i + 2 * h + e];
+          x = ex2(fmaf(x, mult, -m_use));
+          sum += x;
+        }
+      }
+      l[h] = l[h] * alpha[h] + sum;
+      m[h] = m_new;
+    }
+  }
+
+  HAB_DEV void rescale(const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      o[4 * i + 0] *= alpha[0];
+      o[4 * i + 1] *= alpha[0];
+      o[4 * i + 2] *= alpha[1];
+      o[4 * i + 3] *= alpha[1];
+    }
+  }
+
+  // P as the A fragments of the PV product: k-step kk takes columns 16 kk .. 16 kk + 15
+  HAB_DEV static void pack(uint32_t (&pa)[32], const float (&sc)[64]) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) pa[i] = hab_sm90::pack2<IS_BF16>(sc[2 * i], sc[2 * i + 1]);
+  }
+
+  // One tile at a time: S, softmax, P V, each product waited for at once.
+  HAB_DEV void run_serial() {
+    for (int j = 0; j < ti.n_tiles; ++j) {
+      float sc[64];
+      uint32_t bits[4], pa[32];
+      float alpha[2];
+      take_turn();
+      issue_s(sc, bits, j);
+      pass_turn();
+      hab_sm90::wgmma_wait<0>();
+      hab_sm90::fence_regs(sc);
+      release_k(j);
+      softmax(sc, bits, j, alpha);
+      rescale(alpha);
+      pack(pa, sc);
+      issue_pv(pa, j);
+      hab_sm90::wgmma_wait<0>();
+      hab_sm90::fence_regs(o);
+      release_v(j);
+    }
+  }
+
+  // Intra-warpgroup overlap: S of tile j is issued with P V of tile j - 1, and the softmax
+  // of tile j runs while that P V is on the tensor cores (FlashAttention-3's schedule).
+  // pa (P of tile j - 1) and o stay pinned in their registers until that product is waited.
+  HAB_DEV void run_overlap() {
+    if (ti.n_tiles == 0) return;
+    float sc[64];
+    uint32_t bits[4], pa[32];
+    float alpha[2];
+    take_turn();
+    issue_s(sc, bits, 0);
+    pass_turn();
+    hab_sm90::wgmma_wait<0>();
+    hab_sm90::fence_regs(sc);
+    release_k(0);
+    softmax(sc, bits, 0, alpha);
+    pack(pa, sc);
+    for (int j = 1; j < ti.n_tiles; ++j) {
+      take_turn();
+      issue_s(sc, bits, j);
+      issue_pv(pa, j - 1);
+      pass_turn();
+      hab_sm90::wgmma_wait<1>();  // S of tile j has landed; P V of tile j - 1 may still run
+      hab_sm90::fence_regs(sc);
+      release_k(j);
+      softmax(sc, bits, j, alpha);
+      hab_sm90::wgmma_wait<0>();
+      hab_sm90::fence_regs(o);
+      hab_sm90::fence_regs_u32(pa);
+      release_v(j - 1);
+      rescale(alpha);
+      pack(pa, sc);
+    }
+    take_turn();
+    issue_pv(pa, ti.n_tiles - 1);
+    pass_turn();
+    hab_sm90::wgmma_wait<0>();
+    hab_sm90::fence_regs(o);
+    hab_sm90::fence_regs_u32(pa);
+    release_v(ti.n_tiles - 1);
+  }
+
+  // out = O / l (0 where no key was seen), lse in natural log
+  HAB_DEV void finish() {
+    constexpr float LN2 = 0.6931471805599453f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[h];
+      sum += hab_shfl_xor(sum, 1);
+      sum += hab_shfl_xor(sum, 2);
+      if (!row_ok[h]) continue;
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const int64_t tok_g = ti.q_start + tok[h];
+      uint16_t* out = static_cast<uint16_t*>(p.out) + tok_g * p.o_stride[0] + int64_t(head[h]) * p.o_stride[1];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        *reinterpret_cast<uint32_t*>(out + 8 * i + 2 * t) =
+            hab_sm90::pack2<IS_BF16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+      }
+      if (p.lse != nullptr && t == 0) {
+        p.lse[tok_g * p.lse_stride[0] + int64_t(head[h]) * p.lse_stride[1]] =
+            sum > 0.f ? (m[h] + __log2f(sum)) * LN2 : -INFINITY;
+      }
+    }
+  }
+};
+
+template <bool IS_BF16, bool SOFT_CAP>
+__global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_constant__ HabPrefillParams p) {
+#if defined(HAB_SM90A)
+  TileInfo ti;
+  if (!tile_info(p, ti)) return;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t raw = hab_sm90::smem_addr(smem_raw);
+  const uint32_t pad = (1024 - (raw & 1023)) & 1023;
+  uint8_t* base = smem_raw + pad;  // 1024-byte aligned: the swizzle pattern's period
+  Barriers b;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(base + BAR_OFF);
+  b.full_q = bars;
+  b.full_k = bars + 1;
+  b.full_v = bars + 1 + STAGES;
+  b.empty_k = bars + 1 + 2 * STAGES;
+  b.empty_v = bars + 1 + 3 * STAGES;
+  b.mask = reinterpret_cast<uint32_t*>(base + MASK_OFF);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    constexpr int COPIERS = PRODUCER_WARPS * 32;
+    hab_sm90::mbar_init(b.full_q, COPIERS);
+    for (int s = 0; s < STAGES; ++s) {
+      hab_sm90::mbar_init(b.full_k + s, COPIERS + PRODUCER_WARPS);  // copies + the mask words
+      hab_sm90::mbar_init(b.full_v + s, COPIERS);
+      hab_sm90::mbar_init(b.empty_k + s, CONSUMER_WARPS);
+      hab_sm90::mbar_init(b.empty_v + s, CONSUMER_WARPS);
+    }
+  }
+  __syncthreads();
+  const uint32_t smem = hab_sm90::smem_addr(base);
+  // registers a thread: 168 at launch (65536 over 384 threads), moved from the producers to
+  // the consumers: 4 x 32 x 40 + 8 x 32 x 232 = 64,512 <= 65,536
+  constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+  if (warp >= CONSUMER_WARPS) {
+    hab_sm90::setmaxnreg_dec<PRODUCER_REGS>();
+    producer(p, ti, b, smem, warp - CONSUMER_WARPS, lane);
+  } else {
+    hab_sm90::setmaxnreg_inc<CONSUMER_REGS>();
+    Consumer<IS_BF16, SOFT_CAP> c(p, ti, b, smem, warp, lane);
+    c.open_turns();
+    hab_sm90::mbar_wait(b.full_q, 0);
+    if (p.overlap) c.run_overlap();
+    else c.run_serial();
+    c.finish();
+  }
+#else
+  __trap();  // built without sm_90a: the host never launches this (hab_prefix_prefill)
+#endif
+}
+
+template <bool IS_BF16, bool SOFT_CAP>
+const char* launch(const HabPrefillParams& p, cudaStream_t stream) {
+  auto kernel = prefill_kernel<IS_BF16, SOFT_CAP>;
+  static uint64_t configured = 0;  // one bit per device
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return "prefix_prefill: no device";
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (!(configured & bit)) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+    configured |= bit;
+  }
+  dim3 grid(unsigned(p.num_tiles), unsigned(p.num_kv_heads), 1);
+  kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(p);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
+
+}  // namespace hab_prefill
+#endif  // HAB_CUDA
+
+extern "C" const char* hab_prefix_prefill(const HabPrefillParams* p, void* stream) {
+#if defined(HAB_CUDA)
+  using namespace hab_prefill;
+  if (p->head_dim != HEAD_DIM) return "prefix_prefill: the native kernel takes head_dim 128";
+  if (p->dtype != HAB_F16 && p->dtype != HAB_BF16) return "prefix_prefill: dtype must be fp16 or bf16";
+  if (p->num_kv_heads <= 0 || p->num_q_heads % p->num_kv_heads) return "prefix_prefill: bad head counts";
+  const int64_t group = p->num_q_heads / p->num_kv_heads;
+  if (group > BLOCK_M) return "prefix_prefill: GQA group larger than 128";
+  if (p->page_size <= 0) return "prefix_prefill: page_size must be positive";
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return "prefix_prefill: no device";
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major != 9 || minor != 0) return "prefix_prefill: the native kernel needs an sm_90 GPU (H100/H200)";
+  if (p->num_tiles == 0 || p->num_kv_heads == 0) return nullptr;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool bf16 = p->dtype == HAB_BF16, cap = p->soft_cap > 0.f;
+  if (bf16) return cap ? launch<true, true>(*p, s) : launch<true, false>(*p, s);
+  return cap ? launch<false, true>(*p, s) : launch<false, false>(*p, s);
+#else
+  (void)p;
+  (void)stream;
+  return "prefix_prefill: the native kernel needs an NVIDIA sm_90 GPU (wgmma); none on HIP";
+#endif
+}

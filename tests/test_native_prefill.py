@@ -1,0 +1,179 @@
+"""The native prefix prefill (``csrc/prefill_sm90.cu``, ``impl="native"``) against reference.py.
+
+GPU tests need an sm_90 GPU (H100/H200: the kernel is written for sm_90a's wgmma) and build
+the extension on first use. They run the Triton prefill's real-size cases that the native
+kernel covers (head_dim 128, fp16/bf16 KV) and the cases its structure adds: GQA groups that
+leave rows of the 128-row tile idle, keys walked over many pipeline stages, tiles that
+straddle the prefix and the dense new keys, hostile block ids, a cache past 2^31
+elements, CUDA-graph replay. CPU tests: what a plan chooses and the errors it raises.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hygon_attn_backend import reference, tuning
+from hygon_attn_backend.ops import _native
+from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
+from tests._budget import assert_within_budget
+from tests.test_prefill import GPU_CASES, Case, make_inputs, run_case
+
+gpu = pytest.mark.gpu
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and not getattr(torch.version, "hip", None) and \
+        torch.cuda.get_device_capability() == (9, 0)
+
+
+def _need_sm90():
+    if not _sm90():
+        pytest.skip("the native prefill needs an NVIDIA sm_90 GPU (H100/H200)")
+
+
+def _covered(case: Case) -> bool:
+    return case.head_dim == 128 and case.kv_dtype is None
+
+
+NATIVE_CASES = [c for c in GPU_CASES if _covered(c)] + [
+    Case("n_g1_long", (5000,), (300,), group=1, kv_heads=4, page=16, head_dim=128,
+         dtype=torch.bfloat16),
+    Case("n_g3_idle_rows", (130, 0, 257), (200, 129, 1), group=3, kv_heads=2, page=64,
+         head_dim=128, dtype=torch.float16),
+    Case("n_g8_knew_straddle", (100, 129, 0), (300, 77, 128), group=8, kv_heads=2, page=16,
+         head_dim=128, dtype=torch.bfloat16, k_new=True),
+    Case("n_g64_p1", (40, 3), (70, 2), group=64, kv_heads=1, page=1, head_dim=128,
+         dtype=torch.bfloat16),
+    Case("n_noncausal_knew", (333, 0), (129, 300), group=4, kv_heads=2, page=16,
+         head_dim=128, dtype=torch.bfloat16, k_new=True, causal=False),
+    Case("n_window_sinks", (700, 5), (400, 260), group=4, kv_heads=2, page=64, head_dim=128,
+         dtype=torch.float16, window=100, sinks=True, soft_cap=20.0),
+    Case("n_empty_requests", (7, 0, 0, 12), (0, 0, 5, 0), group=4, kv_heads=2, page=16,
+         head_dim=128, dtype=torch.bfloat16),
+    Case("n_bshd_knew_p1", (64, 1), (190, 33), group=2, kv_heads=4, page=1, head_dim=128,
+         dtype=torch.bfloat16, k_new=True, layout="bshd", q_noncontig=True),
+]
+
+
+@gpu
+@pytest.mark.parametrize("case", NATIVE_CASES, ids=lambda c: c.name)
+def test_native_prefill_real_sizes(case):
+    _need_sm90()
+    run_case(case, torch.device("cuda"), impl="native")
+
+
+@gpu
+def test_native_prefill_cache_over_2g_elements():
+    """Used pages above element 2^31 of a bf16 cache (int64 row addresses)."""
+    _need_sm90()
+    case = Case("n_big_cache", (3000, 50), (200, 300), group=4, kv_heads=8, page=16,
+                head_dim=128, dtype=torch.bfloat16)
+    per_block = case.kv_heads * case.page * case.head_dim
+    run_case(case, torch.device("cuda"), impl="native",
+             min_blocks=(2 ** 31) // per_block + 64)
+
+
+@gpu
+@pytest.mark.parametrize("k_new", [False, True])
+def test_native_prefill_hostile_block_ids(k_new):
+    """Negative, too-large and past-the-table ids are absent keys, as in the reference."""
+    _need_sm90()
+    dev = torch.device("cuda")
+    case = Case("n_hostile", (600, 90, 300), (150, 40, 1), group=4, kv_heads=2, page=16,
+                head_dim=128, dtype=torch.bfloat16, k_new=k_new)
+    args, kw = make_inputs(case, dev, seed=3)
+    q, k_cache, v_cache, table, cu, lens = args
+    table = table.clone()
+    table[0, 3] = -1
+    table[0, 17] = k_cache.shape[0] + 5
+    table[1, 0] = 2 ** 31 - 1
+    table[2, 5] = -7
+    args = (q, k_cache, v_cache, table, cu, lens)
+    run_case(case, dev, impl="native", inputs=(args, kw))
+    # a table narrower than the keys: the columns past it are absent too
+    narrow = (q, k_cache, v_cache, table[:, :20], cu, lens)
+    run_case(case, dev, impl="native", inputs=(narrow, dict(kw, validate=False)))
+
+
+@gpu
+def test_native_prefill_graph_replay():
+    """The planned launch captured in a CUDA graph, replayed with new queries."""
+    _need_sm90()
+    dev = torch.device("cuda")
+    case = Case("n_graph", (900, 17), (300, 129), group=4, kv_heads=2, page=16,
+                head_dim=128, dtype=torch.bfloat16, lse=False)
+    args, kw = make_inputs(case, dev, seed=5)
+    q, k_cache, v_cache, table, cu, lens = args
+    plan = plan_prefix_prefill(cu, lens, total_q=q.shape[0], num_q_heads=q.shape[1],
+                               num_kv_heads=k_cache.shape[1], head_dim=128,
+                               host_cu_seqlens_q=cu.cpu(), q_dtype=q.dtype, impl="native")
+    assert plan.impl == "native" and plan.block_m == _native.PREFILL_BLOCK_M
+    out = torch.empty_like(q)
+    static_q = q.clone()
+    run = lambda: prefix_prefill_attention(static_q, k_cache, v_cache, table, cu, lens,
+                                           out=out, plan=plan, impl="native",
+                                           causal=case.causal)
+    run()  # first call outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for seed in range(3):
+        static_q.copy_(torch.randn(q.shape, device=dev, generator=torch.Generator(
+            device=dev).manual_seed(100 + seed)).to(q.dtype))
+        graph.replay()
+        torch.cuda.synchronize()
+        a = (static_q, k_cache, v_cache, table, cu, lens)
+        ref64 = reference.prefix_prefill_attention(*a, compute_dtype=torch.float64)
+        ref_lp = reference.prefix_prefill_attention(*a, compute_dtype=q.dtype)
+        assert_within_budget(out, ref64, ref_lp, what=f"graph replay {seed}")
+
+
+@gpu
+def test_native_prefill_refuses_what_it_does_not_cover():
+    """impl='native' on an sm_90 GPU: fp8 KV and head_dim 64 raise, naming the reason."""
+    _need_sm90()
+    dev = torch.device("cuda")
+    fp8 = Case("n_fp8", (40,), (20,), group=4, kv_heads=2, page=16, head_dim=128,
+               dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn)
+    args, kw = make_inputs(fp8, dev)
+    with pytest.raises(ValueError, match="fp8"):
+        prefix_prefill_attention(*args, impl="native", **kw)
+    d64 = Case("n_d64", (40,), (20,), group=4, kv_heads=2, page=16, head_dim=64,
+               dtype=torch.bfloat16)
+    args, kw = make_inputs(d64, dev)
+    with pytest.raises(ValueError, match="head_dim 64"):
+        prefix_prefill_attention(*args, impl="native", **kw)
+
+
+# ----------------------------------------------------------------------------- CPU
+
+
+def test_native_prefill_needs_a_gpu():
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    lens = torch.tensor([9], dtype=torch.int32)
+    with pytest.raises(ValueError, match="CUDA"):
+        plan_prefix_prefill(cu, lens, total_q=5, num_q_heads=8, num_kv_heads=2, head_dim=128,
+                            impl="native")
+
+
+def test_native_prefill_reasons():
+    cpu = torch.device("cpu")
+    assert "sm_90" in _native.prefill_device_unsupported(cpu)
+    assert _native.prefill_unsupported(head_dim=128, q_dtype=torch.bfloat16, device=cpu,
+                                       group=4) is not None
+    k = torch.zeros(4, 2, 16, 128, dtype=torch.float8_e4m3fn)
+    assert "fp8" in _native.prefill_layer_unsupported(k, k)
+    k16 = torch.zeros(4, 2, 16, 128, dtype=torch.bfloat16)
+    assert _native.prefill_layer_unsupported(k16, k16) is None
+    # a view whose rows start 2 elements apart is not 16-byte aligned
+    odd = torch.zeros(4, 2, 16, 130, dtype=torch.bfloat16)[..., 2:]
+    assert "aligned" in _native.prefill_layer_unsupported(odd, odd)
+    q = torch.zeros(6, 8, 128, dtype=torch.bfloat16)
+    assert _native.prefill_call_unsupported(q, q, None, None) is None
+    assert "q" in _native.prefill_call_unsupported(q[..., ::2].expand(6, 8, 64), q, None, None)
+
+
+def test_native_prefill_not_auto_until_measured():
+    assert tuning.native_preferred("prefill", is_hip=False) is False
