@@ -212,7 +212,8 @@ void prefix_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_ca
                     const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
                     const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& sinks,
                     const at::Tensor& block_table, const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k,
-                    const at::Tensor& tile_req, const at::Tensor& tile_mblock, double scale, double soft_cap,
+                    const at::Tensor& tile_req, const at::Tensor& tile_mblock,
+                    const std::optional<at::Tensor>& sched, double scale, double soft_cap,
                     bool causal, int64_t sliding_window, bool pingpong, bool overlap) {
   TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes(), "prefix_prefill: q, out must be [T, Hq, D]");
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4, "prefix_prefill: caches must be [N, Hkv, P, D]");
@@ -255,6 +256,11 @@ void prefix_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_ca
   p.seq_lens_k = seq_lens_k.data_ptr();
   p.tile_req = tile_req.data_ptr<int32_t>();
   p.tile_mblock = tile_mblock.data_ptr<int32_t>();
+  if (sched.has_value()) {
+    TORCH_CHECK(sched->scalar_type() == at::kInt && sched->is_contiguous() && sched->numel() == 2,
+                "prefix_prefill: sched must be a contiguous int32 [2] (zeros)");
+    p.sched = sched->data_ptr<int32_t>();
+  }
   p.scale = float(scale);
   p.soft_cap = float(soft_cap);
   p.dtype = dtype_code(q, "q");
@@ -311,7 +317,7 @@ TORCH_LIBRARY(hygon_attn, m) {
         "int num_partitions, int loop_stages, int loop_tile, bool combine_pdl) -> ()");
   m.def("prefix_prefill(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor? k_new, Tensor? v_new, "
         "Tensor(b!)? lse, Tensor? sinks, Tensor block_table, Tensor cu_seqlens_q, Tensor seq_lens_k, "
-        "Tensor tile_req, Tensor tile_mblock, float scale, float soft_cap, bool causal, int sliding_window, "
+        "Tensor tile_req, Tensor tile_mblock, Tensor(c!)? sched, float scale, float soft_cap, bool causal, int sliding_window, "
         "bool pingpong, bool overlap) -> ()");
   m.def("warp_size() -> int", &warp_size);
   m.def("decode_programs_per_sm(ScalarType q_dtype, ScalarType kv_dtype, int head_dim, int rows, int loop_stages, "

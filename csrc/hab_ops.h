@@ -127,6 +127,10 @@ typedef struct HabPrefillParams {
   const void* seq_lens_k;
   const int32_t* tile_req;
   const int32_t* tile_mblock;
+  // [2] int32, zero between launches, or null. Set: a persistent launch (one program an
+  // SM taking work items from sched[0]; the last program resets both words), so a
+  // plan's launches must not run concurrently. Null: one program per work item.
+  int32_t* sched;
   float scale, soft_cap;  // soft_cap <= 0: off
   int dtype;              // F16 / BF16 (q, caches, out)
   int table_is_int64, cu_is_int64, lens_is_int64;

@@ -29,6 +29,8 @@
 // Keys walked by a tile: [key_lo, key_end) with key_end = min(Lk, last row's diagonal + 1)
 // (causal: tiles above the diagonal never loaded) and key_lo from the sliding window.
 // Rows that see no key give out = 0 and lse = -inf (with a sink: the sink alone).
+#include <algorithm>
+
 #include "compat.h"
 #include "hab_ops.h"
 
@@ -51,9 +53,10 @@ constexpr int TILE_BYTES = 2 * PANEL_BYTES;        // 128 rows x 128 channels (Q
 constexpr int Q_OFF = 0;
 constexpr int K_OFF = TILE_BYTES;
 constexpr int V_OFF = K_OFF + STAGES * TILE_BYTES;
-constexpr int BAR_OFF = V_OFF + STAGES * TILE_BYTES;  // mbarriers, then the key masks
-constexpr int MASK_OFF = BAR_OFF + 8 * (1 + 4 * STAGES);
-constexpr int SMEM_USED = MASK_OFF + 16 * STAGES;
+constexpr int BAR_OFF = V_OFF + STAGES * TILE_BYTES;  // mbarriers, key masks, work words
+constexpr int MASK_OFF = BAR_OFF + 8 * (2 + 4 * STAGES);
+constexpr int WORK_OFF = MASK_OFF + 16 * STAGES;
+constexpr int SMEM_USED = WORK_OFF + 16;
 constexpr int SMEM_BYTES = SMEM_USED + 1024;  // slack: the tiles start on a 1024-byte boundary
 
 HAB_DEV float ex2(float x) {
@@ -71,7 +74,8 @@ HAB_DEV float tanh_approx(float x) {
 // What every role of a program derives from its tile: the request's lengths, the rows'
 // tokens and the key range walked.
 struct TileInfo {
-  int64_t q_start;
+  int64_t req, q_start;
+  int kv_head;
   int len_q, len_k, len_p;  // new tokens, all keys, prefix keys
   int group, tok_m, m_tok0;
   int diag_min, diag_max;  // global key position of the first / last row's token
@@ -79,16 +83,23 @@ struct TileInfo {
   int tile_lo, n_tiles;
 };
 
-HAB_DEV bool tile_info(const HabPrefillParams& p, TileInfo& ti) {
-  const int32_t req = p.tile_req[blockIdx.x];
+// Work item w is tile w / Hkv of the map and KV head w % Hkv (the heads of a tile are
+// consecutive: the map's heaviest tiles come first). False: past the map's used tiles
+// (every later item is too).
+HAB_DEV bool tile_info(const HabPrefillParams& p, int64_t w, TileInfo& ti) {
+  if (w < 0 || w >= p.num_tiles * p.num_kv_heads) return false;
+  const int64_t tile = w / p.num_kv_heads;
+  const int32_t req = p.tile_req[tile];
   if (req < 0) return false;
+  ti.req = req;
+  ti.kv_head = int(w % p.num_kv_heads);
   ti.q_start = hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req) * p.cu_stride);
   ti.len_q = int(hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req + 1) * p.cu_stride) - ti.q_start);
   ti.len_k = int(hab_load_index(p.seq_lens_k, p.lens_is_int64, int64_t(req) * p.lens_stride));
   ti.len_p = ti.len_k - ti.len_q;
   ti.group = int(p.num_q_heads / p.num_kv_heads);
   ti.tok_m = BLOCK_M / ti.group;
-  ti.m_tok0 = p.tile_mblock[blockIdx.x] * ti.tok_m;
+  ti.m_tok0 = p.tile_mblock[tile] * ti.tok_m;
   const int tok_hi = min(ti.len_q, ti.m_tok0 + ti.tok_m);  // > m_tok0 for a mapped tile
   ti.diag_min = ti.len_p + ti.m_tok0;
   ti.diag_max = ti.len_p + tok_hi - 1;
@@ -101,13 +112,23 @@ HAB_DEV bool tile_info(const HabPrefillParams& p, TileInfo& ti) {
 }
 
 struct Barriers {
-  uint64_t* full_q;
+  uint64_t* full_q;   // Q and the work word of a work item are in
+  uint64_t* empty_q;  // the consumers are done with Q (and have read the work word)
   uint64_t* full_k;  // [STAGES]
   uint64_t* full_v;
   uint64_t* empty_k;
   uint64_t* empty_v;
   uint32_t* mask;  // [STAGES][4] key bits of the K stage
+  int32_t* work;   // [1] the work item the consumers run next (-1: none left)
+  int32_t* fetch;  // [2] the producers' copy of the item they fetched (double-buffered)
 };
+
+// The next work item of this program. Persistent (p.sched set): from the launch's counter,
+// so programs that finish early take more; one item per program otherwise.
+HAB_DEV int32_t fetch_work(const HabPrefillParams& p, int round) {
+  if (p.sched != nullptr) return atomicAdd(p.sched, 1);
+  return round == 0 ? int32_t(blockIdx.x) : -1;
+}
 
 // ------------------------------------------------------------------ producer
 // Address of key `pos` of this request's KV head in K (V: the same row of the V cache),
@@ -117,8 +138,8 @@ struct KeyRows {
   const uint16_t* v;
 };
 
-HAB_DEV KeyRows key_rows(const HabPrefillParams& p, const TileInfo& ti, const HabFastDiv& page_div, int64_t req,
-                         int kv_head, int pos) {
+HAB_DEV KeyRows key_rows(const HabPrefillParams& p, const TileInfo& ti, const HabFastDiv& page_div, int pos) {
+  const int64_t req = ti.req, kv_head = ti.kv_head;
   KeyRows r{nullptr, nullptr};
   if (pos < 0 || pos >= ti.key_end) return r;
   if (p.k_new != nullptr && pos >= ti.len_p) {
@@ -162,41 +183,66 @@ HAB_DEV void copy_rows(uint32_t dst, const uint16_t* row_ptr, const uint16_t* fa
   }
 }
 
-// The producer warpgroup (4 warps, 32 rows of every tile each): Q once, then per key tile
-// its rows' addresses (one block-table read a row), the K copies, the mask word, the V
-// copies. The next tile's addresses are computed while the ring slot is still busy.
-HAB_DEV void producer(const HabPrefillParams& p, const TileInfo& ti, const Barriers& b, uint32_t smem, int pw,
-                      int lane) {
-  const int kv_head = blockIdx.y;
-  const int64_t req = p.tile_req[blockIdx.x];
+// The producer warpgroup (4 warps, 32 rows of every tile each). Per work item: Q once
+// (when the consumers have released the last one), then per key tile its rows' addresses
+// (one block-table read a row), the K copies, the mask word, the V copies; the next
+// tile's addresses are computed while the ring slot is still busy. The ring position `jg`
+// runs on across work items, so the next item's Q and first tiles load while the
+// consumers finish the last one.
+HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t smem, int pw, int lane) {
   const int r = 32 * pw + lane;  // the row this lane addresses
-  {  // Q: row r = (token m_tok0 + r / G, head kv_head * G + r % G)
-    const int tok = ti.m_tok0 + r / ti.group;
-    const bool ok = r < ti.tok_m * ti.group && tok < ti.len_q;
-    const uint16_t* row = ok ? static_cast<const uint16_t*>(p.q) + (ti.q_start + tok) * p.q_stride[0] +
-                                   (int64_t(kv_head) * ti.group + r % ti.group) * p.q_stride[1]
-                             : nullptr;
-    copy_rows(smem + Q_OFF, row, static_cast<const uint16_t*>(p.q), pw, lane);
-    hab_sm90::mbar_arrive_cp_async(b.full_q);
-  }
   const HabFastDiv page_div(int(p.page_size));
-  KeyRows next = ti.n_tiles > 0 ? key_rows(p, ti, page_div, req, kv_head, ti.tile_lo * BLOCK_N + r) : KeyRows{};
-  for (int j = 0; j < ti.n_tiles; ++j) {
-    const int s = j % STAGES;
-    const uint32_t parity = ((j / STAGES) & 1) ^ 1;
-    const KeyRows kr = next;
-    const uint32_t bits = __ballot_sync(0xffffffffu, kr.k != nullptr);
-    if (j + 1 < ti.n_tiles) next = key_rows(p, ti, page_div, req, kv_head, (ti.tile_lo + j + 1) * BLOCK_N + r);
-    hab_sm90::mbar_wait(b.empty_k + s, parity);
-    if (lane == 0) b.mask[4 * s + pw] = bits;
-    copy_rows(smem + K_OFF + s * TILE_BYTES, kr.k, static_cast<const uint16_t*>(p.k_cache), pw, lane);
-    hab_sm90::mbar_arrive_cp_async(b.full_k + s);
-    if (lane == 0) hab_sm90::mbar_arrive(b.full_k + s);  // releases the mask word
-    hab_sm90::mbar_wait(b.empty_v + s, parity);
-    copy_rows(smem + V_OFF + s * TILE_BYTES, kr.v, static_cast<const uint16_t*>(p.v_cache), pw, lane);
-    hab_sm90::mbar_arrive_cp_async(b.full_v + s);
+  int jg = 0;
+  for (int round = 0;; ++round) {
+    if (pw == 0 && lane == 0) b.fetch[round & 1] = fetch_work(p, round);
+    hab_sm90::named_sync(3, 32 * PRODUCER_WARPS);  // the fetched item is visible to the warpgroup
+    const int32_t w = b.fetch[round & 1];
+    TileInfo ti;
+    const bool has = tile_info(p, w, ti);
+    hab_sm90::mbar_wait(b.empty_q, (round & 1) ^ 1);
+    if (pw == 0 && lane == 0) {
+      *b.work = has ? w : -1;
+      hab_sm90::mbar_arrive(b.full_q);  // releases the work word
+    }
+    if (!has) {
+      hab_sm90::mbar_arrive(b.full_q);  // no copies: the barrier completes at once
+      break;
+    }
+    {  // Q: row r = (token m_tok0 + r / G, head kv_head * G + r % G)
+      const int tok = ti.m_tok0 + r / ti.group;
+      const bool ok = r < ti.tok_m * ti.group && tok < ti.len_q;
+      const uint16_t* row = ok ? static_cast<const uint16_t*>(p.q) + (ti.q_start + tok) * p.q_stride[0] +
+                                     (int64_t(ti.kv_head) * ti.group + r % ti.group) * p.q_stride[1]
+                               : nullptr;
+      copy_rows(smem + Q_OFF, row, static_cast<const uint16_t*>(p.q), pw, lane);
+      hab_sm90::mbar_arrive_cp_async(b.full_q);
+    }
+    KeyRows next = ti.n_tiles > 0 ? key_rows(p, ti, page_div, ti.tile_lo * BLOCK_N + r) : KeyRows{};
+    for (int j = 0; j < ti.n_tiles; ++j, ++jg) {
+      const int s = jg % STAGES;
+      const uint32_t parity = ((jg / STAGES) & 1) ^ 1;
+      const KeyRows kr = next;
+      const uint32_t bits = __ballot_sync(0xffffffffu, kr.k != nullptr);
+      if (j + 1 < ti.n_tiles) next = key_rows(p, ti, page_div, (ti.tile_lo + j + 1) * BLOCK_N + r);
+      hab_sm90::mbar_wait(b.empty_k + s, parity);
+      if (lane == 0) b.mask[4 * s + pw] = bits;
+      copy_rows(smem + K_OFF + s * TILE_BYTES, kr.k, static_cast<const uint16_t*>(p.k_cache), pw, lane);
+      hab_sm90::mbar_arrive_cp_async(b.full_k + s);
+      if (lane == 0) hab_sm90::mbar_arrive(b.full_k + s);  // releases the mask word
+      hab_sm90::mbar_wait(b.empty_v + s, parity);
+      copy_rows(smem + V_OFF + s * TILE_BYTES, kr.v, static_cast<const uint16_t*>(p.v_cache), pw, lane);
+      hab_sm90::mbar_arrive_cp_async(b.full_v + s);
+    }
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives its thread
+  if (p.sched != nullptr && pw == 0 && lane == 0) {
+    // the last program past the end resets the counter for the next launch (every
+    // program has stopped fetching by then)
+    if (atomicAdd(p.sched + 1, 1) == int32_t(gridDim.x) - 1) {
+      p.sched[0] = 0;
+      p.sched[1] = 0;
+    }
+  }
 }
 
 // ------------------------------------------------------------------ consumers
@@ -215,19 +261,20 @@ struct Consumer {
   float m[2], l[2];               // running max (log2 units), this lane's part of the sum
   float o[64];
   bool pingpong;
+  int jg0;  // ring position of this work item's first key tile
 
   static constexpr float LOG2E = 1.4426950408889634f;
 
   HAB_DEV Consumer(const HabPrefillParams& p_, const TileInfo& ti_, const Barriers& b_, uint32_t smem_, int warp,
-                   int lane_)
-      : p(p_), ti(ti_), b(b_), smem(smem_), wg(warp >> 2), lane(lane_), t(lane_ & 3) {
+                   int lane_, int jg0_)
+      : p(p_), ti(ti_), b(b_), smem(smem_), wg(warp >> 2), lane(lane_), t(lane_ & 3), jg0(jg0_) {
     q_tile = smem + Q_OFF + wg * 64 * 128;
     const int r_base = 64 * wg + 16 * (warp & 3) + (lane >> 2);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = r_base + 8 * h;
       tok[h] = ti.m_tok0 + r / ti.group;
-      head[h] = int(blockIdx.y) * ti.group + r % ti.group;
+      head[h] = ti.kv_head * ti.group + r % ti.group;
       row_ok[h] = r < ti.tok_m * ti.group && tok[h] < ti.len_q;
       diag[h] = ti.len_p + tok[h];
       // a sink is one more key of value 0: l starts at 1 (on one lane of the row)
@@ -242,12 +289,11 @@ struct Consumer {
     pingpong = p.pingpong != 0;
   }
 
-  HAB_DEV int stage(int j) const { return j % STAGES; }
-  HAB_DEV uint32_t parity(int j) const { return (j / STAGES) & 1; }
+  HAB_DEV int stage(int j) const { return (jg0 + j) % STAGES; }
+  HAB_DEV uint32_t parity(int j) const { return ((jg0 + j) / STAGES) & 1; }
 
   // ping-pong turns: warpgroup w issues its products after barrier 1 + w, then lets the
   // other go (warpgroup 1 opens the first turn for warpgroup 0)
-  HAB_DEV void open_turns() { if (pingpong && wg == 1) hab_sm90::named_arrive(1, 256); }
   HAB_DEV void take_turn() { if (pingpong) hab_sm90::named_sync(1 + wg, 256); }
   HAB_DEV void pass_turn() { if (pingpong) hab_sm90::named_arrive(1 + (wg ^ 1), 256); }
 
@@ -286,8 +332,16 @@ struct Consumer {
     hab_sm90::wgmma_commit();
   }
 
-  HAB_DEV void release_k(int j) { if (lane == 0) hab_sm90::mbar_arrive(b.empty_k + stage(j)); }
-  HAB_DEV void release_v(int j) { if (lane == 0) hab_sm90::mbar_arrive(b.empty_v + stage(j)); }
+  // One arrival a warp, after every lane's reads of the slot (the key mask, the work word):
+  // the __syncwarp orders them before lane 0's release.
+  HAB_DEV void release(uint64_t* bar) {
+    __syncwarp();
+    if (lane == 0) hab_sm90::mbar_arrive(bar);
+  }
+  HAB_DEV void release_k(int j) { release(b.empty_k + stage(j)); }
+  HAB_DEV void release_v(int j) { release(b.empty_v + stage(j)); }
+  // the last S product has landed: the producers may load the next item's Q
+  HAB_DEV void release_q() { release(b.empty_q); }
 
   // S of tile j -> P (fp32, in place) under the mask (the diagonal, a window edge, absent
   // keys; only tiles that need it pay); the running max and sums move, alpha is the
@@ -356,6 +410,7 @@ struct Consumer {
 
   // One tile at a time: S, softmax, P V, each product waited for at once.
   HAB_DEV void run_serial() {
+    if (ti.n_tiles == 0) release_q();
     for (int j = 0; j < ti.n_tiles; ++j) {
       float sc[64];
       uint32_t bits[4], pa[32];
@@ -366,6 +421,7 @@ struct Consumer {
       hab_sm90::wgmma_wait<0>();
       hab_sm90::fence_regs(sc);
       release_k(j);
+      if (j == ti.n_tiles - 1) release_q();
       softmax(sc, bits, j, alpha);
       rescale(alpha);
       pack(pa, sc);
@@ -380,7 +436,10 @@ struct Consumer {
   // of tile j runs while that P V is on the tensor cores (FlashAttention-3's schedule).
   // pa (P of tile j - 1) and o stay pinned in their registers until that product is waited.
   HAB_DEV void run_overlap() {
-    if (ti.n_tiles == 0) return;
+    if (ti.n_tiles == 0) {
+      release_q();
+      return;
+    }
     float sc[64];
     uint32_t bits[4], pa[32];
     float alpha[2];
@@ -390,6 +449,7 @@ struct Consumer {
     hab_sm90::wgmma_wait<0>();
     hab_sm90::fence_regs(sc);
     release_k(0);
+    if (ti.n_tiles == 1) release_q();
     softmax(sc, bits, 0, alpha);
     pack(pa, sc);
     for (int j = 1; j < ti.n_tiles; ++j) {
@@ -400,6 +460,7 @@ struct Consumer {
       hab_sm90::wgmma_wait<1>();  // S of tile j has landed; P V of tile j - 1 may still run
       hab_sm90::fence_regs(sc);
       release_k(j);
+      if (j == ti.n_tiles - 1) release_q();
       softmax(sc, bits, j, alpha);
       hab_sm90::wgmma_wait<0>();
       hab_sm90::fence_regs(o);
@@ -445,8 +506,6 @@ struct Consumer {
 template <bool IS_BF16, bool SOFT_CAP>
 __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_constant__ HabPrefillParams p) {
 #if defined(HAB_SM90A)
-  TileInfo ti;
-  if (!tile_info(p, ti)) return;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t raw = hab_sm90::smem_addr(smem_raw);
   const uint32_t pad = (1024 - (raw & 1023)) & 1023;
@@ -454,15 +513,19 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
   Barriers b;
   uint64_t* bars = reinterpret_cast<uint64_t*>(base + BAR_OFF);
   b.full_q = bars;
-  b.full_k = bars + 1;
-  b.full_v = bars + 1 + STAGES;
-  b.empty_k = bars + 1 + 2 * STAGES;
-  b.empty_v = bars + 1 + 3 * STAGES;
+  b.empty_q = bars + 1;
+  b.full_k = bars + 2;
+  b.full_v = bars + 2 + STAGES;
+  b.empty_k = bars + 2 + 2 * STAGES;
+  b.empty_v = bars + 2 + 3 * STAGES;
   b.mask = reinterpret_cast<uint32_t*>(base + MASK_OFF);
+  b.work = reinterpret_cast<int32_t*>(base + WORK_OFF);
+  b.fetch = b.work + 1;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     constexpr int COPIERS = PRODUCER_WARPS * 32;
-    hab_sm90::mbar_init(b.full_q, COPIERS);
+    hab_sm90::mbar_init(b.full_q, COPIERS + 1);  // copies + the work word
+    hab_sm90::mbar_init(b.empty_q, CONSUMER_WARPS);
     for (int s = 0; s < STAGES; ++s) {
       hab_sm90::mbar_init(b.full_k + s, COPIERS + PRODUCER_WARPS);  // copies + the mask words
       hab_sm90::mbar_init(b.full_v + s, COPIERS);
@@ -472,20 +535,32 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
   }
   __syncthreads();
   const uint32_t smem = hab_sm90::smem_addr(base);
-  // registers a thread: 168 at launch (65536 over 384 threads), moved from the producers to
-  // the consumers: 4 x 32 x 40 + 8 x 32 x 232 = 64,512 <= 65,536
-  constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+  // registers a thread: 168 at launch (65,536 over 384 threads, in steps of 8), moved from
+  // the producers to the consumers. setmaxnreg.inc waits until the program's own pool has
+  // the registers, so the two must sum to what the launch allocated (more: a hang):
+  // 4 x 32 x 56 + 8 x 32 x 224 = 64,512 = 384 x 168. The consumers use about 200 (the
+  // soft-cap variants spill 4 bytes), the producers about 40.
+  constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
+  static_assert(PRODUCER_WARPS * 32 * PRODUCER_REGS + CONSUMER_WARPS * 32 * CONSUMER_REGS <=
+                    THREADS * (65536 / THREADS / 8 * 8),
+                "setmaxnreg: more registers than the launch allocates");
   if (warp >= CONSUMER_WARPS) {
     hab_sm90::setmaxnreg_dec<PRODUCER_REGS>();
-    producer(p, ti, b, smem, warp - CONSUMER_WARPS, lane);
+    producer(p, b, smem, warp - CONSUMER_WARPS, lane);
   } else {
     hab_sm90::setmaxnreg_inc<CONSUMER_REGS>();
-    Consumer<IS_BF16, SOFT_CAP> c(p, ti, b, smem, warp, lane);
-    c.open_turns();
-    hab_sm90::mbar_wait(b.full_q, 0);
-    if (p.overlap) c.run_overlap();
-    else c.run_serial();
-    c.finish();
+    if (p.pingpong && warp >= 4) hab_sm90::named_arrive(1, 256);  // warpgroup 0 takes the first turn
+    int jg = 0;
+    for (int round = 0;; ++round) {
+      hab_sm90::mbar_wait(b.full_q, round & 1);
+      TileInfo ti;
+      if (!tile_info(p, *b.work, ti)) break;
+      Consumer<IS_BF16, SOFT_CAP> c(p, ti, b, smem, warp, lane, jg);
+      if (p.overlap) c.run_overlap();
+      else c.run_serial();
+      c.finish();
+      jg += ti.n_tiles;
+    }
   }
 #else
   __trap();  // built without sm_90a: the host never launches this (hab_prefix_prefill)
@@ -504,8 +579,13 @@ const char* launch(const HabPrefillParams& p, cudaStream_t stream) {
     if (e != cudaSuccess) return cudaGetErrorString(e);
     configured |= bit;
   }
-  dim3 grid(unsigned(p.num_tiles), unsigned(p.num_kv_heads), 1);
-  kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(p);
+  static int sms[64] = {};  // multiprocessors per device
+  if (!sms[dev & 63]) cudaDeviceGetAttribute(&sms[dev & 63], cudaDevAttrMultiProcessorCount, dev);
+  const int64_t work = p.num_tiles * p.num_kv_heads;
+  // persistent: one program an SM (the shared memory holds one), each taking items from
+  // the counter; else one program an item
+  const int64_t programs = p.sched != nullptr ? std::min<int64_t>(work, sms[dev & 63]) : work;
+  kernel<<<dim3(unsigned(programs)), THREADS, SMEM_BYTES, stream>>>(p);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
@@ -528,6 +608,7 @@ extern "C" const char* hab_prefix_prefill(const HabPrefillParams* p, void* strea
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   if (major != 9 || minor != 0) return "prefix_prefill: the native kernel needs an sm_90 GPU (H100/H200)";
   if (p->num_tiles == 0 || p->num_kv_heads == 0) return nullptr;
+  if (p->num_tiles * p->num_kv_heads >= (int64_t(1) << 31)) return "prefix_prefill: more than 2^31 work items";
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool bf16 = p->dtype == HAB_BF16, cap = p->soft_cap > 0.f;
   if (bf16) return cap ? launch<true, true>(*p, s) : launch<true, false>(*p, s);

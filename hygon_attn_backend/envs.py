@@ -50,6 +50,9 @@ VARIABLES = {
     "HYGON_ATTN_NATIVE_PREFILL_OVERLAP": "0: the native prefill runs one tile at a time "
                                          "instead of issuing the next tile's S with this "
                                          "tile's P V (default 1; read per call)",
+    "HYGON_ATTN_NATIVE_PREFILL_PERSISTENT": "0: the native prefill launches one program per "
+                                            "work item instead of one an SM taking items "
+                                            "from a counter (default 1; read per call)",
     "HYGON_ATTN_CSRC": "the csrc/ folder the native extension is built from (default: beside "
                        "the package in a source checkout, else the wheel's "
                        "hygon_attn_backend/_csrc)",
@@ -202,6 +205,11 @@ def native_prefill_pingpong() -> bool:
 def native_prefill_overlap() -> bool:
     """``HYGON_ATTN_NATIVE_PREFILL_OVERLAP``: ``False`` when set to 0, else ``True``."""
     return _switch("HYGON_ATTN_NATIVE_PREFILL_OVERLAP") is not False
+
+
+def native_prefill_persistent() -> bool:
+    """``HYGON_ATTN_NATIVE_PREFILL_PERSISTENT``: ``False`` when set to 0, else ``True``."""
+    return _switch("HYGON_ATTN_NATIVE_PREFILL_PERSISTENT") is not False
 
 
 def csrc_dir() -> Optional[str]:

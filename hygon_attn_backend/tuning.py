@@ -59,7 +59,7 @@ def copy_blocks_config(numel_per_block: int) -> tuple[int, int]:
 
 def native_preferred(op: str, *, is_hip: bool, group: int = 1) -> bool:
     """Whether ``impl="auto"`` runs the native kernel (``csrc/``) of ``op`` (``"decode"``,
-    ``"write_kv"``, ``"copy_blocks"``) instead of the Triton one.
+    ``"write_kv"``, ``"copy_blocks"``, ``"prefill"``) instead of the Triton one.
 
     Reasoning: on AMD/Hygon GPUs (HIP) the native kernels are the DCU design itself:
     hand-written for wave 64 and the 16x16x16 matrix instructions, where Triton spills
@@ -79,9 +79,12 @@ def native_preferred(op: str, *, is_hip: bool, group: int = 1) -> bool:
     if op not in ("decode", "write_kv", "copy_blocks", "prefill"):
         raise ValueError(f"op must be 'decode', 'write_kv', 'copy_blocks' or 'prefill', got "
                          f"{op!r}")
-    del group  # NVIDIA: no group measured faster yet
+    del group  # NVIDIA: no decode group measured faster yet
     if op == "prefill":
-        return False  # not measured yet: Triton until the native prefill is timed
+        # the sm_90 wgmma kernel (csrc/prefill_sm90.cu; other GPUs have none: the plan's
+        # native_unsupported keeps them on Triton): 1.18-1.32x Triton at the five issue-13
+        # shapes (H200, bf16, 32/8 heads, page 16, keys from the cache; docs/native.md)
+        return not is_hip
     return is_hip
 
 

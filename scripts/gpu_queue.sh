@@ -9,7 +9,7 @@
 #   native-tests    tests/test_native.py on the GPU
 #   native-prefill-tests  tests/test_native_prefill.py (stops at the first failure)
 #   native-prefill-bench  bench prefill --impl triton,native on $PREFILL_SHAPES ($PREFILL_PAGES,
-#                   $PREFILL_SOURCE, $PREFILL_REP_MS)
+#                   $PREFILL_SOURCE, $PREFILL_REP_MS, $PREFILL_IMPLS, peers $PREFILL_COMPARE)
 #   gpu-tests       the GPU tests of $TESTS (test files), 8 processes
 #   native-bench    scripts/bench_native_decode.py (Triton beside native; $NATIVE_REP_MS, default 50)
 #   native-sanitize compute-sanitizer memcheck + racecheck on scripts/native_sanitize.py
@@ -96,7 +96,8 @@ run_step() {
       join_build
       timeout "$limit" "$PY" -m hygon_attn_backend bench prefill --shapes "$PREFILL_SHAPES" \
         --block-sizes "${PREFILL_PAGES:-16,64}" --kv-source "${PREFILL_SOURCE:-both}" \
-        --impl triton,native --rep-ms "${PREFILL_REP_MS:-40}" \
+        --impl "${PREFILL_IMPLS:-triton,native}" --rep-ms "${PREFILL_REP_MS:-40}" \
+        ${PREFILL_COMPARE:+--compare "$PREFILL_COMPARE"} \
         --json "$OUT/native-prefill-bench.json" --markdown "$OUT/native-prefill-bench.md" \
         >"$OUT/$name.log" 2>&1
       echo "rc=$?"; tail -40 "$OUT/$name.log" | cut -c1-200 ;;

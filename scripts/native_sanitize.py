@@ -1,6 +1,8 @@
-"""Small native decode / write_kv / copy_blocks calls for compute-sanitizer (memcheck,
-racecheck): every staging path (16-byte vectors, fp8, strided V-transposed and split-x
-K), split and unsplit launches, row chunks, options, hostile block ids and slots.
+"""Small native decode / prefill / write_kv / copy_blocks calls for compute-sanitizer
+(memcheck, racecheck): every decode staging path (16-byte vectors, fp8, strided
+V-transposed and split-x K), split and unsplit launches, row chunks, options, hostile block
+ids and slots; the sm_90 prefill (paged and dense keys, masks, options, persistent and
+one-program-per-item launches, hostile block ids) where the GPU has it.
 
 Usage (GPU): compute-sanitizer --tool memcheck python scripts/native_sanitize.py
 Prints one line per call and ``sanitize script done``; the sanitizer reports errors.
@@ -15,6 +17,7 @@ import torch
 from hygon_attn_backend import reference
 from hygon_attn_backend.ops.cache import copy_blocks, write_kv
 from hygon_attn_backend.ops.decode import paged_decode_attention
+from hygon_attn_backend.ops.prefill import prefix_prefill_attention
 
 DEV = torch.device("cuda")
 
@@ -91,7 +94,58 @@ def main():
     copy_blocks(xk, f8, mapping, impl="native")
     torch.cuda.synchronize()
     print("copy_blocks: ok", flush=True)
+    if torch.cuda.get_device_capability() == (9, 0) and not torch.version.hip:
+        prefill_cases()
     print("sanitize script done", flush=True)
+
+
+def prefill_case(name, *, prefix, extend, group, hkv=2, page=16, k_new=False, bad_ids=False,
+                 persistent="1", **opts):
+    """One native prefix-prefill call on a shuffled paged cache, checked against the
+    reference (hostile ids: finite only)."""
+    os.environ["HYGON_ATTN_NATIVE_PREFILL_PERSISTENT"] = persistent
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    d, hq = 128, hkv * group
+    lens_k = [a + b for a, b in zip(prefix, extend)]
+    cols = max(-(-n // page) for n in lens_k) + 1
+    need = len(lens_k) * cols
+    k = torch.randn(need, hkv, page, d, device=DEV, generator=gen).to(torch.bfloat16)
+    v = torch.randn(need, hkv, page, d, device=DEV, generator=gen).to(torch.bfloat16)
+    table = torch.randperm(need, device=DEV, generator=gen).reshape(len(lens_k), cols)
+    table = table.to(torch.int32)
+    if bad_ids:
+        table[0, 1] = -3
+        table[-1, 0] = need + 77
+    cu = torch.tensor([0] + [sum(extend[:i + 1]) for i in range(len(extend))],
+                      dtype=torch.int32, device=DEV)
+    lens = torch.tensor(lens_k, dtype=torch.int32, device=DEV)
+    total = int(cu[-1])
+    q = torch.randn(total, hq, d, device=DEV, generator=gen).to(torch.bfloat16)
+    kw = dict(opts)
+    if k_new:
+        kw["k_new"] = torch.randn(total, hkv, d, device=DEV, generator=gen).to(torch.bfloat16)
+        kw["v_new"] = torch.randn(total, hkv, d, device=DEV, generator=gen).to(torch.bfloat16)
+    out = prefix_prefill_attention(q, k, v, table, cu, lens, impl="native", **kw)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out.float()).all(), name
+    ref = reference.prefix_prefill_attention(q, k, v, table, cu, lens, **kw)
+    err = (out.float() - ref.float()).abs().max().item()
+    assert err < 0.05, f"{name}: max error {err}"
+    print(f"prefill {name}: ok", flush=True)
+
+
+def prefill_cases():
+    prefill_case("paged causal G4", prefix=(300, 0, 129), extend=(200, 70, 1), group=4)
+    prefill_case("paged causal G4 per-item", prefix=(300, 0, 129), extend=(200, 70, 1), group=4,
+                 persistent="0")
+    prefill_case("dense new K/V G8 page 1", prefix=(100, 7), extend=(150, 300), group=8, page=1,
+                 k_new=True)
+    prefill_case("non-causal G3", prefix=(257, 0), extend=(60, 131), group=3, causal=False)
+    prefill_case("window sinks soft cap", prefix=(400, 5), extend=(200, 90), group=4, page=64,
+                 sliding_window=70, soft_cap=15.0,
+                 sinks=torch.linspace(-1, 1, 8, device=DEV))
+    prefill_case("hostile ids", prefix=(300, 40), extend=(100, 30), group=4, bad_ids=True)
+    os.environ.pop("HYGON_ATTN_NATIVE_PREFILL_PERSISTENT", None)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,23 @@ def test_native_prefill_graph_replay():
         ref64 = reference.prefix_prefill_attention(*a, compute_dtype=torch.float64)
         ref_lp = reference.prefix_prefill_attention(*a, compute_dtype=q.dtype)
         assert_within_budget(out, ref64, ref_lp, what=f"graph replay {seed}")
+    # the persistent launch's work counter is left at zero for the next launch
+    assert plan.sched is not None and plan.sched.tolist() == [0, 0]
+
+
+@gpu
+@pytest.mark.parametrize("persistent", ["0", "1"])
+@pytest.mark.parametrize("knobs", [("0", "0"), ("1", "1")])
+def test_native_prefill_launch_variants(persistent, knobs, monkeypatch):
+    """One program per work item or persistent programs; with and without the ping-pong
+    turns and the intra-warpgroup overlap: the same results."""
+    _need_sm90()
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_PREFILL_PERSISTENT", persistent)
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_PREFILL_PINGPONG", knobs[0])
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_PREFILL_OVERLAP", knobs[1])
+    case = Case("n_variants", (0, 700, 33, 0), (900, 130, 1, 2), group=4, kv_heads=2, page=16,
+                head_dim=128, dtype=torch.bfloat16, k_new=True)
+    run_case(case, torch.device("cuda"), impl="native")
 
 
 @gpu
@@ -175,5 +192,23 @@ def test_native_prefill_reasons():
     assert "q" in _native.prefill_call_unsupported(q[..., ::2].expand(6, 8, 64), q, None, None)
 
 
-def test_native_prefill_not_auto_until_measured():
-    assert tuning.native_preferred("prefill", is_hip=False) is False
+def test_native_prefill_auto_rule():
+    """NVIDIA takes the native prefill (the plan keeps GPUs without it on Triton); HIP has
+    no native prefill."""
+    assert tuning.native_preferred("prefill", is_hip=False) is True
+    assert tuning.native_preferred("prefill", is_hip=True) is False
+
+
+@gpu
+def test_native_prefill_auto_choices():
+    """On sm_90 'auto' plans native, except for an fp8 cache or a forced Triton tile."""
+    _need_sm90()
+    dev = torch.device("cuda")
+    cu = torch.tensor([0, 40], dtype=torch.int32, device=dev)
+    lens = torch.tensor([90], dtype=torch.int32, device=dev)
+    kw = dict(total_q=40, num_q_heads=8, num_kv_heads=2, head_dim=128, q_dtype=torch.bfloat16)
+    assert plan_prefix_prefill(cu, lens, **kw).impl == "native"
+    assert plan_prefix_prefill(cu, lens, kv_dtype=torch.float8_e4m3fn, **kw).impl == "triton"
+    assert plan_prefix_prefill(cu, lens, tile=(256, 64, 16, 3), **kw).impl == "triton"
+    with pytest.raises(ValueError, match="128-row"):
+        plan_prefix_prefill(cu, lens, tile=(256, 64, 16, 3), impl="native", **kw)

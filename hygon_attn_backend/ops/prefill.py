@@ -77,8 +77,9 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
        ``impl`` come from the plan.
     validate: check index values on the host (one sync); default: on unless a CUDA graph
        is being captured, off with a plan (the planner checks host copies) unless
-       ``HYGON_ATTN_DEBUG=1``. impl: ``"auto"`` | ``"triton"`` | ``"reference"`` (float32
-       queries run the reference).
+       ``HYGON_ATTN_DEBUG=1``. impl: ``"auto"`` | ``"triton"`` | ``"native"`` (the sm_90
+       wgmma kernel, :func:`plan_prefix_prefill` says what it covers) | ``"reference"``
+       (float32 queries run the reference).
 
     Returns ``out`` or ``(out, lse)``. Rows that see no key give 0 (never NaN).
     """
@@ -156,7 +157,7 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     plan = plan_prefix_prefill(cu_seqlens_q, seq_lens_k, total_q=total_q,
                                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                                head_dim=head_dim, host_cu_seqlens_q=host_cu,
-                               impl=impl, q_dtype=q.dtype)
+                               impl=impl, q_dtype=q.dtype, kv_dtype=k_cache.dtype)
     return plan.run(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, scale=scale,
                     causal=causal, k_new=k_new, v_new=v_new, out=out, return_lse=return_lse,
                     k_scale=k_scale, v_scale=v_scale, sliding_window=sliding_window,

@@ -210,6 +210,9 @@ class PrefillPlan:
     #: what the caller asked for: a plan of ``"auto"`` that chose native runs Triton for a
     #: layer or call the native kernel does not cover; one of ``"native"`` raises instead
     impl_requested: str = "auto"
+    #: impl "native": the persistent launch's int32 ``[2]`` work counter (zeros between
+    #: launches; a plan's launches run one after another on one stream)
+    sched: Optional[torch.Tensor] = None
     _variants: Dict[tuple, object] = field(default_factory=dict, repr=False)
     # the layers :meth:`run` built (see decode_plan.remember_layer)
     _layers: Dict[tuple, "PrefillLayer"] = field(default_factory=dict, repr=False)
@@ -281,7 +284,7 @@ class PrefillPlan:
             if why is None:
                 _native.prefix_prefill(
                     out, q, layer.k_cache, layer.v_cache, block_table, cu_seqlens_q, seq_lens_k,
-                    self.tile_req, self.tile_mblock,
+                    self.tile_req, self.tile_mblock, self.sched,
                     scale=layer.scale if layer.scale is not None else 1.0 / math.sqrt(q.shape[2]),
                     causal=layer.causal, k_new=k_new, v_new=v_new, lse=lse, sinks=layer.sinks,
                     soft_cap=layer.soft_cap, sliding_window=layer.sliding_window)
@@ -351,6 +354,7 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                         host_seq_lens_k: Optional[torch.Tensor] = None,
                         capacity: Optional[int] = None, has_k_new: bool = False,
                         q_dtype: Optional[torch.dtype] = None,
+                        kv_dtype: Optional[torch.dtype] = None,
                         impl: str = "auto") -> PrefillPlan:
     """Plan prefix prefill for one ragged batch (once per step; every layer reuses it).
 
@@ -364,11 +368,13 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     host and copied over once; without them it is built on the device with no host sync
     (safe before capturing a graph), and nothing is checked.
     q_dtype: the queries' dtype, if known (float32 runs the reference with ``"auto"``).
+    kv_dtype: the KV cache's dtype, if known (an fp8 cache keeps ``"auto"`` on Triton).
     impl: ``"auto"`` | ``"triton"`` | ``"native"`` | ``"reference"``. ``"native"`` is the
     sm_90a wgmma kernel (``csrc/prefill_sm90.cu``: head_dim 128, fp16/bf16 q and KV, tiles
     of 128 rows); on a GPU without it (HIP, not sm_90) it runs Triton, as the engines pass
     one ``HYGON_ATTN_IMPL`` to every op; on an sm_90 GPU a call it does not cover raises.
-    ``"auto"`` takes it where :func:`tuning.native_preferred` says so.
+    ``"auto"`` takes it where :func:`tuning.native_preferred` says so, unless ``tile``
+    forces a Triton tile of another height.
     """
     _checks.check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=_checks.INDEX_DTYPES)
     num_seqs = cu_seqlens_q.shape[0] - 1
@@ -386,6 +392,12 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     if impl in ("native", "auto") and device.type == "cuda":
         native_why = _native.prefill_unsupported(head_dim=head_dim, q_dtype=q_dtype,
                                                  device=device, group=group)
+        if native_why is None and kv_dtype is not None and \
+                kv_dtype not in (torch.float16, torch.bfloat16):
+            native_why = f"KV cache dtype {kv_dtype} (native prefill: no fp8 KV)"
+        if native_why is None and impl == "auto" and tile is not None and \
+                int(tile[0]) != _native.PREFILL_BLOCK_M:
+            native_why = f"tile BLOCK_M={tile[0]} (a Triton tile)"
     chosen = select_impl(impl, device, native_unsupported=native_why,
                          native_preferred=tuning.native_preferred(
                              "prefill", is_hip=bool(getattr(torch.version, "hip", None)),
@@ -397,11 +409,10 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     if chosen == "native":
         # the native kernel's tile; a layer it does not cover runs Triton's 128-row tile
         # on the same tile map
-        native_tile = (_native.PREFILL_BLOCK_M, 128, 8, 3)
         if tile is not None and int(tile[0]) != _native.PREFILL_BLOCK_M:
             raise ValueError(f"tile BLOCK_M={tile[0]}: the native prefill takes "
                              f"{_native.PREFILL_BLOCK_M}-row tiles")
-        tile = tile if tile is not None else native_tile
+        tile = tile if tile is not None else (_native.PREFILL_BLOCK_M, 128, 8, 3)
     if tile is None:
         tile = tuning.prefill_tile_config(
             head_dim_pad=max(16, next_pow2(head_dim)), group=group, total_q=total_q,
@@ -430,7 +441,9 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                        group=group, total_q=total_q, num_seqs=num_seqs,
                        cu_seqlens_q=cu_seqlens_q, seq_lens_k=seq_lens_k,
                        num_kv_heads=num_kv_heads, head_dim=head_dim, impl=chosen,
-                       impl_requested=impl)
+                       impl_requested=impl,
+                       sched=torch.zeros(2, dtype=torch.int32, device=device)
+                       if chosen == "native" else None)
 
 
 def _host_list(values) -> list:

@@ -324,7 +324,7 @@ class HygonAttnBackend(AttentionBackend):
                 num_kv_heads=num_kv_heads, head_dim=head_dim,
                 host_cu_seqlens_q=meta.host_cu_seqlens_q, host_seq_lens_k=meta.host_seq_lens,
                 capacity=meta.block_table.shape[1] * self.page_size, q_dtype=q_dtype,
-                impl=self.impl)
+                kv_dtype=self.kv_dtype, impl=self.impl)
         else:
             plan = plan_paged_decode(
                 meta.block_table, meta.seq_lens, num_q_heads=num_q_heads,

@@ -234,7 +234,7 @@ def plan_metadata(md: HygonAttentionMetadata, *, num_q_heads: int, num_kv_heads:
         md.prefill_plan = plan_prefix_prefill(
             md.prefill_cu_seqlens_q, md.prefill_seq_lens, total_q=md.num_prefill_tokens,
             num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_size,
-            host_cu_seqlens_q=host_cu, q_dtype=q_dtype, impl=impl)
+            host_cu_seqlens_q=host_cu, q_dtype=q_dtype, kv_dtype=kv_dtype, impl=impl)
 
 
 # slot_mapping -> its write plan. vLLM hands ``do_kv_cache_update`` the step's slot mapping
