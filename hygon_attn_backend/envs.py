@@ -46,13 +46,13 @@ VARIABLES = {
                               "(default: tuning.native_decode_tile; read when planned)",
     "HYGON_ATTN_NATIVE_PREFILL_PINGPONG": "0: the native prefill's two consumer warpgroups "
                                           "issue their S = Q K^T products without taking "
-                                          "turns (default 1; read per call)",
+                                          "turns (default 1; read when planned)",
     "HYGON_ATTN_NATIVE_PREFILL_OVERLAP": "0: the native prefill runs one tile at a time "
                                          "instead of issuing the next tile's S with this "
-                                         "tile's P V (default 1; read per call)",
+                                         "tile's P V (default 1; read when planned)",
     "HYGON_ATTN_NATIVE_PREFILL_PERSISTENT": "0: the native prefill launches one program per "
                                             "work item instead of one an SM taking items "
-                                            "from a counter (default 1; read per call)",
+                                            "from a counter (default 1; read when planned)",
     "HYGON_ATTN_CSRC": "the csrc/ folder the native extension is built from (default: beside "
                        "the package in a source checkout, else the wheel's "
                        "hygon_attn_backend/_csrc)",

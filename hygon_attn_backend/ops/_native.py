@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from hygon_attn_backend import envs, native
+from hygon_attn_backend import native
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 NATIVE_HEAD_DIMS = (64, 80, 96, 128, 192, 256)
@@ -192,15 +192,17 @@ def prefix_prefill(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
                    sched: Optional[torch.Tensor], *, scale: float,
                    causal: bool, k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor],
                    lse: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
-                   soft_cap: Optional[float], sliding_window: Optional[int]) -> None:
+                   soft_cap: Optional[float], sliding_window: Optional[int],
+                   pingpong: bool = True, overlap: bool = True) -> None:
     """The native prefill launch: tensors as ``prefix_prefill_attention`` takes them,
     already checked (:func:`prefill_layer_unsupported`, :func:`prefill_call_unsupported`);
     ``tile_req``/``tile_mblock`` the plan's map of ``128 // group``-token blocks; ``sched``:
     the plan's int32 ``[2]`` work counter (zeros; the kernel leaves it zero) for a
-    persistent launch, or None for one program per work item."""
+    persistent launch, or None for one program per work item; ``pingpong``, ``overlap``:
+    the consumers' two overlaps (``HabPrefillParams``), as the plan read them."""
     sinks_f32 = sinks.to(torch.float32).contiguous() if sinks is not None else None
     _ops().prefix_prefill(out, q, k_cache, v_cache, k_new, v_new, lse, sinks_f32, block_table,
                           cu_seqlens_q, seq_lens_k, tile_req, tile_mblock,
-                          sched if envs.native_prefill_persistent() else None, float(scale),
+                          sched, float(scale),
                           float(soft_cap or 0.0), bool(causal), int(sliding_window or 0),
-                          envs.native_prefill_pingpong(), envs.native_prefill_overlap())
+                          bool(pingpong), bool(overlap))

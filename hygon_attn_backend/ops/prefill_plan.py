@@ -19,7 +19,7 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
-from hygon_attn_backend import reference, tuning
+from hygon_attn_backend import envs, reference, tuning
 from hygon_attn_backend.ops import _checks, _native
 from hygon_attn_backend.ops._dispatch import select_impl, triton_interpreter_on
 from hygon_attn_backend.ops._launch import LayerArgs, Launch, intern_key
@@ -211,8 +211,12 @@ class PrefillPlan:
     #: layer or call the native kernel does not cover; one of ``"native"`` raises instead
     impl_requested: str = "auto"
     #: impl "native": the persistent launch's int32 ``[2]`` work counter (zeros between
-    #: launches; a plan's launches run one after another on one stream)
+    #: launches; a plan's launches run one after another on one stream), or None for one
+    #: program per work item (``HYGON_ATTN_NATIVE_PREFILL_PERSISTENT=0``)
     sched: Optional[torch.Tensor] = None
+    #: impl "native": the consumers' ping-pong turns and in-warpgroup overlap (the
+    #: ``HYGON_ATTN_NATIVE_PREFILL_PINGPONG`` / ``_OVERLAP`` switches, read when planned)
+    native_overlaps: tuple = (True, True)
     _variants: Dict[tuple, object] = field(default_factory=dict, repr=False)
     # the layers :meth:`run` built (see decode_plan.remember_layer)
     _layers: Dict[tuple, "PrefillLayer"] = field(default_factory=dict, repr=False)
@@ -287,7 +291,8 @@ class PrefillPlan:
                     self.tile_req, self.tile_mblock, self.sched,
                     scale=layer.scale if layer.scale is not None else 1.0 / math.sqrt(q.shape[2]),
                     causal=layer.causal, k_new=k_new, v_new=v_new, lse=lse, sinks=layer.sinks,
-                    soft_cap=layer.soft_cap, sliding_window=layer.sliding_window)
+                    soft_cap=layer.soft_cap, sliding_window=layer.sliding_window,
+                    pingpong=self.native_overlaps[0], overlap=self.native_overlaps[1])
                 return (out, lse) if return_lse else out
             if self.impl_requested == "native":
                 raise ValueError(f"impl='native' does not cover this call: {why}")
@@ -443,7 +448,9 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                        num_kv_heads=num_kv_heads, head_dim=head_dim, impl=chosen,
                        impl_requested=impl,
                        sched=torch.zeros(2, dtype=torch.int32, device=device)
-                       if chosen == "native" else None)
+                       if chosen == "native" and envs.native_prefill_persistent() else None,
+                       native_overlaps=(envs.native_prefill_pingpong(),
+                                        envs.native_prefill_overlap()))
 
 
 def _host_list(values) -> list:

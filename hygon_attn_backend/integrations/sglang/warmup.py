@@ -16,7 +16,10 @@ specialization an engine can reach with this model:
 * each class of block-table width Triton specializes on (its row stride: ``== 1``,
   a multiple of 16, other): the backend rounds the table width up to a multiple of
   ``TABLE_WIDTH_ALIGN`` (capped at the row capacity), so only ``TABLE_WIDTH_ALIGN`` and
-  the capacity itself occur (:func:`table_widths`).
+  the capacity itself occur (:func:`table_widths`);
+* on a GPU, the plan an extend batch gets with no tile forced, once per layer variant:
+  on sm_90 the native kernel, so its extension is built (first use on the machine) and
+  loaded at start-up.
 
 The K/V views are the pool's own (read, never written; block 0 is SGLang's padding page),
 so pointer alignment and strides match the engine's. Per-call pointers and strides of
@@ -169,6 +172,23 @@ def warm_up_prefill(states: Sequence, *, q_dtype: torch.dtype, page_size: int,
                         sliding_window=st.sliding_window, soft_cap=st.soft_cap)
                     done.append((tile, has_new, width, (hq, hkv, d, st.causal,
                                                         st.sliding_window, st.soft_cap)))
+        if device.type == "cuda":
+            # the plan an extend batch gets (no tile forced): on sm_90 the native kernel,
+            # whose extension builds on first use: here at start-up, not in a request
+            width = max(table_widths(max_blocks))
+            plan = plan_prefix_prefill(
+                cu, lens, total_q=1, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                host_cu_seqlens_q=[0, 1], host_seq_lens_k=[1], capacity=width * page_size,
+                has_k_new=True, q_dtype=q_dtype, kv_dtype=st.k_view.dtype, impl=impl)
+            if plan.impl == "native":
+                table = torch.zeros((1, width), dtype=torch.int32, device=device)
+                run(plan, q=q, k_cache=st.k_view, v_cache=st.v_view, block_table=table,
+                    cu_seqlens_q=cu, seq_lens_k=lens, scale=st.scale, causal=st.causal,
+                    k_new=k_new, v_new=k_new, out=out, k_scale=st.k_scale,
+                    v_scale=st.v_scale, sliding_window=st.sliding_window,
+                    soft_cap=st.soft_cap)
+                done.append(("native", True, width, (hq, hkv, d, st.causal,
+                                                     st.sliding_window, st.soft_cap)))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     logger.info("hygon: prefill warm-up ran %d kernel specializations in %.1f s", len(done),
