@@ -1,33 +1,37 @@
-// Prefix-prefill ("extend") attention on Hopper: wgmma, a producer warp, two consumer
-// warpgroups (FlashAttention-3's structure over a paged cache).
+// Prefix-prefill ("extend") attention on Hopper: wgmma, a producer warpgroup, two consumer
+// warpgroups (FlashAttention-3's structure over a paged cache). Design and measurements:
+// docs/native-prefill.md.
 //
-// Grid (tile, kv_head): a tile is one (request, m_block) of the plan's tile map. Its
+// Work items: one (request, m_block) tile of the plan's tile map x one KV head. Its
 // BLOCK_M = 128 query rows pack the GQA group: row r is token m_block * TOK_M + r / G and
 // query head kv_head * G + r % G (TOK_M = 128 / G), so every K/V tile is loaded once for
-// the whole group. 288 threads:
+// the whole group. Persistent launch (sched set): one program an SM, items taken from a
+// counter; else one program per item. 384 threads:
 //
-//   warp 8 (producer)  Q once, then K and V tiles of BLOCK_N = 128 keys into a 2-stage
-//                      ring of shared memory with cp.async (16-byte copies, 8 lanes a
-//                      128-byte row half: coalesced), each key row's address from its
-//                      own page (any page size; with k_new the keys past the prefix from
-//                      the dense tensors). A key that is absent (past the causal limit,
-//                      a bad block id, a column past the table) is zero-filled and its
-//                      bit cleared in the stage's 128-bit key mask.
+//   warps 8-11         Q once per item, then K and V tiles of BLOCK_N = 128 keys into a
+//   (producers)        2-stage ring of shared memory with cp.async (16-byte copies, 8
+//                      lanes a 128-byte row half: coalesced), each key row's address from
+//                      its own page (any page size; with k_new the keys past the prefix
+//                      from the dense tensors). A key that is absent (past the causal
+//                      limit, a bad block id, a column past the table) is zero-filled and
+//                      its bit cleared in the stage's 128-bit key mask.
 //   warps 0-7          two warpgroups, 64 rows each. Per tile: S = Q K^T (8 wgmma
 //   (consumers)        m64n128k16, both operands in shared memory), the online softmax
 //                      in registers (exp2, scale * log2 e folded into one FMA), P packed
 //                      to 16 bits in registers, O += P V (8 wgmma with A from registers,
 //                      V read MN-major: no transpose). The mask is applied only to tiles
 //                      that need it (the causal diagonal, a window edge, an absent key).
+//                      The warpgroups take turns issuing (pingpong) and each issues S of
+//                      the next tile with P V of this one (overlap).
 //
-// Synchronization: mbarriers per stage. full_k / full_v complete when the producer's
-// cp.async copies of the stage land (cp.async.mbarrier.arrive) and, for K, the key mask is
-// written; empty_k / empty_v when the 8 consumer warps have finished the wgmma that read
-// the stage. A consumer fences the async proxy after its wait (the copies are generic
-// writes, wgmma reads through the async proxy).
+// Synchronization: mbarriers. full_k / full_v complete when the producers' cp.async
+// copies of the stage land (cp.async.mbarrier.arrive) and, for K, the key mask is written;
+// empty_k / empty_v when the 8 consumer warps have finished the wgmma that read the stage;
+// full_q / empty_q hand over Q and the item's work word. A consumer fences the async proxy
+// after its wait (the copies are generic writes, wgmma reads through the async proxy).
 //
-// Keys walked by a tile: [key_lo, key_end) with key_end = min(Lk, last row's diagonal + 1)
-// (causal: tiles above the diagonal never loaded) and key_lo from the sliding window.
+// Keys walked by an item: [key_lo, key_end) with key_end = min(Lk, last row's diagonal +
+// 1) (causal: tiles above the diagonal never loaded) and key_lo from the sliding window.
 // Rows that see no key give out = 0 and lse = -inf (with a sink: the sink alone).
 #include <algorithm>
 

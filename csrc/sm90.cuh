@@ -7,9 +7,9 @@
 //     accumulators, A from shared memory (SS) or from registers (RS), B from shared memory
 //     K-major (imm-trans-b 0) or MN-major (1); fence / commit / wait
 //
-// Everything here exists only in the sm_90a device pass (HAB_SM90A); other passes see
-// declarations that trap, so a kernel that uses them compiles everywhere and runs only where
-// it was built for (the host side checks the GPU before it launches).
+// The instructions exist only in the sm_90a device pass (HAB_SM90A); in other passes the
+// functions compile to nothing (a barrier wait traps), so a kernel that uses them compiles
+// everywhere and runs only where it was built for (the host checks the GPU first).
 //
 // Shared-memory layout the descriptors describe (PTX ISA "Shared Memory Matrix Layout",
 // canonical layouts with 128B swizzling, 16-bit elements): a tile of R rows x 128 channels
