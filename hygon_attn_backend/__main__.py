@@ -56,6 +56,18 @@ def _entry_point_status(group: str, value: str) -> str:
     return "ok (declared and loadable)"
 
 
+def _native_prefill_status(cuda: bool) -> str:
+    """Whether this GPU has the sm_90a native prefill (``auto`` takes it there)."""
+    import torch
+
+    from hygon_attn_backend.ops import _native
+
+    if not cuda:
+        return "no (needs an NVIDIA sm_90 GPU; none here)"
+    why = _native.prefill_device_unsupported(torch.device("cuda", torch.cuda.current_device()))
+    return "yes (sm_90a; impl='auto' takes it)" if why is None else f"no ({why}; Triton serves prefill)"
+
+
 def cmd_doctor(args) -> int:
     import torch
 
@@ -79,6 +91,7 @@ def cmd_doctor(args) -> int:
         ("triton interpreter", "yes (set TRITON_INTERPRET=1)" if has_triton else "no (triton missing)"),
         ("reference (torch)", "yes"),
         ("native (csrc)", native.status()),
+        ("native prefill", _native_prefill_status(cuda)),
     ]
     for engine, (group, value) in ENTRY_POINTS.items():
         rows.append((f"{engine} entry point", _entry_point_status(group, value)))

@@ -12,7 +12,8 @@ def test_doctor_reports_versions_and_implementations(capsys):
     assert cli.main(["doctor"]) == 0
     out = capsys.readouterr().out
     for key in ("python", "torch", "triton", "device", "vllm entry point",
-                "sglang entry point", "triton interpreter", "reference (torch)", "native (csrc)"):
+                "sglang entry point", "triton interpreter", "reference (torch)", "native (csrc)",
+                "native prefill"):
         assert key in out, f"doctor output lacks {key!r}:\n{out}"
 
 
