@@ -178,8 +178,12 @@ def test_native_prefill_needs_a_gpu():
 def test_native_prefill_reasons():
     cpu = torch.device("cpu")
     assert "sm_90" in _native.prefill_device_unsupported(cpu)
-    assert _native.prefill_unsupported(head_dim=128, q_dtype=torch.bfloat16, device=cpu,
-                                       group=4) is not None
+    shape = dict(head_dim=128, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, group=4)
+    assert _native.prefill_shape_unsupported(**shape) is None
+    assert "head_dim 64" in _native.prefill_shape_unsupported(**dict(shape, head_dim=64))
+    assert "fp8" in _native.prefill_shape_unsupported(
+        **dict(shape, kv_dtype=torch.float8_e5m2))
+    assert "group 256" in _native.prefill_shape_unsupported(**dict(shape, group=256))
     k = torch.zeros(4, 2, 16, 128, dtype=torch.float8_e4m3fn)
     assert "fp8" in _native.prefill_layer_unsupported(k, k)
     k16 = torch.zeros(4, 2, 16, 128, dtype=torch.bfloat16)

@@ -120,6 +120,7 @@ def paged_decode(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.Tensor,
 
 PREFILL_BLOCK_M = 128  # query rows of a native prefill program (csrc/prefill_sm90.cu)
 PREFILL_HEAD_DIM = 128
+PREFILL_DTYPES = (torch.float16, torch.bfloat16)  # q, caches and out alike
 
 
 def prefill_device_unsupported(device: torch.device) -> Optional[str]:
@@ -135,17 +136,24 @@ def prefill_device_unsupported(device: torch.device) -> Optional[str]:
     return None
 
 
-def prefill_unsupported(*, head_dim: int, q_dtype: Optional[torch.dtype],
-                        device: torch.device, group: int) -> Optional[str]:
+def prefill_dtype_unsupported(kv_dtype: torch.dtype) -> Optional[str]:
+    """Why a KV cache of ``kv_dtype`` cannot run the native prefill (None: it can)."""
+    if kv_dtype not in PREFILL_DTYPES:
+        return f"KV cache dtype {kv_dtype} (native prefill: float16/bfloat16, no fp8 KV)"
+    return None
+
+
+def prefill_shape_unsupported(*, head_dim: int, q_dtype: Optional[torch.dtype],
+                              kv_dtype: Optional[torch.dtype], group: int) -> Optional[str]:
     """None when the native prefill (sm_90a wgmma, ``csrc/prefill_sm90.cu``) covers a batch
-    of these shapes on ``device``, else the reason it does not."""
-    why = prefill_device_unsupported(device)
-    if why is not None:
-        return why
+    of these shapes and dtypes (None: not known yet), else the reason it does not. The
+    device is :func:`prefill_device_unsupported`'s question."""
     if head_dim != PREFILL_HEAD_DIM:
         return f"head_dim {head_dim} (native prefill: {PREFILL_HEAD_DIM})"
-    if q_dtype is not None and q_dtype not in (torch.float16, torch.bfloat16):
+    if q_dtype is not None and q_dtype not in PREFILL_DTYPES:
         return f"q dtype {q_dtype} (native prefill: float16/bfloat16)"
+    if kv_dtype is not None and prefill_dtype_unsupported(kv_dtype):
+        return prefill_dtype_unsupported(kv_dtype)
     if group > PREFILL_BLOCK_M:
         return f"GQA group {group} > {PREFILL_BLOCK_M}"
     return None
@@ -164,8 +172,11 @@ def _rows_aligned(t: torch.Tensor, elems: int) -> bool:
 def prefill_layer_unsupported(k_cache: torch.Tensor, v_cache: torch.Tensor) -> Optional[str]:
     """Why one layer's caches cannot run the native prefill (None: they can; the caller
     checks that q has the caches' dtype)."""
-    if k_cache.dtype not in (torch.float16, torch.bfloat16) or v_cache.dtype != k_cache.dtype:
-        return f"KV cache dtype {k_cache.dtype} (native prefill: float16/bfloat16, no fp8 KV)"
+    why = prefill_dtype_unsupported(k_cache.dtype) or prefill_dtype_unsupported(v_cache.dtype)
+    if why is None and v_cache.dtype != k_cache.dtype:
+        why = f"KV cache dtypes {k_cache.dtype} / {v_cache.dtype} differ"
+    if why is not None:
+        return why
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not _rows_aligned(t, 8):
             return (f"{name} rows not 16-byte aligned with a contiguous last dim (strides "

@@ -390,16 +390,13 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                          f"({num_kv_heads})")
     group = num_q_heads // num_kv_heads
     device = cu_seqlens_q.device
-    if impl == "native" and device.type == "cuda" and \
-            _native.prefill_device_unsupported(device) is not None:
-        impl = "triton"  # no native prefill on this GPU (see the docstring)
     native_why = None
     if impl in ("native", "auto") and device.type == "cuda":
-        native_why = _native.prefill_unsupported(head_dim=head_dim, q_dtype=q_dtype,
-                                                 device=device, group=group)
-        if native_why is None and kv_dtype is not None and \
-                kv_dtype not in (torch.float16, torch.bfloat16):
-            native_why = f"KV cache dtype {kv_dtype} (native prefill: no fp8 KV)"
+        native_why = _native.prefill_device_unsupported(device)
+        if native_why is not None and impl == "native":
+            impl = "triton"  # no native prefill on this GPU (see the docstring)
+        native_why = native_why or _native.prefill_shape_unsupported(
+            head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype, group=group)
         if native_why is None and impl == "auto" and tile is not None and \
                 int(tile[0]) != _native.PREFILL_BLOCK_M:
             native_why = f"tile BLOCK_M={tile[0]} (a Triton tile)"

@@ -156,39 +156,37 @@ def warm_up_prefill(states: Sequence, *, q_dtype: torch.dtype, page_size: int,
         out = torch.empty_like(q)
         cu = torch.tensor([0, 1], dtype=torch.int32, device=device)
         lens = torch.ones((1,), dtype=torch.int32, device=device)
-        for width in table_widths(max_blocks):
-            table = torch.zeros((1, width), dtype=torch.int32, device=device)
+        opts = (hq, hkv, d, st.causal, st.sliding_window, st.soft_cap)
+
+        def plan_for(tile, has_new, width):
+            return plan_prefix_prefill(
+                cu, lens, total_q=1, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                tile=tile, host_cu_seqlens_q=[0, 1], host_seq_lens_k=[1],
+                capacity=width * page_size, has_k_new=has_new, q_dtype=q_dtype,
+                kv_dtype=st.k_view.dtype, impl=impl)
+
+        def launch(plan, has_new, table):
+            run(plan, q=q, k_cache=st.k_view, v_cache=st.v_view, block_table=table,
+                cu_seqlens_q=cu, seq_lens_k=lens, scale=st.scale, causal=st.causal,
+                k_new=k_new if has_new else None, v_new=k_new if has_new else None,
+                out=out, k_scale=st.k_scale, v_scale=st.v_scale,
+                sliding_window=st.sliding_window, soft_cap=st.soft_cap)
+
+        tables = {w: torch.zeros((1, w), dtype=torch.int32, device=device)
+                  for w in table_widths(max_blocks)}
+        for width, table in tables.items():
             for tile in tiles:
                 for has_new in (True, False):
-                    plan = plan_prefix_prefill(
-                        cu, lens, total_q=1, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
-                        tile=tile, host_cu_seqlens_q=[0, 1], host_seq_lens_k=[1],
-                        capacity=width * page_size, has_k_new=has_new, q_dtype=q_dtype,
-                        impl=impl)
-                    run(plan, q=q, k_cache=st.k_view, v_cache=st.v_view, block_table=table,
-                        cu_seqlens_q=cu, seq_lens_k=lens, scale=st.scale, causal=st.causal,
-                        k_new=k_new if has_new else None, v_new=k_new if has_new else None,
-                        out=out, k_scale=st.k_scale, v_scale=st.v_scale,
-                        sliding_window=st.sliding_window, soft_cap=st.soft_cap)
-                    done.append((tile, has_new, width, (hq, hkv, d, st.causal,
-                                                        st.sliding_window, st.soft_cap)))
+                    launch(plan_for(tile, has_new, width), has_new, table)
+                    done.append((tile, has_new, width, opts))
         if device.type == "cuda":
             # the plan an extend batch gets (no tile forced): on sm_90 the native kernel,
             # whose extension builds on first use: here at start-up, not in a request
-            width = max(table_widths(max_blocks))
-            plan = plan_prefix_prefill(
-                cu, lens, total_q=1, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
-                host_cu_seqlens_q=[0, 1], host_seq_lens_k=[1], capacity=width * page_size,
-                has_k_new=True, q_dtype=q_dtype, kv_dtype=st.k_view.dtype, impl=impl)
+            width = max(tables)
+            plan = plan_for(None, True, width)
             if plan.impl == "native":
-                table = torch.zeros((1, width), dtype=torch.int32, device=device)
-                run(plan, q=q, k_cache=st.k_view, v_cache=st.v_view, block_table=table,
-                    cu_seqlens_q=cu, seq_lens_k=lens, scale=st.scale, causal=st.causal,
-                    k_new=k_new, v_new=k_new, out=out, k_scale=st.k_scale,
-                    v_scale=st.v_scale, sliding_window=st.sliding_window,
-                    soft_cap=st.soft_cap)
-                done.append(("native", True, width, (hq, hkv, d, st.causal,
-                                                     st.sliding_window, st.soft_cap)))
+                launch(plan, True, tables[width])
+                done.append(("native", True, width, opts))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     logger.info("hygon: prefill warm-up ran %d kernel specializations in %.1f s", len(done),
