@@ -74,22 +74,29 @@ typedef cudaError_t hab_error_t;
 #define HAB_HD __host__ __device__ __forceinline__
 #define HAB_DEV __device__ __forceinline__
 
-// Host side: whether the current device runs mma.sync m16n8k16 (NVIDIA sm_80+; the device
-// pass's HAB_HAS_MMA_SYNC), for kernels that exist only there. Asked of the runtime once
-// per device (64 devices cached; any other is asked every time).
-inline bool hab_device_has_mma_sync() {
+// Host side: the current device's compute capability as 10 * major + minor (90 on an
+// H100/H200), asked of the runtime once per device (64 devices cached; any other is asked
+// every time); 0 on HIP or without a device.
+inline int hab_device_cc() {
 #if defined(HAB_CUDA)
-  static signed char known[64] = {};  // 0: not asked yet, 1: yes, -1: no
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (dev >= 0 && dev < 64 && known[dev]) return known[dev] > 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-  if (dev >= 0 && dev < 64) known[dev] = major >= 8 ? 1 : -1;
-  return major >= 8;
+  static int known[64] = {};  // 0: not asked yet
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (dev >= 0 && dev < 64 && known[dev]) return known[dev];
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return 0;
+  const int cc = 10 * major + minor;
+  if (dev >= 0 && dev < 64) known[dev] = cc;
+  return cc;
 #else
-  return false;
+  return 0;
 #endif
 }
+
+// Host side: whether the current device runs mma.sync m16n8k16 (NVIDIA sm_80+; the device
+// pass's HAB_HAS_MMA_SYNC), for kernels that exist only there.
+inline bool hab_device_has_mma_sync() { return hab_device_cc() >= 80; }
 
 // Programmatic dependent launch (NVIDIA sm_90+; no-ops elsewhere). A kernel launched with
 // the programmatic-serialization attribute may start before the previous kernel of its
@@ -107,6 +114,17 @@ HAB_DEV void hab_gdc_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
 #endif
 }
+
+// 2^x in one instruction on NVIDIA (ex2.approx.ftz: a result below 2^-126 flushes to 0, far
+// under a 16-bit P's resolution; exp2f adds a range fix-up for denormal results). For the
+// softmax's P and rescale factors, whose arguments are <= a small bound or -inf.
+#if defined(HAB_CUDA)
+HAB_DEV float hab_ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+#endif
 
 // ------------------------------------------------------------------ shuffles
 template <typename T>

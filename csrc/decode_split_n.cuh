@@ -56,13 +56,7 @@ HAB_DEV void cp_async_wait_pending(int pending) {
 // reference, so the result is the same softmax (session 11, docs/native.md).
 constexpr float RESCALE_SLACK = 8.f;
 
-// 2^x for x <= RESCALE_SLACK or -inf in one instruction (a result below 2^-126 flushes to 0, far
-// under a 16-bit P's resolution); exp2f adds a range fix-up for denormal results.
-HAB_DEV float ex2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+// P = 2^x with x <= RESCALE_SLACK or -inf: hab_ex2_ftz (compat.h), one instruction.
 
 // Token rows: thread tid < BLOCK_N reads the block id of token tid of a tile (one table
 // read per token instead of one per staged chunk: the threads staging one token's row
@@ -306,7 +300,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
       const bool moves = mx[k] > m[k] + RESCALE_SLACK;
       const float m_new = moves ? mx[k] : m[k];
       mu[k] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[k] = moves ? ex2_ftz(m[k] - mu[k]) : 1.f;
+      alpha[k] = moves ? hab_ex2_ftz(m[k] - mu[k]) : 1.f;
       m[k] = m_new;
       l[k] *= alpha[k];
     }
@@ -314,7 +308,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const int k = (e & 3) >> 1;
-      const float pv = ex2_ftz(c[e] - mu[k]);
+      const float pv = hab_ex2_ftz(c[e] - mu[k]);
       l[k] += pv;
       pb[e] = KIND::from_float(pv);
     }

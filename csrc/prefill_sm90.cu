@@ -63,12 +63,6 @@ constexpr int WORK_OFF = MASK_OFF + 16 * STAGES;
 constexpr int SMEM_USED = WORK_OFF + 16;
 constexpr int SMEM_BYTES = SMEM_USED + 1024;  // slack: the tiles start on a 1024-byte boundary
 
-HAB_DEV float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 HAB_DEV float tanh_approx(float x) {
   float y;
   asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -380,14 +374,14 @@ struct Consumer {
       mx = fmaxf(mx, hab_shfl_xor(mx, 2));
       const float m_new = fmaxf(m[h], mx * mult);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing seen yet: p = 0
-      alpha[h] = ex2(m[h] - m_use);
+      alpha[h] = hab_ex2_ftz(m[h] - m_use);
       float sum = 0.f;
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = sc[4 * i + 2 * h + e];
-          x = ex2(fmaf(x, mult, -m_use));
+          x = hab_ex2_ftz(fmaf(x, mult, -m_use));
           sum += x;
         }
       }
@@ -606,11 +600,7 @@ extern "C" const char* hab_prefix_prefill(const HabPrefillParams* p, void* strea
   const int64_t group = p->num_q_heads / p->num_kv_heads;
   if (group > BLOCK_M) return "prefix_prefill: GQA group larger than 128";
   if (p->page_size <= 0) return "prefix_prefill: page_size must be positive";
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return "prefix_prefill: no device";
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (major != 9 || minor != 0) return "prefix_prefill: the native kernel needs an sm_90 GPU (H100/H200)";
+  if (hab_device_cc() != 90) return "prefix_prefill: the native kernel needs an sm_90 GPU (H100/H200)";
   if (p->num_tiles == 0 || p->num_kv_heads == 0) return nullptr;
   if (p->num_tiles * p->num_kv_heads >= (int64_t(1) << 31)) return "prefix_prefill: more than 2^31 work items";
   cudaStream_t s = static_cast<cudaStream_t>(stream);
