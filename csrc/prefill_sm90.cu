@@ -9,7 +9,7 @@
 // counter; else one program per item. 384 threads:
 //
 //   warps 8-11         Q once per item, then K and V tiles of BLOCK_N = 128 keys into a
-//   (producers)        2-stage ring of shared memory with cp.async (16-byte copies, 8
+//   (producers)        3-stage ring of shared memory with cp.async (16-byte copies, 8
 //                      lanes a 128-byte row half: coalesced), each key row's address from
 //                      its own page (any page size; with k_new the keys past the prefix
 //                      from the dense tensors). A key that is absent (past the causal
@@ -27,7 +27,8 @@
 // Synchronization: mbarriers. full_k / full_v complete when the producers' cp.async
 // copies of the stage land (cp.async.mbarrier.arrive) and, for K, the key mask is written;
 // empty_k / empty_v when the 8 consumer warps have finished the wgmma that read the stage;
-// full_q / empty_q hand over Q and the item's work word. A consumer fences the async proxy
+// full_q / empty_q hand over Q, the work word and the loaded part of its TileInfo (the
+// producers load it once; the consumers derive the rest). A consumer fences the async proxy
 // after its wait (the copies are generic writes, wgmma reads through the async proxy).
 //
 // Keys walked by an item: [key_lo, key_end) with key_end = min(Lk, last row's diagonal +
@@ -47,7 +48,17 @@ namespace hab_prefill {
 constexpr int BLOCK_M = 128;  // query rows of a program: two consumer warpgroups x 64
 constexpr int BLOCK_N = 128;  // keys per K/V tile
 constexpr int HEAD_DIM = 128;
-constexpr int STAGES = 2;
+// Build-time switches for A/B runs of the kernel's variants (scripts/prefill_harness.cu);
+// the defaults are the measured best.
+// (docs/native-prefill.md, session 13: 3 stages +1-5% over 2; 64 producer registers, so
+// 216 a consumer, +3-6% over 56 / 224; 80 / 208 and beyond lose 2-4%)
+#ifndef HAB_PREFILL_STAGES  // K/V ring stages (3 x 64 KB + Q fit in 227 KB)
+#define HAB_PREFILL_STAGES 3
+#endif
+#ifndef HAB_PREFILL_PRODUCER_REGS  // registers a producer thread keeps (setmaxnreg)
+#define HAB_PREFILL_PRODUCER_REGS 64
+#endif
+constexpr int STAGES = HAB_PREFILL_STAGES;
 constexpr int CONSUMER_WARPS = 8;
 constexpr int PRODUCER_WARPS = 4;
 constexpr int THREADS = (CONSUMER_WARPS + PRODUCER_WARPS) * 32;
@@ -60,8 +71,26 @@ constexpr int V_OFF = K_OFF + STAGES * TILE_BYTES;
 constexpr int BAR_OFF = V_OFF + STAGES * TILE_BYTES;  // mbarriers, key masks, work words
 constexpr int MASK_OFF = BAR_OFF + 8 * (2 + 4 * STAGES);
 constexpr int WORK_OFF = MASK_OFF + 16 * STAGES;
-constexpr int SMEM_USED = WORK_OFF + 16;
+constexpr int INFO_OFF = WORK_OFF + 16;  // [INFO_WORDS] int32: the item's TileInfo
+constexpr int INFO_WORDS = 8;
+constexpr int SMEM_USED = INFO_OFF + 4 * INFO_WORDS;
 constexpr int SMEM_BYTES = SMEM_USED + 1024;  // slack: the tiles start on a 1024-byte boundary
+static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 program may have");
+
+#if defined(HAB_PREFILL_TRACE)
+// Diagnostic build only (scripts/prefill_harness.cu): clock64 stamps per work item,
+// TRACE_SLOTS a item, written by one lane of a role (never in the library's build).
+constexpr int TRACE_SLOTS = 8;
+__device__ long long* g_trace;
+#define HAB_TRACE(w, slot, cond)                                         \
+  do {                                                                   \
+    if ((cond) && g_trace != nullptr) g_trace[int64_t(w) * TRACE_SLOTS + (slot)] = clock64(); \
+  } while (0)
+#else
+#define HAB_TRACE(w, slot, cond) \
+  do {                           \
+  } while (0)
+#endif
 
 HAB_DEV float tanh_approx(float x) {
   float y;
@@ -79,25 +108,18 @@ struct TileInfo {
   int diag_min, diag_max;  // global key position of the first / last row's token
   int key_end;             // keys [tile_lo * BLOCK_N, key_end) are walked
   int tile_lo, n_tiles;
+  int32_t item;  // the work item
 };
 
 // Work item w is tile w / Hkv of the map and KV head w % Hkv (the heads of a tile are
 // consecutive: the map's heaviest tiles come first). False: past the map's used tiles
 // (every later item is too).
-HAB_DEV bool tile_info(const HabPrefillParams& p, int64_t w, TileInfo& ti) {
-  if (w < 0 || w >= p.num_tiles * p.num_kv_heads) return false;
-  const int64_t tile = w / p.num_kv_heads;
-  const int32_t req = p.tile_req[tile];
-  if (req < 0) return false;
-  ti.req = req;
-  ti.kv_head = int(w % p.num_kv_heads);
-  ti.q_start = hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req) * p.cu_stride);
-  ti.len_q = int(hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req + 1) * p.cu_stride) - ti.q_start);
-  ti.len_k = int(hab_load_index(p.seq_lens_k, p.lens_is_int64, int64_t(req) * p.lens_stride));
+// What the loads give (the map's tile, the request's lengths) -> the rest of TileInfo.
+HAB_DEV void derive_tile(const HabPrefillParams& p, int m_block, TileInfo& ti) {
   ti.len_p = ti.len_k - ti.len_q;
   ti.group = int(p.num_q_heads / p.num_kv_heads);
   ti.tok_m = BLOCK_M / ti.group;
-  ti.m_tok0 = p.tile_mblock[tile] * ti.tok_m;
+  ti.m_tok0 = m_block * ti.tok_m;
   const int tok_hi = min(ti.len_q, ti.m_tok0 + ti.tok_m);  // > m_tok0 for a mapped tile
   ti.diag_min = ti.len_p + ti.m_tok0;
   ti.diag_max = ti.len_p + tok_hi - 1;
@@ -106,7 +128,44 @@ HAB_DEV bool tile_info(const HabPrefillParams& p, int64_t w, TileInfo& ti) {
   if (p.causal && p.sliding_window > 0) key_lo = max(0, ti.diag_min - int(p.sliding_window) + 1);
   ti.tile_lo = key_lo / BLOCK_N;
   ti.n_tiles = max(0, int(hab_cdiv(ti.key_end, BLOCK_N)) - ti.tile_lo);
+}
+
+HAB_DEV bool tile_info(const HabPrefillParams& p, int64_t w, TileInfo& ti) {
+  if (w < 0 || w >= p.num_tiles * p.num_kv_heads) return false;
+  ti.item = int32_t(w);
+  const int64_t tile = w / p.num_kv_heads;
+  const int32_t req = p.tile_req[tile];
+  if (req < 0) return false;
+  ti.req = req;
+  ti.kv_head = int(w % p.num_kv_heads);
+  ti.q_start = hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req) * p.cu_stride);
+  ti.len_q = int(hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req + 1) * p.cu_stride) - ti.q_start);
+  ti.len_k = int(hab_load_index(p.seq_lens_k, p.lens_is_int64, int64_t(req) * p.lens_stride));
+  derive_tile(p, p.tile_mblock[tile], ti);
   return true;
+}
+
+// The loaded part of an item's TileInfo as INFO_WORDS int32 in shared memory: the
+// producers load it once, the consumers derive the rest (no dependent global loads at an
+// item's start; what comes from the parameters stays in uniform registers).
+HAB_DEV void store_info(int32_t* d, const TileInfo& ti) {
+  const int32_t v[INFO_WORDS] = {ti.item, int32_t(ti.req), int32_t(ti.q_start), int32_t(ti.q_start >> 32),
+                                 ti.len_q, ti.len_k, ti.m_tok0 / ti.tok_m, ti.kv_head};
+#pragma unroll
+  for (int i = 0; i < INFO_WORDS; ++i) d[i] = v[i];
+}
+
+HAB_DEV void load_info(const HabPrefillParams& p, const volatile int32_t* d, TileInfo& ti) {
+  int32_t v[INFO_WORDS];
+#pragma unroll
+  for (int i = 0; i < INFO_WORDS; ++i) v[i] = d[i];
+  ti.item = v[0];
+  ti.req = v[1];
+  ti.q_start = int64_t(uint32_t(v[2])) | (int64_t(v[3]) << 32);
+  ti.len_q = v[4];
+  ti.len_k = v[5];
+  ti.kv_head = v[7];
+  derive_tile(p, v[6], ti);
 }
 
 struct Barriers {
@@ -119,6 +178,7 @@ struct Barriers {
   uint32_t* mask;  // [STAGES][4] key bits of the K stage
   int32_t* work;   // [1] the work item the consumers run next (-1: none left)
   int32_t* fetch;  // [2] the producers' copy of the item they fetched (double-buffered)
+  int32_t* info;   // [INFO_WORDS] the loaded part of the work word's TileInfo
 };
 
 // The next work item of this program. Persistent (p.sched set): from the launch's counter,
@@ -197,9 +257,12 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
     const int32_t w = b.fetch[round & 1];
     TileInfo ti;
     const bool has = tile_info(p, w, ti);
+    HAB_TRACE(w, 5, has && pw == 0 && lane == 0);
     hab_sm90::mbar_wait(b.empty_q, (round & 1) ^ 1);
+    HAB_TRACE(w, 6, has && pw == 0 && lane == 0);
     if (pw == 0 && lane == 0) {
       *b.work = has ? w : -1;
+      if (has) store_info(b.info, ti);
       hab_sm90::mbar_arrive(b.full_q);  // releases the work word
     }
     if (!has) {
@@ -446,6 +509,7 @@ struct Consumer {
     pass_turn();
     hab_sm90::wgmma_wait<0>();
     hab_sm90::fence_regs(sc);
+    HAB_TRACE(ti.item, 1, wg == 0 && (threadIdx.x & 127) == 0);
     release_k(0);
     if (ti.n_tiles == 1) release_q();
     softmax(sc, bits, 0, alpha);
@@ -488,6 +552,9 @@ struct Consumer {
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
       const int64_t tok_g = ti.q_start + tok[h];
       uint16_t* out = static_cast<uint16_t*>(p.out) + tok_g * p.o_stride[0] + int64_t(head[h]) * p.o_stride[1];
+#if defined(HAB_PREFILL_DIAG_NOSTORE)  // diagnostic build: the epilogue without its stores
+      if (inv != 12345.f) continue;
+#endif
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
         *reinterpret_cast<uint32_t*>(out + 8 * i + 2 * t) =
@@ -519,6 +586,7 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
   b.mask = reinterpret_cast<uint32_t*>(base + MASK_OFF);
   b.work = reinterpret_cast<int32_t*>(base + WORK_OFF);
   b.fetch = b.work + 1;
+  b.info = reinterpret_cast<int32_t*>(base + INFO_OFF);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     constexpr int COPIERS = PRODUCER_WARPS * 32;
@@ -536,11 +604,14 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
   // registers a thread: 168 at launch (65,536 over 384 threads, in steps of 8), moved from
   // the producers to the consumers. setmaxnreg.inc waits until the program's own pool has
   // the registers, so the two must sum to what the launch allocated (more: a hang):
-  // 4 x 32 x 56 + 8 x 32 x 224 = 64,512 = 384 x 168. The consumers use about 200 (the
-  // soft-cap variants spill 4 bytes), the producers about 40.
-  constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
+  // 4 x 32 x 64 + 8 x 32 x 216 = 63,488 <= 384 x 168 = 64,512. The consumers get what the
+  // producers leave, in steps of 8 (no spills at 64 / 216).
+  constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
+  constexpr int PRODUCER_REGS = HAB_PREFILL_PRODUCER_REGS;
+  constexpr int CONSUMER_REGS =
+      (THREADS * LAUNCH_REGS - PRODUCER_WARPS * 32 * PRODUCER_REGS) / (CONSUMER_WARPS * 32) / 8 * 8;
   static_assert(PRODUCER_WARPS * 32 * PRODUCER_REGS + CONSUMER_WARPS * 32 * CONSUMER_REGS <=
-                    THREADS * (65536 / THREADS / 8 * 8),
+                    THREADS * LAUNCH_REGS,
                 "setmaxnreg: more registers than the launch allocates");
   if (warp >= CONSUMER_WARPS) {
     hab_sm90::setmaxnreg_dec<PRODUCER_REGS>();
@@ -552,11 +623,23 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
     for (int round = 0;; ++round) {
       hab_sm90::mbar_wait(b.full_q, round & 1);
       TileInfo ti;
-      if (!tile_info(p, *b.work, ti)) break;
+      if (*reinterpret_cast<volatile int32_t*>(b.work) < 0) break;
+      load_info(p, b.info, ti);
+      HAB_TRACE(ti.item, 0, warp == 0 && lane == 0);
       Consumer<IS_BF16, SOFT_CAP> c(p, ti, b, smem, warp, lane, jg);
       if (p.overlap) c.run_overlap();
       else c.run_serial();
+      HAB_TRACE(ti.item, 2, warp == 0 && lane == 0);
       c.finish();
+      HAB_TRACE(ti.item, 3, warp == 0 && lane == 0);
+      HAB_TRACE(ti.item, 4, warp == 4 && lane == 0);
+#if defined(HAB_PREFILL_TRACE)
+      if (warp == 0 && lane == 0 && g_trace != nullptr) {
+        uint32_t sm;
+        asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+        g_trace[int64_t(ti.item) * TRACE_SLOTS + 7] = (int64_t(sm) << 32) | uint32_t(ti.n_tiles);
+      }
+#endif
       jg += ti.n_tiles;
     }
   }
@@ -590,6 +673,13 @@ const char* launch(const HabPrefillParams& p, cudaStream_t stream) {
 
 }  // namespace hab_prefill
 #endif  // HAB_CUDA
+
+#if defined(HAB_PREFILL_TRACE) && defined(HAB_CUDA)
+extern "C" const char* hab_prefill_trace_set(long long* buf) {
+  const cudaError_t e = cudaMemcpyToSymbol(hab_prefill::g_trace, &buf, sizeof(buf));
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
+#endif
 
 extern "C" const char* hab_prefix_prefill(const HabPrefillParams* p, void* stream) {
 #if defined(HAB_CUDA)
