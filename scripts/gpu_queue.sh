@@ -26,7 +26,7 @@
 #   sglang-tests    the SGLang backend, kit, radix, warm-up, register and shim tests (whole files,
 #                   on CUDA) with SGLang from .whl/
 #   sanitize        scripts/sanitize.sh (every Triton kernel, hostile inputs)
-#   fuzz-prefill    hygon-attn fuzz --op prefill --seed 11
+#   fuzz-prefill    hygon-attn fuzz --op prefill --seed 11 (--impl $FUZZ_IMPL, default triton)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-logs}
@@ -166,7 +166,7 @@ run_step() {
       echo "rc=$?"; tail -8 "$OUT/$name.log" ;;
     fuzz-prefill)
       timeout "$limit" "$PY" -m hygon_attn_backend fuzz --op prefill --seed 11 --cases 400 \
-        >"$OUT/$name.log" 2>&1
+        --impl "${FUZZ_IMPL:-triton}" >"$OUT/$name.log" 2>&1
       echo "rc=$?"; tail -6 "$OUT/$name.log" ;;
     *) echo "unknown step $name"; return 2 ;;
   esac

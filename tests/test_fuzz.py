@@ -83,6 +83,53 @@ def test_cli_registers_fuzz():
         build_parser().parse_args(["fuzz", "--op", "nope"])
 
 
+def test_impl_is_a_prefill_option():
+    """--impl reaches the prefill cases only; another op refuses it by name."""
+    args = build_parser().parse_args(["fuzz", "--op", "prefill", "--impl", "auto"])
+    assert args.impl == "auto"
+    assert build_parser().parse_args(["fuzz", "--op", "prefill"]).impl == "triton"
+    with pytest.raises(ValueError, match="impl='auto'.*op='decode'"):
+        fuzz.fuzz("decode", cases=1, seed=1, device="cpu", impl="auto", out=io.StringIO())
+
+
+def test_prefill_impl_auto_counts_the_native_cases():
+    """impl="auto": the plan picks per case (Triton on a CPU, no native case), the cases
+    pass and the summary says how many ran native."""
+    log = io.StringIO()
+    assert fuzz.fuzz("prefill", cases=3, seed=20261130, device="cpu", impl="auto",
+                     out=log) == 0, log.getvalue()
+    assert "3 cases, 0 failures" in log.getvalue()
+    assert "impl auto: 0 native" in log.getvalue()
+
+
+@pytest.mark.gpu
+def test_prefill_impl_auto_runs_the_native_kernel_on_sm90():
+    """On an H100/H200 the auto cases of the profiles the native prefill covers (head_dim
+    128, 16-bit KV) run it, and pass against the reference. Seed 11 has four such
+    profiles (SGLang's and vLLM's layouts); its 400-case run on the H200 ran every case of
+    them native (docs/reliability.md)."""
+    if not torch.cuda.is_available() or getattr(torch.version, "hip", None) or \
+            torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the native prefill runs on NVIDIA sm_90 GPUs only")
+    from hygon_attn_backend import native
+    if not native.available():
+        pytest.skip("the native kernels cannot be built here")
+    seed, dev = 11, torch.device("cuda")
+    profiles = fuzz.profiles_for("prefill", seed, tiny=False)
+    for prof in profiles:
+        prof["impl"] = "auto"
+    covered = [i for i, p in enumerate(profiles)
+               if p["head_dim"] == 128 and p["kv_dtype"] in (torch.float16, torch.bfloat16)]
+    assert covered, "no profile of this seed is one the native kernel covers"
+    descs = []
+    for i in covered:
+        for case in (i, i + len(profiles)):  # two cases of each such profile
+            problem, desc = fuzz.run_case("prefill", seed, case, dev, profiles)
+            assert problem is None, f"{problem}: {desc}"
+            descs.append(desc)
+    assert all("impl=native" in d for d in descs), descs
+
+
 # ----------------------------------------------------------------------------- compile budget
 
 # kernels one profile may compile: decode one-partition, split and combine; prefill one

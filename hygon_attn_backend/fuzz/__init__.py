@@ -75,28 +75,36 @@ def profiles_for(op: str, seed: int, tiny: bool) -> list:
 
 def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
          shard: "tuple[int, int]" = (0, 1), skip: int = 0, out=sys.stdout,
-         max_failures: int = 20) -> int:
+         max_failures: int = 20, impl: str = "triton") -> int:
     """Run the cases; print each failure and a summary line. Returns the failure count.
     ``skip``: leave out this shard's first ``skip`` cases (resume a run that was stopped
-    after them)."""
+    after them). ``impl`` (prefill only): the implementation the cases plan with; "auto"
+    runs the native kernel on the cases it covers (the summary counts them)."""
     import torch
 
+    if impl != "triton" and op != "prefill":
+        raise ValueError(f"impl={impl!r}: only the prefill cases take an impl (op={op!r})")
     dev = torch.device(device)
     profiles = profiles_for(op, seed, dev.type == "cpu")
+    for prof in profiles:
+        if op == "prefill":
+            prof["impl"] = impl
     indices = [only] if only is not None else [k for k in range(cases)
                                                if k % shard[1] == shard[0]][skip:]
-    failures, done, start = 0, 0, time.perf_counter()
+    failures, done, native, start = 0, 0, 0, time.perf_counter()
     stopped = ""
     try:
         for k in indices:
             problem, desc = run_case(op, seed, k, dev, profiles)
             done += 1
+            native += "impl=native" in desc
             if problem is not None:
                 failures += 1
                 if failures <= max_failures:
                     print(f"FAIL {op} seed={seed} case={k}: {problem}\n  {desc}\n  rerun: "
                           f"hygon-attn fuzz --op {op} --seed {seed} --case {k} --device "
-                          f"{device}", file=out, flush=True)
+                          f"{device}" + (f" --impl {impl}" if impl != "triton" else ""),
+                          file=out, flush=True)
             elif only is not None:
                 print(f"ok {op} seed={seed} case={k}: {desc}", file=out)
         if dev.type == "cuda":
@@ -107,6 +115,8 @@ def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
     part = "" if shard[1] == 1 else f" shard {shard[0]}/{shard[1]}"
     if skip:
         part += f", its first {skip} skipped"
+    if impl != "triton":
+        part += f", impl {impl}: {native} native"
     print(f"fuzz {op}: {done} cases, {failures} failures, {took:.1f} s (seed {seed}, "
           f"{device}{part}, {len(profiles)} profiles){stopped}", file=out, flush=True)
     return failures
@@ -130,6 +140,9 @@ def add_fuzz_parser(sub) -> None:
     p.add_argument("--shard", type=_shard, default=(0, 1), help="I/N: cases with K %% N == I")
     p.add_argument("--skip", type=int, default=0,
                    help="leave out the shard's first SKIP cases (resume a stopped run)")
+    p.add_argument("--impl", choices=("triton", "auto", "native"), default="triton",
+                   help="prefill only: the implementation the cases plan with (auto: the "
+                        "native kernel on the cases it covers on this GPU, Triton on the rest)")
     p.add_argument("--profile", default=None,
                    help="write a cProfile of the run to this file (where a case's host "
                         "time goes: building it, compiling, the kernels, the reference)")
@@ -155,7 +168,7 @@ def cmd_fuzz(args) -> int:
         profiler.enable()
     try:
         failures = fuzz(args.op, cases=args.cases, seed=args.seed, device=device,
-                        only=args.case, shard=args.shard, skip=args.skip)
+                        only=args.case, shard=args.shard, skip=args.skip, impl=args.impl)
     finally:
         if profiler is not None:
             profiler.disable()

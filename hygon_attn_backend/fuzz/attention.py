@@ -197,13 +197,19 @@ def prefill_case(rng: random.Random, prof: dict, device, tiny: bool):
     if prof["k_new"]:
         kw["k_new"] = torch.randn(total_q, hkv, dim, device=device).to(prof["dtype"])
         kw["v_new"] = torch.randn(total_q, hkv, dim, device=device).to(prof["dtype"])
+    # prof["impl"] (fuzz --impl): "triton" runs the profile's tile; "auto" / "native" let
+    # the plan choose, so the native kernel runs the cases it covers on this GPU
+    impl = prof.get("impl", "triton")
     plan = plan_prefix_prefill(cu_t, lens_t, total_q=total_q, num_q_heads=hq,
-                               num_kv_heads=hkv, head_dim=dim, tile=prof["tile"])
+                               num_kv_heads=hkv, head_dim=dim,
+                               tile=prof["tile"] if impl == "triton" else None,
+                               has_k_new=prof["k_new"], q_dtype=prof["dtype"],
+                               kv_dtype=prof["kv_dtype"], impl=impl)
     desc = _describe(prof, num_seqs=num_seqs, prefix=_clip(pre), extend=_clip(ext),
-                     bad_ids=tbl.hostile, window=kw.get("sliding_window"))
+                     bad_ids=tbl.hostile, window=kw.get("sliding_window"), impl=plan.impl)
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=device)
     args = (q, cache.k, cache.v, tbl.table, cu_t, lens_t)
-    res = prefix_prefill_attention(*args, out=out, plan=plan, impl="triton", **kw)
+    res = prefix_prefill_attention(*args, out=out, plan=plan, impl=impl, **kw)
     ref64 = reference.prefix_prefill_attention(*args, compute_dtype=torch.float64, **kw)
     ref_lp = reference.prefix_prefill_attention(*args, compute_dtype=q.dtype, **kw)
     if prof["lse"]:
