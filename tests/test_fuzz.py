@@ -106,8 +106,8 @@ def test_prefill_impl_auto_counts_the_native_cases():
 def test_prefill_impl_auto_runs_the_native_kernel_on_sm90():
     """On an H100/H200 the auto cases of the profiles the native prefill covers (head_dim
     128, 16-bit KV) run it, and pass against the reference. Seed 11 has four such
-    profiles (SGLang's and vLLM's layouts); its 400-case run on the H200 ran every case of
-    them native (docs/reliability.md)."""
+    profiles (SGLang's and vLLM's layouts); its run on the H200 (254 cases before a time
+    limit) ran every case of them native (docs/reliability.md)."""
     if not torch.cuda.is_available() or getattr(torch.version, "hip", None) or \
             torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the native prefill runs on NVIDIA sm_90 GPUs only")
