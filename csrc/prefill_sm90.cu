@@ -50,8 +50,8 @@ constexpr int BLOCK_N = 128;  // keys per K/V tile
 constexpr int HEAD_DIM = 128;
 // Build-time switches for A/B runs of the kernel's variants (scripts/prefill_harness.cu);
 // the defaults are the measured best.
-// (docs/native-prefill.md, session 13: 3 stages +1-5% over 2; 64 producer registers, so
-// 216 a consumer, +3-6% over 56 / 224; 80 / 208 and beyond lose 2-4%)
+// (docs/native-prefill.md, session 13: 3 stages +1-6% over 2; 64 producer registers, so
+// 216 a consumer, +2-7% over 56 / 224; 80 / 208 and beyond lose 1-4%)
 #ifndef HAB_PREFILL_STAGES  // K/V ring stages (3 x 64 KB + Q fit in 227 KB)
 #define HAB_PREFILL_STAGES 3
 #endif
@@ -71,7 +71,7 @@ constexpr int V_OFF = K_OFF + STAGES * TILE_BYTES;
 constexpr int BAR_OFF = V_OFF + STAGES * TILE_BYTES;  // mbarriers, key masks, work words
 constexpr int MASK_OFF = BAR_OFF + 8 * (2 + 4 * STAGES);
 constexpr int WORK_OFF = MASK_OFF + 16 * STAGES;
-constexpr int INFO_OFF = WORK_OFF + 16;  // [INFO_WORDS] int32: the item's TileInfo
+constexpr int INFO_OFF = WORK_OFF + 16;  // [INFO_WORDS] int32: the loaded part of a TileInfo
 constexpr int INFO_WORDS = 8;
 constexpr int SMEM_USED = INFO_OFF + 4 * INFO_WORDS;
 constexpr int SMEM_BYTES = SMEM_USED + 1024;  // slack: the tiles start on a 1024-byte boundary
@@ -79,7 +79,7 @@ static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 progra
 
 #if defined(HAB_PREFILL_TRACE)
 // Diagnostic build only (scripts/prefill_harness.cu): clock64 stamps per work item,
-// TRACE_SLOTS a item, written by one lane of a role (never in the library's build).
+// TRACE_SLOTS an item, written by one lane of a role (never in the library's build).
 constexpr int TRACE_SLOTS = 8;
 __device__ long long* g_trace;
 #define HAB_TRACE(w, slot, cond)                                         \
