@@ -41,6 +41,12 @@ int index_is_int64(const at::Tensor& t, const char* name) {
   return t.scalar_type() == at::kLong ? 1 : 0;
 }
 
+// dst[i] = t.stride(i) for the first n dimensions (the params structs' stride arrays)
+template <int N>
+void copy_strides(int64_t (&dst)[N], const at::Tensor& t, int n = N) {
+  for (int i = 0; i < n; ++i) dst[i] = t.stride(i);
+}
+
 const float* scale_ptr(const std::optional<at::Tensor>& s, const char* name) {
   if (!s.has_value()) return nullptr;
   TORCH_CHECK(s->scalar_type() == at::kFloat && s->numel() == 1, "hygon_attn native: ", name,
@@ -79,10 +85,8 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at:
   p.num_blocks = v_cache.size(0);
   p.page_size = v_cache.size(2);
   p.slot_stride = slot_mapping.stride(0);
-  for (int i = 0; i < 3; ++i) {
-    p.k_stride[i] = k.stride(i);
-    p.v_stride[i] = v.stride(i);
-  }
+  copy_strides(p.k_stride, k);
+  copy_strides(p.v_stride, v);
   p.kc_stride_b = k_cache.stride(0);
   p.kc_stride_h = k_cache.stride(1);
   if (k_cache.dim() == 5) {  // [N, H, D/x, P, x]
@@ -159,9 +163,8 @@ void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
     p.partial_out = partial_out.data_ptr<float>();
     TORCH_CHECK(exp_sums.stride(0) == max_logits.stride(0) && exp_sums.stride(1) == max_logits.stride(1),
                 "paged_decode: max_logits and exp_sums must share strides");
-    p.ml_stride[0] = max_logits.stride(0);
-    p.ml_stride[1] = max_logits.stride(1);
-    for (int i = 0; i < 3; ++i) p.po_stride[i] = partial_out.stride(i);
+    copy_strides(p.ml_stride, max_logits);
+    copy_strides(p.po_stride, partial_out);
   }
   p.scale = float(scale);
   p.k_scale_value = float(k_scale_value);
@@ -187,11 +190,9 @@ void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
   p.loop_stages = loop_stages;
   p.loop_tile = loop_tile;
   p.combine_pdl = combine_pdl ? 1 : 0;
-  for (int i = 0; i < 4; ++i) {
-    p.q_stride[i] = q.stride(i);
-    p.o_stride[i] = out.stride(i);
-    p.v_stride[i] = v_cache.stride(i);
-  }
+  copy_strides(p.q_stride, q);
+  copy_strides(p.o_stride, out);
+  copy_strides(p.v_stride, v_cache);
   if (k_cache.dim() == 5) {  // [N, H, D/x, P, x] -> (block, head, slot, chunk, x)
     p.k_split_x = k_cache.size(4);
     p.k_stride[0] = k_cache.stride(0);
@@ -200,10 +201,9 @@ void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
     p.k_stride[3] = k_cache.stride(2);
     p.k_stride[4] = k_cache.stride(4);
   } else {
-    for (int i = 0; i < 4; ++i) p.k_stride[i] = k_cache.stride(i);
+    copy_strides(p.k_stride, k_cache, 4);
   }
-  p.bt_stride[0] = block_table.stride(0);
-  p.bt_stride[1] = block_table.stride(1);
+  copy_strides(p.bt_stride, block_table);
   p.lens_stride = seq_lens.stride(0);
   check(hab_paged_decode(&p, stream_of(q)), "paged_decode");
 }
@@ -235,16 +235,13 @@ void prefix_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_ca
                 "prefix_prefill: k_new, v_new must be [T, Hkv, D] of q's dtype, innermost contiguous");
     p.k_new = k_new->data_ptr();
     p.v_new = v_new->data_ptr();
-    p.kn_stride[0] = k_new->stride(0);
-    p.kn_stride[1] = k_new->stride(1);
-    p.vn_stride[0] = v_new->stride(0);
-    p.vn_stride[1] = v_new->stride(1);
+    copy_strides(p.kn_stride, *k_new);
+    copy_strides(p.vn_stride, *v_new);
   }
   if (lse.has_value()) {
     TORCH_CHECK(lse->scalar_type() == at::kFloat && lse->dim() == 2, "prefix_prefill: lse must be float32 [T, Hq]");
     p.lse = lse->data_ptr<float>();
-    p.lse_stride[0] = lse->stride(0);
-    p.lse_stride[1] = lse->stride(1);
+    copy_strides(p.lse_stride, *lse);
   }
   if (sinks.has_value()) {
     TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() && sinks->numel() == q.size(1),
@@ -281,16 +278,11 @@ void prefix_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_ca
   p.num_blocks = k_cache.size(0);
   p.max_blocks = block_table.size(1);
   p.sliding_window = sliding_window;
-  p.q_stride[0] = q.stride(0);
-  p.q_stride[1] = q.stride(1);
-  p.o_stride[0] = out.stride(0);
-  p.o_stride[1] = out.stride(1);
-  for (int i = 0; i < 3; ++i) {
-    p.k_stride[i] = k_cache.stride(i);
-    p.v_stride[i] = v_cache.stride(i);
-  }
-  p.bt_stride[0] = block_table.stride(0);
-  p.bt_stride[1] = block_table.stride(1);
+  copy_strides(p.q_stride, q);
+  copy_strides(p.o_stride, out);
+  copy_strides(p.k_stride, k_cache);
+  copy_strides(p.v_stride, v_cache);
+  copy_strides(p.bt_stride, block_table);
   p.cu_stride = cu_seqlens_q.stride(0);
   p.lens_stride = seq_lens_k.stride(0);
   check(hab_prefix_prefill(&p, stream_of(q)), "prefix_prefill");
