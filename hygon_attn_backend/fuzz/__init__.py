@@ -86,8 +86,8 @@ def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
         raise ValueError(f"impl={impl!r}: only the prefill cases take an impl (op={op!r})")
     dev = torch.device(device)
     profiles = profiles_for(op, seed, dev.type == "cpu")
-    for prof in profiles:
-        if op == "prefill":
+    if op == "prefill":
+        for prof in profiles:
             prof["impl"] = impl
     indices = [only] if only is not None else [k for k in range(cases)
                                                if k % shard[1] == shard[0]][skip:]

@@ -152,8 +152,9 @@ def prefill_shape_unsupported(*, head_dim: int, q_dtype: Optional[torch.dtype],
         return f"head_dim {head_dim} (native prefill: {PREFILL_HEAD_DIM})"
     if q_dtype is not None and q_dtype not in PREFILL_DTYPES:
         return f"q dtype {q_dtype} (native prefill: float16/bfloat16)"
-    if kv_dtype is not None and prefill_dtype_unsupported(kv_dtype):
-        return prefill_dtype_unsupported(kv_dtype)
+    why = prefill_dtype_unsupported(kv_dtype) if kv_dtype is not None else None
+    if why is not None:
+        return why
     if group > PREFILL_BLOCK_M:
         return f"GQA group {group} > {PREFILL_BLOCK_M}"
     return None
