@@ -138,8 +138,8 @@ typedef struct HabPrefillParams {
   // 1: the two consumer warpgroups take turns issuing S = Q K^T (named barriers), so one's
   // softmax runs under the other's matrix products; 0: each issues when its data is there
   int pingpong;
-  // 1: a warpgroup issues S of the next tile with P V of this one and runs the softmax
-  // under them (intra-warpgroup overlap); 0: one tile at a time
+  // 1: a warpgroup issues S of the next tile with P V of this one (intra-warpgroup
+  // overlap); 0: one tile at a time
   int overlap;
   int64_t num_tiles, num_q_heads, num_kv_heads, head_dim;
   int64_t page_size, num_blocks, max_blocks, sliding_window;  // sliding_window <= 0: off

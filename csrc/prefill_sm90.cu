@@ -503,8 +503,10 @@ struct Consumer {
     }
   }
 
-  // Intra-warpgroup overlap: S of tile j is issued with P V of tile j - 1, and the softmax
-  // of tile j runs while that P V is on the tensor cores (FlashAttention-3's schedule).
+  // Intra-warpgroup overlap: S of tile j is issued with P V of tile j - 1, so the tensor
+  // cores get both back to back. The source puts tile j's softmax between the two waits,
+  // but ptxas hoists the P V wait above its max and exps (only the mask runs under the
+  // P V); forcing the softmax under it measured level (docs/native-prefill.md, session 14).
   // pa (P of tile j - 1) and o stay pinned in their registers until that product is waited.
   HAB_DEV void run_overlap() {
     if (ti.n_tiles == 0) {

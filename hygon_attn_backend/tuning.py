@@ -82,8 +82,9 @@ def native_preferred(op: str, *, is_hip: bool, group: int = 1) -> bool:
     del group  # NVIDIA: no decode group measured faster yet
     if op == "prefill":
         # the sm_90 wgmma kernel (csrc/prefill_sm90.cu; other GPUs have none: the plan's
-        # native_unsupported keeps them on Triton): 1.18-1.32x Triton at the five issue-13
-        # shapes (H200, bf16, 32/8 heads, page 16, keys from the cache; docs/native.md)
+        # native_unsupported keeps them on Triton): 1.39-1.47x Triton at the five issue-13
+        # shapes (H200, bf16, 32/8 heads, page 16, keys from the cache; session 14,
+        # docs/native-prefill.md)
         return not is_hip
     return is_hip
 
