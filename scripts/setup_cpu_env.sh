@@ -11,6 +11,18 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 V=${1:-$ROOT/.venv}
 PY=${PYTHON:-python3}
 
+# The environment takes ~3.7 GB; pip keeps no cache copy (PIP_NO_CACHE_DIR), so a full disk
+# shows here with the numbers instead of as an OSError in the middle of an install.
+NEED_MB=${HYGON_ENV_NEED_MB:-5000}
+mkdir -p "$(dirname "$V")"
+FREE_MB=$(df -Pm "$(dirname "$V")" | awk 'NR == 2 {print $4}')
+if [ -n "$FREE_MB" ] && [ "$FREE_MB" -lt "$NEED_MB" ]; then
+  echo "setup_cpu_env: $FREE_MB MB free on $(df -P "$(dirname "$V")" | awk 'NR == 2 {print $6}'), the" \
+       "environment needs about $NEED_MB MB (HYGON_ENV_NEED_MB overrides)" >&2
+  exit 1
+fi
+export PIP_NO_CACHE_DIR=1
+
 echo "[1/7] creating the virtualenv $V"
 "$PY" -m venv "$V"
 "$V/bin/pip" install -q --upgrade pip
