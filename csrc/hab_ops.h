@@ -96,6 +96,10 @@ typedef struct HabDecodeParams {
   // decode kernel (NVIDIA sm_90+; tuning.decode_combine_pdl), 0: a plain launch. Ignored
   // on HIP and without a split.
   int64_t combine_pdl;
+  // 1: the split-N loop's K/V copies carry an L2 evict_first policy (NVIDIA sm_80+), so the
+  // KV of a step, read once, replaces its own lines in the L2 rather than what other
+  // kernels left there (tuning.native_decode_evict_first); 0: no hint. Ignored elsewhere.
+  int64_t kv_evict_first;
   int64_t q_stride[4], o_stride[4];  // (seq, token, head, dim)
   int64_t k_stride[5];               // (block, head, slot, dim, chunk); chunk: split-x only
   int64_t v_stride[4];               // (block, head, slot, dim)

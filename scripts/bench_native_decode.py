@@ -1,7 +1,8 @@
 """Paged decode, Triton against native (csrc/), on a GPU: KV-read GB/s and % of copy.
 
 Method (the project's): each op is captured in a CUDA graph and the graph replay is timed
-with ``triton.testing.do_bench`` (median; it clears the L2 before every call), on a cache
+as ``bench decode`` times it (median; the L2 cleared before every replay by do_bench's
+write, or by a read with ``--l2-flush read``), on a cache
 whose pages are a random permutation of its blocks; 100% is a device-to-device copy
 (bytes read + written) measured in the same run. KV bytes = 2 * sum(seq_len) * Hkv * D *
 elem_size. Each implementation plans its own split (Triton: ``tuning.decode_partition_size``,
@@ -9,6 +10,7 @@ native: ``tuning.native_decode_partition_size``), except ``native_tparts``: nati
 Triton rule's partition size.
 
 Usage: python scripts/bench_native_decode.py [--rep-ms 200] [--json out.json]
+           [--l2-flush write|read] [--shapes "1,32768,32,8;..."] [--variants triton,native,...]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import torch
 import triton
 
+from hygon_attn_backend.bench import _timing
 from hygon_attn_backend.bench._timing import copy_ceiling
 from hygon_attn_backend import tuning
 from hygon_attn_backend.ops.decode import allocate_decode_workspace, paged_decode_attention
@@ -30,14 +33,16 @@ HEADS = ((32, 32), (32, 8), (32, 4), (64, 4))
 # native: the planned loop (tuning.native_decode_stages / native_decode_tile), split and
 # combine launch; native_nopdl: the same with the combine as a plain launch
 # (HYGON_ATTN_DECODE_PDL=0); native_t32 / native_t32_s2: the split-N loop's 32-token tiles
-# with 3 / 2 cp.async stages; native_tparts: the planned loop on the Triton rule's partitions
-VARIANTS = ("triton", "native", "native_nopdl", "native_t32", "native_t32_s2", "native_tparts")
-ENV = {"native": ("", "", "", ""), "native_nopdl": ("", "", "", "0"),
-       "native_t32": ("1", "3", "32", ""), "native_t32_s2": ("1", "2", "32", ""),
-       "native_tparts": ("", "", "", ""),
-       "triton": ("", "", "", "")}  # (SPLIT_N, STAGES, TILE, DECODE_PDL); "": unset
+# with 3 / 2 cp.async stages; native_tparts: the planned loop on the Triton rule's partitions;
+# native_ef: the planned loop with its K/V copies L2 evict_first (HYGON_ATTN_NATIVE_EVICT_FIRST)
+VARIANTS = ("triton", "native", "native_nopdl", "native_t32", "native_t32_s2", "native_tparts",
+            "native_ef")
+ENV = {"native": ("", "", "", "", "0"), "native_nopdl": ("", "", "", "0", "0"),
+       "native_t32": ("1", "3", "32", "", "0"), "native_t32_s2": ("1", "2", "32", "", "0"),
+       "native_tparts": ("", "", "", "", "0"), "native_ef": ("", "", "", "", "1"),
+       "triton": ("", "", "", "", "")}  # (SPLIT_N, STAGES, TILE, DECODE_PDL, EVICT_FIRST); "": unset
 ENV_NAMES = ("HYGON_ATTN_NATIVE_SPLIT_N", "HYGON_ATTN_NATIVE_STAGES", "HYGON_ATTN_NATIVE_TILE",
-             "HYGON_ATTN_DECODE_PDL")
+             "HYGON_ATTN_DECODE_PDL", "HYGON_ATTN_NATIVE_EVICT_FIRST")
 SHAPES = [(b, c, hq, hkv) for b, c in ((64, 4096), (64, 16384), (256, 2048), (1, 32768))
           for hq, hkv in HEADS] + [(8, 8192, 32, 8), (1, 131072, 32, 8)]
 
@@ -64,24 +69,15 @@ def native_partitions(batch, ctx, hq, hkv, q, k, ws) -> int:
 
 
 def time_graph_replay(fn, rep_ms):
-    """Median ms of a CUDA-graph replay of ``fn``, L2 cleared before each (do_bench)."""
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(graph.replay, warmup=max(10, rep_ms // 4), rep=rep_ms,
-                                   return_mode="median")
+    """Median ms of a CUDA-graph replay of ``fn``, the L2 cleared before each replay
+    (``bench._timing``: do_bench's write, or a read with ``--l2-flush read``)."""
+    return _timing.graph_ms(fn, rep_ms)
 
 
-def run(rep_ms: float, variants=VARIANTS):
+def run(rep_ms: float, variants=VARIANTS, shapes=None):
     copy, _ = copy_ceiling(rep_ms)
     rows = []
-    for batch, ctx, hq, hkv in SHAPES:
+    for batch, ctx, hq, hkv in shapes or SHAPES:
         q, k, v, table, lens = build(batch, ctx, hq, hkv)
         # K and V of every token, read once
         nbytes = 2 * batch * ctx * hkv * q.shape[-1] * k.element_size()
@@ -139,11 +135,21 @@ def main():
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma-separated subset of " + ", ".join(VARIANTS) +
                         " (triton and native first)")
+    parser.add_argument("--l2-flush", choices=_timing.L2_FLUSHES, default="write",
+                        help="how the L2 is cleared before each replay (bench decode's option)")
+    parser.add_argument("--shapes", default=None,
+                        help="';'-separated B,ctx,Hq,Hkv (default: the 18 shapes above)")
     args = parser.parse_args()
+    _timing.set_l2_flush(args.l2_flush)
+    shapes = [tuple(int(x) for x in item.split(",")) for item in args.shapes.split(";")] \
+        if args.shapes else None
+    if shapes and any(len(s) != 4 for s in shapes):
+        parser.error("--shapes: B,ctx,Hq,Hkv items separated by ';'")
     variants = tuple(args.variants.split(","))
     if variants[:2] != ("triton", "native") or not set(variants) <= set(VARIANTS):
         parser.error(f"--variants must start with triton,native and name only {VARIANTS}")
-    result = run(args.rep_ms, variants)
+    result = run(args.rep_ms, variants, shapes)
+    result["l2_flush"] = args.l2_flush
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

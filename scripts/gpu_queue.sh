@@ -11,7 +11,8 @@
 #   native-prefill-bench  bench prefill --impl triton,native on $PREFILL_SHAPES ($PREFILL_PAGES,
 #                   $PREFILL_SOURCE, $PREFILL_REP_MS, $PREFILL_IMPLS, peers $PREFILL_COMPARE)
 #   gpu-tests       the GPU tests of $TESTS (test files), 8 processes
-#   native-bench    scripts/bench_native_decode.py (Triton beside native; $NATIVE_REP_MS, default 50)
+#   native-bench    scripts/bench_native_decode.py (Triton beside native; $NATIVE_REP_MS, default 50;
+#                   $NATIVE_ARGS, e.g. "--l2-flush read --variants triton,native,native_ef")
 #   native-sanitize compute-sanitizer memcheck + racecheck on scripts/native_sanitize.py
 #   prefill-tiles   bench prefill over the tile sweep in $PREFILL_TILES, page 16 and 64
 #   decode-bench    bench decode (default shapes, same-bytes copy rows; $DECODE_ARGS, default
@@ -103,8 +104,9 @@ run_step() {
       echo "rc=$?"; tail -40 "$OUT/$name.log" | cut -c1-200 ;;
     native-bench)
       join_build
+      # shellcheck disable=SC2086
       timeout "$limit" "$PY" scripts/bench_native_decode.py --rep-ms "${NATIVE_REP_MS:-50}" \
-        --json "$OUT/native-bench.json" >"$OUT/$name.log" 2>&1
+        ${NATIVE_ARGS:-} --json "$OUT/native-bench.json" >"$OUT/$name.log" 2>&1
       echo "rc=$?"; tail -40 "$OUT/$name.log" ;;
     native-sanitize)
       join_build

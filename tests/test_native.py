@@ -104,6 +104,36 @@ def test_native_stage_rule(monkeypatch):
     assert tuning.native_decode_stages(programs=8, num_sms=132) == 0
 
 
+@gpu
+@pytest.mark.parametrize("partition_size", [None, 256])
+def test_native_decode_evict_first_same_bytes(monkeypatch, partition_size):
+    """HYGON_ATTN_NATIVE_EVICT_FIRST=1 changes only the L2 policy of the K/V copies: the
+    output is the same bytes as without it (and right by the reference, run_case)."""
+    outs = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv("HYGON_ATTN_NATIVE_EVICT_FIRST", flag)
+        torch.manual_seed(0)  # the same cache, table and queries both times
+        out, _ = _native_case(num_kv_heads=2, group=4, head_dim=128, page_size=16,
+                              seq_lens=[1500, 31, 257, 0], layout="bshd",
+                              dtype=torch.bfloat16, partition_size=partition_size)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_native_evict_first_rule(monkeypatch):
+    """tuning.native_decode_evict_first: off until measured, the override both ways, a bad
+    value named."""
+    monkeypatch.delenv("HYGON_ATTN_NATIVE_EVICT_FIRST", raising=False)
+    assert tuning.native_decode_evict_first() is False
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_EVICT_FIRST", "1")
+    assert tuning.native_decode_evict_first() is True
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_EVICT_FIRST", "0")
+    assert tuning.native_decode_evict_first() is False
+    monkeypatch.setenv("HYGON_ATTN_NATIVE_EVICT_FIRST", "2")
+    with pytest.raises(ValueError, match="HYGON_ATTN_NATIVE_EVICT_FIRST"):
+        tuning.native_decode_evict_first()
+
+
 def test_native_tile_rule(monkeypatch):
     """tuning.native_decode_tile: the measured default, the override, a bad value named."""
     monkeypatch.delenv("HYGON_ATTN_NATIVE_TILE", raising=False)

@@ -97,12 +97,14 @@ def paged_decode(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.Tensor,
                  scale: float, k_scale, v_scale, soft_cap: Optional[float],
                  sliding_window: Optional[int], sinks: Optional[torch.Tensor],
                  partition_size: int, num_partitions: int, loop_stages: int,
-                 loop_tile: int, workspace, combine_pdl: bool = False) -> None:
+                 loop_tile: int, workspace, combine_pdl: bool = False,
+                 kv_evict_first: bool = False) -> None:
     """q4, out4: ``[S, T, Hq, D]``; caches as ``paged_decode_attention`` takes them;
     ``workspace`` (a ``DecodeWorkspace``) is read only when ``num_partitions > 1``;
     ``loop_stages``, ``loop_tile``: :func:`tuning.native_decode_stages`,
     :func:`tuning.native_decode_tile`; ``combine_pdl``: the combine of a split launch as a
-    programmatic dependent launch (:func:`tuning.decode_combine_pdl`)."""
+    programmatic dependent launch (:func:`tuning.decode_combine_pdl`); ``kv_evict_first``:
+    the K/V copies with an L2 evict_first policy (:func:`tuning.native_decode_evict_first`)."""
     k_t, k_val = _scale_pair(k_scale)
     v_t, v_val = _scale_pair(v_scale)
     sinks_f32 = sinks.to(torch.float32).contiguous() if sinks is not None else None
@@ -113,7 +115,8 @@ def paged_decode(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.Tensor,
     _ops().paged_decode(out4, q4, k_cache, v_cache, block_table, seq_lens, sinks_f32, k_t, v_t,
                         ml, es, po, float(scale), k_val, v_val, float(soft_cap or 0.0),
                         int(sliding_window or 0), int(partition_size), int(num_partitions),
-                        int(loop_stages), int(loop_tile), bool(combine_pdl))
+                        int(loop_stages), int(loop_tile), bool(combine_pdl),
+                        bool(kv_evict_first))
 
 
 # ----------------------------------------------------------------------------- prefill

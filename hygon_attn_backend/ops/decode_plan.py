@@ -326,6 +326,7 @@ class DecodePlan:
     pdl: bool = False  # the combine launch is a programmatic dependent launch (sm_90+)
     native_stages: int = 0  # impl "native": its loop (tuning.native_decode_stages)
     native_tile: int = 64   # and the split-N loop's tile (tuning.native_decode_tile)
+    native_evict_first: bool = False  # its K/V copies L2 evict_first (tuning)
     _variants: Dict[int, tuple] = field(default_factory=dict, repr=False)
     # the layers :meth:`run` built, by the identity of what built them (see remember_layer)
     _layers: Dict[tuple, "DecodeLayer"] = field(default_factory=dict, repr=False)
@@ -431,7 +432,8 @@ class DecodePlan:
             soft_cap=layer.soft_cap, sliding_window=layer.sliding_window, sinks=layer.sinks,
             partition_size=cfg.partition_size if self.split else _WHOLE_SEQUENCE,
             num_partitions=cfg.num_partitions, loop_stages=self.native_stages,
-            loop_tile=self.native_tile, workspace=self.workspace, combine_pdl=self.pdl)
+            loop_tile=self.native_tile, workspace=self.workspace, combine_pdl=self.pdl,
+            kv_evict_first=self.native_evict_first)
         return out
 
     def _make_launches(self, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft_cap,
@@ -586,9 +588,10 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
     sm_scale = float(scale) if scale is not None else head_dim ** -0.5
     config = None
     fused = False
-    native_stages, native_tile = 0, 64
+    native_stages, native_tile, native_evict_first = 0, 64, False
     if chosen == "native":
         native_tile = tuning.native_decode_tile()
+        native_evict_first = tuning.native_decode_evict_first()
         native_rows = num_tokens * (num_q_heads // num_kv_heads)
         native_programs = _native.decode_grid_programs(
             num_seqs=num_seqs, num_kv_heads=num_kv_heads, rows=native_rows)
@@ -632,6 +635,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         max_seq_len=max_seq_len if max_seq_len is not None else max_blocks * page_size,
         scale=sm_scale, config=config, workspace=workspace, kv_head_grid=kv_head_grid,
         native_stages=native_stages, native_tile=native_tile,
+        native_evict_first=native_evict_first,
         fused_combine=fused, pdl=chosen in ("triton", "native") and config is not None
         and config.num_partitions > 1 and not fused and tuning.decode_combine_pdl(device))
 
