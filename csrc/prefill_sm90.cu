@@ -35,6 +35,7 @@
 // 1) (causal: tiles above the diagonal never loaded) and key_lo from the sliding window.
 // Rows that see no key give out = 0 and lse = -inf (with a sink: the sink alone).
 #include <algorithm>
+#include <type_traits>
 
 #include "compat.h"
 #include "hab_ops.h"
@@ -59,6 +60,15 @@ constexpr int HEAD_DIM = 128;
 #define HAB_PREFILL_PRODUCER_REGS 64
 #endif
 constexpr int STAGES = HAB_PREFILL_STAGES;
+// Harness switches of the producer's item start (docs/native-prefill.md): HAB_PREFILL_EARLY_ROWS
+// (Q's row address and the first tile's block-table reads before the wait for Q's slot),
+// HAB_PREFILL_Q_PREFETCH (and an L2 prefetch of the Q rows), HAB_PREFILL_KV0_FIRST (and the
+// first K/V tile's copies); each implies the one before.
+#if defined(HAB_PREFILL_EARLY_ROWS) || defined(HAB_PREFILL_Q_PREFETCH) || defined(HAB_PREFILL_KV0_FIRST)
+constexpr bool EARLY_START = true;
+#else
+constexpr bool EARLY_START = false;
+#endif
 constexpr int CONSUMER_WARPS = 8;
 constexpr int PRODUCER_WARPS = 4;
 constexpr int THREADS = (CONSUMER_WARPS + PRODUCER_WARPS) * 32;
@@ -258,6 +268,61 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
     TileInfo ti;
     const bool has = tile_info(p, w, ti);
     HAB_TRACE(w, 5, has && pw == 0 && lane == 0);
+    // Q row r = (token m_tok0 + r / G, head kv_head * G + r % G), null: past the item
+    auto q_row_of = [&]() -> const uint16_t* {
+      const int tok = ti.m_tok0 + r / ti.group;
+      if (!has || r >= ti.tok_m * ti.group || tok >= ti.len_q) return nullptr;
+      return static_cast<const uint16_t*>(p.q) + (ti.q_start + tok) * p.q_stride[0] +
+             (int64_t(ti.kv_head) * ti.group + r % ti.group) * p.q_stride[1];
+    };
+    auto first_rows = [&]() {
+      return has && ti.n_tiles > 0 ? key_rows(p, ti, page_div, ti.tile_lo * BLOCK_N + r) : KeyRows{};
+    };
+    // a key tile into ring position `at`: K (and its mask word), then V
+    auto load_k = [&](int at, const KeyRows& kr, uint32_t bits) {  // bits: the warp's rows present
+      const int s = at % STAGES;
+      const uint32_t parity = ((at / STAGES) & 1) ^ 1;
+      hab_sm90::mbar_wait(b.empty_k + s, parity);
+      if (lane == 0) b.mask[4 * s + pw] = bits;
+      copy_rows(smem + K_OFF + s * TILE_BYTES, kr.k, static_cast<const uint16_t*>(p.k_cache), pw, lane);
+      hab_sm90::mbar_arrive_cp_async(b.full_k + s);
+      if (lane == 0) hab_sm90::mbar_arrive(b.full_k + s);  // releases the mask word
+    };
+    auto load_v = [&](int at, const KeyRows& kr) {
+      const int s = at % STAGES;
+      const uint32_t parity = ((at / STAGES) & 1) ^ 1;
+      hab_sm90::mbar_wait(b.empty_v + s, parity);
+      copy_rows(smem + V_OFF + s * TILE_BYTES, kr.v, static_cast<const uint16_t*>(p.v_cache), pw, lane);
+      hab_sm90::mbar_arrive_cp_async(b.full_v + s);
+    };
+    const uint16_t* q_row = nullptr;
+    KeyRows next{};
+    int j0 = 0;  // the first tile the loop below loads
+    if constexpr (EARLY_START) {
+      // Before the wait for Q's slot (the consumers free it when the last item's last S
+      // lands): Q's row address, optionally an L2 prefetch of the row, the first tile's
+      // block-table reads and, optionally, the first tile itself (its ring slot was freed
+      // by a product three tiles back), so that only Q's copy is left after the wait.
+      q_row = q_row_of();
+      next = first_rows();
+#if defined(HAB_PREFILL_Q_PREFETCH)
+      if (q_row != nullptr) {  // a 256-byte row is two 128-byte lines
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(q_row));
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(q_row + 64));
+      }
+#endif
+#if defined(HAB_PREFILL_KV0_FIRST)
+      if (has && ti.n_tiles > 0) {
+        const KeyRows kr = next;
+        const uint32_t bits = __ballot_sync(0xffffffffu, kr.k != nullptr);
+        if (ti.n_tiles > 1) next = key_rows(p, ti, page_div, (ti.tile_lo + 1) * BLOCK_N + r);
+        load_k(jg, kr, bits);
+        load_v(jg, kr);
+        j0 = 1;
+        ++jg;
+      }
+#endif
+    }
     hab_sm90::mbar_wait(b.empty_q, (round & 1) ^ 1);
     HAB_TRACE(w, 6, has && pw == 0 && lane == 0);
     if (pw == 0 && lane == 0) {
@@ -269,30 +334,16 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
       hab_sm90::mbar_arrive(b.full_q);  // no copies: the barrier completes at once
       break;
     }
-    {  // Q: row r = (token m_tok0 + r / G, head kv_head * G + r % G)
-      const int tok = ti.m_tok0 + r / ti.group;
-      const bool ok = r < ti.tok_m * ti.group && tok < ti.len_q;
-      const uint16_t* row = ok ? static_cast<const uint16_t*>(p.q) + (ti.q_start + tok) * p.q_stride[0] +
-                                     (int64_t(ti.kv_head) * ti.group + r % ti.group) * p.q_stride[1]
-                               : nullptr;
-      copy_rows(smem + Q_OFF, row, static_cast<const uint16_t*>(p.q), pw, lane);
-      hab_sm90::mbar_arrive_cp_async(b.full_q);
-    }
-    KeyRows next = ti.n_tiles > 0 ? key_rows(p, ti, page_div, ti.tile_lo * BLOCK_N + r) : KeyRows{};
-    for (int j = 0; j < ti.n_tiles; ++j, ++jg) {
-      const int s = jg % STAGES;
-      const uint32_t parity = ((jg / STAGES) & 1) ^ 1;
+    if constexpr (!EARLY_START) q_row = q_row_of();
+    copy_rows(smem + Q_OFF, q_row, static_cast<const uint16_t*>(p.q), pw, lane);
+    hab_sm90::mbar_arrive_cp_async(b.full_q);
+    if constexpr (!EARLY_START) next = first_rows();
+    for (int j = j0; j < ti.n_tiles; ++j, ++jg) {
       const KeyRows kr = next;
       const uint32_t bits = __ballot_sync(0xffffffffu, kr.k != nullptr);
       if (j + 1 < ti.n_tiles) next = key_rows(p, ti, page_div, (ti.tile_lo + j + 1) * BLOCK_N + r);
-      hab_sm90::mbar_wait(b.empty_k + s, parity);
-      if (lane == 0) b.mask[4 * s + pw] = bits;
-      copy_rows(smem + K_OFF + s * TILE_BYTES, kr.k, static_cast<const uint16_t*>(p.k_cache), pw, lane);
-      hab_sm90::mbar_arrive_cp_async(b.full_k + s);
-      if (lane == 0) hab_sm90::mbar_arrive(b.full_k + s);  // releases the mask word
-      hab_sm90::mbar_wait(b.empty_v + s, parity);
-      copy_rows(smem + V_OFF + s * TILE_BYTES, kr.v, static_cast<const uint16_t*>(p.v_cache), pw, lane);
-      hab_sm90::mbar_arrive_cp_async(b.full_v + s);
+      load_k(jg, kr, bits);
+      load_v(jg, kr);
     }
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives its thread
@@ -348,8 +399,25 @@ struct Consumer {
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     pingpong = p.pingpong != 0;
+#if defined(HAB_PREFILL_HALF_LAST)
+    {  // the warpgroup's last row's diagonal, relative to its last tile's first key
+      const int tok_last = min(ti.len_q - 1, ti.m_tok0 + (64 * wg + 63) / ti.group);
+      const int diag_wg = ti.len_p + tok_last;
+      const int last = ti.n_tiles - 1;
+      half_from = p.causal && last >= 0 && diag_wg - (ti.tile_lo + last) * BLOCK_N < BLOCK_N / 2 ? last : 1 << 30;
+    }
+#endif
   }
 
+#if defined(HAB_PREFILL_HALF_LAST)
+  // Harness switch HAB_PREFILL_HALF_LAST: tiles j >= half_from, where no row of this
+  // warpgroup sees a key past column 63 (causal), run P V's first 4 k-steps only (the P of
+  // columns 64..127 is exactly 0 there). S stays whole: an n64 S product behind the same
+  // branch made ptxas wait after every wgmma. The test is a warp vote: ptxas then knows
+  // the branch is uniform (else it serializes every wgmma).
+  int half_from;
+  HAB_DEV bool half_tile(int j) const { return __all_sync(0xffffffffu, j >= half_from); }
+#endif
   HAB_DEV int stage(int j) const { return (jg0 + j) % STAGES; }
   HAB_DEV uint32_t parity(int j) const { return ((jg0 + j) / STAGES) & 1; }
 
@@ -385,11 +453,19 @@ struct Consumer {
     const uint32_t v_tile = smem + V_OFF + s * TILE_BYTES;
     hab_sm90::fence_regs(o);
     hab_sm90::wgmma_fence();
+    auto steps = [&](auto count) {  // k-steps 0 .. count - 1 (columns 16 kk .. 16 kk + 15)
 #pragma unroll
-    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-      const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-      hab_sm90::wgmma_rs_m64n128k16_tb<IS_BF16>(o, a, hab_sm90::desc_sw128(v_tile + kk * 16 * 128, PANEL_BYTES, 1024));
-    }
+      for (int kk = 0; kk < decltype(count)::value; ++kk) {
+        const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+        hab_sm90::wgmma_rs_m64n128k16_tb<IS_BF16>(o, a,
+                                                  hab_sm90::desc_sw128(v_tile + kk * 16 * 128, PANEL_BYTES, 1024));
+      }
+    };
+#if defined(HAB_PREFILL_HALF_LAST)
+    if (half_tile(j)) steps(std::integral_constant<int, BLOCK_N / 32>{});
+    else
+#endif
+      steps(std::integral_constant<int, BLOCK_N / 16>{});
     hab_sm90::wgmma_commit();
   }
 

@@ -3,6 +3,7 @@
 # stand-alone timing binaries (scripts/prefill_harness.cu), and run them on a GPU machine.
 #
 #   scripts/prefill_variants.sh build [NAME=DEFINES ...]   # here: nvcc only, no GPU needed
+#                                      [NAME=@REV ...]       # the kernel as committed at REV
 #   scripts/prefill_variants.sh run "B,PREFIX,EXTEND[,HQ,HKV,PAGE,DENSE];..." [NAME ...]
 #
 # Binaries go to build/harness/ (carry it to the GPU machine). With no NAME=DEFINES the
@@ -28,10 +29,15 @@ case ${1:-} in
     [ ${#specs[@]} -gt 0 ] || specs=("${DEFAULT[@]}")
     pids=()
     for spec in "${specs[@]}"; do
-      name=${spec%%=*} defs=${spec#*=}
+      name=${spec%%=*} defs=${spec#*=} src=csrc/prefill_sm90.cu
+      if [[ $defs == @* ]]; then  # NAME=@REV: that revision's kernel (with today's headers)
+        src=$DIR/$name.src.cu
+        git show "${defs#@}:csrc/prefill_sm90.cu" >"$src"
+        defs=
+      fi
       # shellcheck disable=SC2086
       "$NVCC" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -I csrc $defs \
-        scripts/prefill_harness.cu csrc/prefill_sm90.cu -o "$DIR/$name" >"$DIR/$name.ptxas" 2>&1 &
+        scripts/prefill_harness.cu "$src" -o "$DIR/$name" >"$DIR/$name.ptxas" 2>&1 &
       pids+=($!)
     done
     rc=0
@@ -47,7 +53,7 @@ case ${1:-} in
     shift 2
     names=("$@")
     if [ ${#names[@]} -eq 0 ]; then
-      for f in "$DIR"/*; do [[ $f == *.ptxas ]] || names+=("$(basename "$f")"); done
+      for f in "$DIR"/*; do [[ $f == *.ptxas || $f == *.src.cu ]] || names+=("$(basename "$f")"); done
     fi
     IFS=';' read -ra list <<<"$shapes"
     for shape in "${list[@]}"; do
