@@ -1,0 +1,163 @@
+// The native prefill's work items and the shared-memory layout of a program (sm_90a):
+// the constants, the TileInfo of a (request, m_block) tile x KV head, its hand-over from
+// the producers to the consumers, the barriers and the work counter. Included by
+// prefill_sm90.cu (the kernel and its design notes).
+#pragma once
+
+#include "compat.h"
+#include "hab_ops.h"
+
+#if defined(HAB_CUDA)
+#include "sm90.cuh"
+
+namespace hab_prefill {
+
+
+constexpr int BLOCK_M = 128;  // query rows of a program: two consumer warpgroups x 64
+constexpr int BLOCK_N = 128;  // keys per K/V tile
+constexpr int HEAD_DIM = 128;
+// Build-time switches for A/B runs of the kernel's variants (scripts/prefill_harness.cu);
+// the defaults are the measured best.
+// (docs/native-prefill.md, session 13: 3 stages +1-6% over 2; 64 producer registers, so
+// 216 a consumer, +2-7% over 56 / 224; 80 / 208 and beyond lose 1-4%)
+#ifndef HAB_PREFILL_STAGES  // K/V ring stages (3 x 64 KB + Q fit in 227 KB)
+#define HAB_PREFILL_STAGES 3
+#endif
+#ifndef HAB_PREFILL_PRODUCER_REGS  // registers a producer thread keeps (setmaxnreg)
+#define HAB_PREFILL_PRODUCER_REGS 64
+#endif
+constexpr int STAGES = HAB_PREFILL_STAGES;
+// Harness switches of the producer's item start (docs/native-prefill.md): HAB_PREFILL_EARLY_ROWS
+// (Q's row address and the first tile's block-table reads before the wait for Q's slot),
+// HAB_PREFILL_Q_PREFETCH (and an L2 prefetch of the Q rows), HAB_PREFILL_KV0_FIRST (and the
+// first K/V tile's copies); each implies the one before.
+#if defined(HAB_PREFILL_EARLY_ROWS) || defined(HAB_PREFILL_Q_PREFETCH) || defined(HAB_PREFILL_KV0_FIRST)
+constexpr bool EARLY_START = true;
+#else
+constexpr bool EARLY_START = false;
+#endif
+constexpr int CONSUMER_WARPS = 8;
+constexpr int PRODUCER_WARPS = 4;
+constexpr int THREADS = (CONSUMER_WARPS + PRODUCER_WARPS) * 32;
+
+constexpr int PANEL_BYTES = 128 * 128;             // 128 rows x 64 channels x 2 bytes
+constexpr int TILE_BYTES = 2 * PANEL_BYTES;        // 128 rows x 128 channels (Q, a K or a V tile)
+constexpr int Q_OFF = 0;
+constexpr int K_OFF = TILE_BYTES;
+constexpr int V_OFF = K_OFF + STAGES * TILE_BYTES;
+constexpr int BAR_OFF = V_OFF + STAGES * TILE_BYTES;  // mbarriers, key masks, work words
+constexpr int MASK_OFF = BAR_OFF + 8 * (2 + 4 * STAGES);
+constexpr int WORK_OFF = MASK_OFF + 16 * STAGES;
+constexpr int INFO_OFF = WORK_OFF + 16;  // [INFO_WORDS] int32: the loaded part of a TileInfo
+constexpr int INFO_WORDS = 8;
+constexpr int SMEM_USED = INFO_OFF + 4 * INFO_WORDS;
+constexpr int SMEM_BYTES = SMEM_USED + 1024;  // slack: the tiles start on a 1024-byte boundary
+static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 program may have");
+
+#if defined(HAB_PREFILL_TRACE)
+// Diagnostic build only (scripts/prefill_harness.cu): clock64 stamps per work item,
+// TRACE_SLOTS an item, written by one lane of a role (never in the library's build).
+constexpr int TRACE_SLOTS = 8;
+__device__ long long* g_trace;
+#define HAB_TRACE(w, slot, cond)                                         \
+  do {                                                                   \
+    if ((cond) && g_trace != nullptr) g_trace[int64_t(w) * TRACE_SLOTS + (slot)] = clock64(); \
+  } while (0)
+#else
+#define HAB_TRACE(w, slot, cond) \
+  do {                           \
+  } while (0)
+#endif
+
+// What every role of a program derives from its tile: the request's lengths, the rows'
+// tokens and the key range walked.
+struct TileInfo {
+  int64_t req, q_start;
+  int kv_head;
+  int len_q, len_k, len_p;  // new tokens, all keys, prefix keys
+  int group, tok_m, m_tok0;
+  int diag_min, diag_max;  // global key position of the first / last row's token
+  int key_end;             // keys [tile_lo * BLOCK_N, key_end) are walked
+  int tile_lo, n_tiles;
+  int32_t item;  // the work item
+};
+
+// Work item w is tile w / Hkv of the map and KV head w % Hkv (the heads of a tile are
+// consecutive: the map's heaviest tiles come first). False: past the map's used tiles
+// (every later item is too).
+// What the loads give (the map's tile, the request's lengths) -> the rest of TileInfo.
+HAB_DEV void derive_tile(const HabPrefillParams& p, int m_block, TileInfo& ti) {
+  ti.len_p = ti.len_k - ti.len_q;
+  ti.group = int(p.num_q_heads / p.num_kv_heads);
+  ti.tok_m = BLOCK_M / ti.group;
+  ti.m_tok0 = m_block * ti.tok_m;
+  const int tok_hi = min(ti.len_q, ti.m_tok0 + ti.tok_m);  // > m_tok0 for a mapped tile
+  ti.diag_min = ti.len_p + ti.m_tok0;
+  ti.diag_max = ti.len_p + tok_hi - 1;
+  ti.key_end = p.causal ? min(ti.len_k, ti.diag_max + 1) : ti.len_k;
+  int key_lo = 0;
+  if (p.causal && p.sliding_window > 0) key_lo = max(0, ti.diag_min - int(p.sliding_window) + 1);
+  ti.tile_lo = key_lo / BLOCK_N;
+  ti.n_tiles = max(0, int(hab_cdiv(ti.key_end, BLOCK_N)) - ti.tile_lo);
+}
+
+HAB_DEV bool tile_info(const HabPrefillParams& p, int64_t w, TileInfo& ti) {
+  if (w < 0 || w >= p.num_tiles * p.num_kv_heads) return false;
+  ti.item = int32_t(w);
+  const int64_t tile = w / p.num_kv_heads;
+  const int32_t req = p.tile_req[tile];
+  if (req < 0) return false;
+  ti.req = req;
+  ti.kv_head = int(w % p.num_kv_heads);
+  ti.q_start = hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req) * p.cu_stride);
+  ti.len_q = int(hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req + 1) * p.cu_stride) - ti.q_start);
+  ti.len_k = int(hab_load_index(p.seq_lens_k, p.lens_is_int64, int64_t(req) * p.lens_stride));
+  derive_tile(p, p.tile_mblock[tile], ti);
+  return true;
+}
+
+// The loaded part of an item's TileInfo as INFO_WORDS int32 in shared memory: the
+// producers load it once, the consumers derive the rest (no dependent global loads at an
+// item's start; what comes from the parameters stays in uniform registers).
+HAB_DEV void store_info(int32_t* d, const TileInfo& ti) {
+  const int32_t v[INFO_WORDS] = {ti.item, int32_t(ti.req), int32_t(ti.q_start), int32_t(ti.q_start >> 32),
+                                 ti.len_q, ti.len_k, ti.m_tok0 / ti.tok_m, ti.kv_head};
+#pragma unroll
+  for (int i = 0; i < INFO_WORDS; ++i) d[i] = v[i];
+}
+
+HAB_DEV void load_info(const HabPrefillParams& p, const volatile int32_t* d, TileInfo& ti) {
+  int32_t v[INFO_WORDS];
+#pragma unroll
+  for (int i = 0; i < INFO_WORDS; ++i) v[i] = d[i];
+  ti.item = v[0];
+  ti.req = v[1];
+  ti.q_start = int64_t(uint32_t(v[2])) | (int64_t(v[3]) << 32);
+  ti.len_q = v[4];
+  ti.len_k = v[5];
+  ti.kv_head = v[7];
+  derive_tile(p, v[6], ti);
+}
+
+struct Barriers {
+  uint64_t* full_q;   // Q and the work word of a work item are in
+  uint64_t* empty_q;  // the consumers are done with Q (and have read the work word)
+  uint64_t* full_k;  // [STAGES]
+  uint64_t* full_v;
+  uint64_t* empty_k;
+  uint64_t* empty_v;
+  uint32_t* mask;  // [STAGES][4] key bits of the K stage
+  int32_t* work;   // [1] the work item the consumers run next (-1: none left)
+  int32_t* fetch;  // [2] the producers' copy of the item they fetched (double-buffered)
+  int32_t* info;   // [INFO_WORDS] the loaded part of the work word's TileInfo
+};
+
+// The next work item of this program. Persistent (p.sched set): from the launch's counter,
+// so programs that finish early take more; one item per program otherwise.
+HAB_DEV int32_t fetch_work(const HabPrefillParams& p, int round) {
+  if (p.sched != nullptr) return atomicAdd(p.sched, 1);
+  return round == 0 ? int32_t(blockIdx.x) : -1;
+}
+
+}  // namespace hab_prefill
+#endif  // HAB_CUDA
