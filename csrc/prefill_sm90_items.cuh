@@ -31,6 +31,11 @@ constexpr int STAGES = HAB_PREFILL_STAGES;
 // (Q's row address and the first tile's block-table reads before the wait for Q's slot),
 // HAB_PREFILL_Q_PREFETCH (and an L2 prefetch of the Q rows), HAB_PREFILL_KV0_FIRST (and the
 // first K/V tile's copies); each implies the one before.
+#if defined(HAB_PREFILL_O_BULK)  // the output through shared memory and bulk copies (Consumer)
+constexpr bool O_BULK = true;
+#else
+constexpr bool O_BULK = false;
+#endif
 #if defined(HAB_PREFILL_EARLY_ROWS) || defined(HAB_PREFILL_Q_PREFETCH) || defined(HAB_PREFILL_KV0_FIRST)
 constexpr bool EARLY_START = true;
 #else
