@@ -194,6 +194,16 @@ def test_native_prefill_reasons():
     q = torch.zeros(6, 8, 128, dtype=torch.bfloat16)
     assert _native.prefill_call_unsupported(q, q, None, None) is None
     assert "q" in _native.prefill_call_unsupported(q[..., ::2].expand(6, 8, 64), q, None, None)
+    # q's base 4 elements past an aligned one: 8 bytes, not 16; out needs only 4 bytes
+    flat = torch.zeros(6 * 8 * 128 + 4, dtype=torch.bfloat16)
+    shifted = flat[4:].view(6, 8, 128)
+    assert "q rows not 16-byte" in _native.prefill_call_unsupported(shifted, q, None, None)
+    assert _native.prefill_call_unsupported(q, shifted, None, None) is None
+    # a stride that breaks the alignment counts only on an axis longer than 1
+    rows = torch.zeros(1, 8, 130, dtype=torch.bfloat16)[..., :128]  # head stride 130
+    assert _native.prefill_call_unsupported(rows[:, :1], rows[:, :1], None, None) is None
+    assert "q" in _native.prefill_call_unsupported(rows, q[:1], None, None)
+    assert "k_new" in _native.prefill_call_unsupported(q, q, rows.expand(6, 8, 128), q)
 
 
 def test_native_prefill_auto_rule():
