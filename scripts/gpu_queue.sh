@@ -14,6 +14,8 @@
 #   native-bench    scripts/bench_native_decode.py (Triton beside native; $NATIVE_REP_MS, default 50;
 #                   $NATIVE_ARGS, e.g. "--l2-flush read --variants triton,native,native_ef")
 #   native-sanitize compute-sanitizer memcheck + racecheck on scripts/native_sanitize.py
+#   overhead        hygon-attn bench overhead --repeats 5 (host cost a call; the prefill rows
+#                   with the native and the Triton kernels where both run)
 #   prefill-tiles   bench prefill over the tile sweep in $PREFILL_TILES, page 16 and 64
 #   decode-bench    bench decode (default shapes, same-bytes copy rows; $DECODE_ARGS, default
 #                   --impl triton,native; SGLang importable for --compare when .whl/ is carried)
@@ -117,6 +119,11 @@ run_step() {
         echo "$tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|done' \
           "$OUT/native-sanitize-$tool.log" | tr '\n' ' ')"
       done ;;
+    overhead)
+      join_build
+      timeout "$limit" "$PY" -m hygon_attn_backend bench overhead --repeats 5 \
+        --json "$OUT/overhead.json" >"$OUT/$name.log" 2>&1
+      echo "rc=$?"; tail -40 "$OUT/$name.log" | cut -c1-160 ;;
     prefill-tiles)
       timeout "$limit" "$PY" -m hygon_attn_backend bench prefill --shapes "$PREFILL_SHAPES" \
         --block-sizes 16,64 --kv-source both --tiles "$PREFILL_TILES" --rep-ms 40 \

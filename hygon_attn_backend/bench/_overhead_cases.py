@@ -117,8 +117,16 @@ def op_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
     yield "prefill plan.run", lambda: pplan.run(qp, k_cache, v_cache, table, cu, lens,
                                                 out=outp)
     player = pre.PrefillLayer(k_cache, v_cache)
-    yield "prefill run_layer (the engines' per-layer call)", lambda: pplan.run_layer(
-        player, qp, table, cu, lens, out=outp)
+    yield f"prefill run_layer ({pplan.impl}; the engines' per-layer call)", \
+        lambda: pplan.run_layer(player, qp, table, cu, lens, out=outp)
+    if device.type == "cuda":  # the other implementation of the same call, where it runs
+        for impl in ("triton", "native"):
+            other = pre.plan_prefix_prefill(
+                cu, lens, total_q=n * new, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                head_dim=head_dim, host_cu_seqlens_q=cu.cpu(), impl=impl)
+            if other.impl == impl != pplan.impl:
+                yield f"prefill run_layer ({impl})", \
+                    lambda other=other: other.run_layer(player, qp, table, cu, lens, out=outp)
     if device.type == "cuda":
         yield from launcher_rows([
             lambda: plan.run(q, k_cache_d, v_cache_d, out=out),
