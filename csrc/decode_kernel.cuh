@@ -562,11 +562,20 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 // the 64-token split-N accumulators out of local memory), fewer for the big tiles; the
 // 32-token split-N loop holds half the accumulators (its shared memory fits 3 programs
 // with 3 stages at head_dim 128, 5 with 2).
+// On gfx906-class GPUs (wave 64, 256 VGPRs a lane, the FMA tile) the same rule caps the
+// 16-row kernels at 64-128 VGPRs and spills 128-424 bytes a lane, most of it reloaded in the
+// KV loop (hipcc -O3, scripts/native_hip_resources.py, docs/native.md session 15); not yet
+// changed there for want of a DCU to time it. HAB_DECODE_MIN_BLOCKS (a build-time switch for
+// such A/B runs) replaces the rule.
 template <int ROWS, int HEAD_DIM_PAD, int SN>
 struct MinBlocks {
+#if defined(HAB_DECODE_MIN_BLOCKS)
+  static constexpr int value = HAB_DECODE_MIN_BLOCKS;
+#else
   static constexpr int value = SN == 32 ? (HEAD_DIM_PAD <= 64 ? 6 : 5)
                                : ROWS <= 16 ? (HEAD_DIM_PAD <= 64 ? 4 : (HEAD_DIM_PAD <= 128 ? 3 : 2))
                                             : (ROWS * HEAD_DIM_PAD <= 4096 ? 2 : 1);
+#endif
 };
 
 template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP, int SN>
