@@ -1,5 +1,6 @@
 """Host cost of a native call, on a machine without a GPU: the Python path of
-``PrefillPlan.run_layer`` with ``impl="native"`` and the torch op it ends in.
+``PrefillPlan.run_layer`` / ``DecodePlan.run_layer`` with ``impl="native"`` and the torch
+op each ends in.
 
 csrc/binding.cpp is built with g++ against the CPU torch, its ops registered under the CPU
 dispatch key (the stream query stubbed) and linked with entry points that return at once,
@@ -107,8 +108,34 @@ def main():
         ("  torch.ops.hygon_attn.prefix_prefill (dispatch + binding)",
          lambda: torch.ops.hygon_attn.prefix_prefill(*op_args)),
     ]
+    rows += decode_rows()
     for name, fn in rows:
         print(f"{name:60s} {per_call_us(fn, args.calls):6.2f} us")
+
+
+def decode_rows() -> list:
+    """The native decode's per-layer call (the default on HIP): batch 32 at 512 tokens,
+    32/8 heads, D=128, page 16, split in two partitions (the workspace's path)."""
+    from hygon_attn_backend.ops.decode import allocate_decode_workspace
+    from hygon_attn_backend.ops.decode_plan import DecodeLayer, plan_paged_decode
+
+    B, hq, hkv, d, page, ctx = 32, 32, 8, 128, 16, 512
+    blocks = B * ctx // page
+    k = torch.randn(blocks, page, hkv, d, dtype=torch.bfloat16).permute(0, 2, 1, 3)
+    v = torch.randn(blocks, page, hkv, d, dtype=torch.bfloat16).permute(0, 2, 1, 3)
+    table = torch.arange(blocks, dtype=torch.int32).view(B, -1)
+    lens = torch.full((B,), ctx, dtype=torch.int32)
+    q = torch.randn(B, hq, d, dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    ws = allocate_decode_workspace(max_num_seqs=B, num_q_heads=hq, num_kv_heads=hkv,
+                                   head_dim=d, max_context_len=ctx, device=q.device)
+    plan = plan_paged_decode(table, lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                             page_size=page, q_dtype=q.dtype, kv_dtype=k.dtype,
+                             max_seq_len=ctx, workspace=ws, partition_size=256, impl="triton")
+    plan.impl, plan.native_stages, plan.native_tile = "native", 3, 64  # as on a GPU
+    layer = DecodeLayer(k, v)
+    return [("DecodePlan.run_layer, impl native (to the op)",
+             lambda: plan.run_layer(layer, q, out))]
 
 
 if __name__ == "__main__":

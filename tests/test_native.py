@@ -120,6 +120,54 @@ def test_native_decode_evict_first_same_bytes(monkeypatch, partition_size):
     assert torch.equal(outs[0], outs[1])
 
 
+def test_native_decode_call_args_resolved_once(monkeypatch):
+    """The native decode's per-layer call: the layer's side (scales, sinks, soft cap,
+    window) and the plan's side (workspace, partitions, loop, combine launch, L2 policy)
+    are built once and reach the op in its schema's order; per call only q and out change.
+    CPU: the op is a recorder standing in for torch.ops.hygon_attn."""
+    from hygon_attn_backend.ops import _native
+    from hygon_attn_backend.ops.decode_plan import DecodeLayer, plan_paged_decode
+
+    calls = []
+
+    class Ops:
+        @staticmethod
+        def paged_decode(*args):
+            calls.append(args)
+
+    monkeypatch.setattr(_native, "_ops", lambda: Ops)
+    B, hq, hkv, d, page, ctx = 2, 8, 2, 64, 16, 512
+    k = torch.zeros(B * ctx // page, hkv, page, d, dtype=torch.bfloat16)
+    table = torch.arange(k.shape[0], dtype=torch.int32).view(B, -1)
+    lens = torch.full((B,), ctx, dtype=torch.int32)
+    ws = allocate_decode_workspace(max_num_seqs=B, num_q_heads=hq, num_kv_heads=hkv,
+                                   head_dim=d, max_context_len=ctx, device=k.device)
+    plan = plan_paged_decode(table, lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                             page_size=page, q_dtype=k.dtype, kv_dtype=k.dtype,
+                             max_seq_len=ctx, workspace=ws, partition_size=256,
+                             impl="triton")
+    # what plan_paged_decode sets for impl="native" on a GPU, set by hand on the CPU plan
+    plan.impl, plan.native_stages, plan.native_tile, plan.native_evict_first = "native", 3, 64, True
+    sinks = torch.randn(hq, dtype=torch.float16)
+    layer = DecodeLayer(k, k, scale=0.5, soft_cap=30.0, sliding_window=100, sinks=sinks)
+    outs = []
+    for _ in range(2):
+        q = torch.randn(B, hq, d, dtype=torch.bfloat16)
+        outs.append((q, torch.empty_like(q)))
+        plan.run_layer(layer, q, outs[-1][1])
+    assert len(calls) == 2
+    for (q, out), args in zip(outs, calls):
+        assert args[0].shape == (B, 1, hq, d) and args[0].data_ptr() == out.data_ptr()
+        assert args[1].data_ptr() == q.data_ptr()
+        assert args[2] is k and args[4] is table and args[5] is lens
+        assert args[6].dtype == torch.float32 and torch.equal(args[6], sinks.float())
+        assert args[7] is None and args[8] is None  # float scales: no scale tensors
+        assert args[9] is ws.max_logits and args[10] is ws.exp_sums and args[11] is ws.partial_out
+        assert args[12:] == (0.5, 1.0, 1.0, 30.0, 100, 256, 2, 3, 64, plan.pdl, True)
+    assert calls[0][6] is calls[1][6]  # the sinks converted once, for the layer
+    assert layer.native_args is not None and plan._native_args is not None
+
+
 def test_native_evict_first_rule(monkeypatch):
     """tuning.native_decode_evict_first: off until measured, the override both ways, a bad
     value named."""

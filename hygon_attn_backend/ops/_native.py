@@ -92,6 +92,44 @@ def decode_programs_per_sm(*, device_index: int, q_dtype: torch.dtype, kv_dtype:
     return n
 
 
+def decode_layer_args(*, k_scale, v_scale, sinks: Optional[torch.Tensor],
+                      soft_cap: Optional[float], sliding_window: Optional[int]) -> tuple:
+    """One layer's side of a native decode launch, resolved once (a ``DecodeLayer`` keeps
+    it): ``(sinks float32 or None, k scale tensor or None, v scale tensor or None, k scale
+    value, v scale value, soft cap, window)``. Tensors are held, not copied, where they are
+    float32 already (an in-place update of them is seen by later launches)."""
+    k_t, k_val = _scale_pair(k_scale)
+    v_t, v_val = _scale_pair(v_scale)
+    sinks_f32 = sinks.to(torch.float32).contiguous() if sinks is not None else None
+    return (sinks_f32, k_t, v_t, k_val, v_val, float(soft_cap or 0.0), int(sliding_window or 0))
+
+
+def decode_plan_args(*, partition_size: int, num_partitions: int, loop_stages: int,
+                     loop_tile: int, workspace, combine_pdl: bool = False,
+                     kv_evict_first: bool = False) -> tuple:
+    """One plan's side of a native decode launch, resolved once: the workspace's three
+    tensors (None unsplit), partition size and count, the loop's stages and tile, the
+    combine's programmatic launch, the L2 policy of the K/V copies."""
+    ws = ((workspace.max_logits, workspace.exp_sums, workspace.partial_out)
+          if num_partitions > 1 else None)
+    return (ws, int(partition_size), int(num_partitions), int(loop_stages), int(loop_tile),
+            bool(combine_pdl), bool(kv_evict_first))
+
+
+def paged_decode_resolved(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.Tensor,
+                          v_cache: torch.Tensor, block_table: torch.Tensor,
+                          seq_lens: torch.Tensor, scale: float, layer_args: tuple,
+                          plan_args: tuple) -> None:
+    """The native decode launch from :func:`decode_layer_args` and :func:`decode_plan_args`
+    (what an engine's per-layer call runs: no option is looked at again)."""
+    sinks, k_t, v_t, k_val, v_val, cap, window = layer_args
+    ws, psize, nparts, stages, tile, pdl, evict_first = plan_args
+    ml, es, po = ws if ws is not None else (out4, out4, out4)  # unsplit: never read
+    _ops().paged_decode(out4, q4, k_cache, v_cache, block_table, seq_lens, sinks, k_t, v_t,
+                        ml, es, po, float(scale), k_val, v_val, cap, window, psize, nparts,
+                        stages, tile, pdl, evict_first)
+
+
 def paged_decode(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                  scale: float, k_scale, v_scale, soft_cap: Optional[float],
@@ -105,18 +143,13 @@ def paged_decode(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.Tensor,
     :func:`tuning.native_decode_tile`; ``combine_pdl``: the combine of a split launch as a
     programmatic dependent launch (:func:`tuning.decode_combine_pdl`); ``kv_evict_first``:
     the K/V copies with an L2 evict_first policy (:func:`tuning.native_decode_evict_first`)."""
-    k_t, k_val = _scale_pair(k_scale)
-    v_t, v_val = _scale_pair(v_scale)
-    sinks_f32 = sinks.to(torch.float32).contiguous() if sinks is not None else None
-    if num_partitions > 1:
-        ml, es, po = workspace.max_logits, workspace.exp_sums, workspace.partial_out
-    else:
-        ml = es = po = out4  # unused by a one-partition launch
-    _ops().paged_decode(out4, q4, k_cache, v_cache, block_table, seq_lens, sinks_f32, k_t, v_t,
-                        ml, es, po, float(scale), k_val, v_val, float(soft_cap or 0.0),
-                        int(sliding_window or 0), int(partition_size), int(num_partitions),
-                        int(loop_stages), int(loop_tile), bool(combine_pdl),
-                        bool(kv_evict_first))
+    paged_decode_resolved(
+        out4, q4, k_cache, v_cache, block_table, seq_lens, scale,
+        decode_layer_args(k_scale=k_scale, v_scale=v_scale, sinks=sinks, soft_cap=soft_cap,
+                          sliding_window=sliding_window),
+        decode_plan_args(partition_size=partition_size, num_partitions=num_partitions,
+                         loop_stages=loop_stages, loop_tile=loop_tile, workspace=workspace,
+                         combine_pdl=combine_pdl, kv_evict_first=kv_evict_first))
 
 
 # ----------------------------------------------------------------------------- prefill

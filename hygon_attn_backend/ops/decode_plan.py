@@ -248,13 +248,14 @@ class DecodeLayer:
     """
 
     __slots__ = ("k_cache", "v_cache", "scale", "k_scale", "v_scale", "sliding_window",
-                 "soft_cap", "sinks", "key", "variant", "args")
+                 "soft_cap", "sinks", "key", "variant", "args", "native_args")
 
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
                  scale: Optional[float] = None, k_scale: ScaleLike = None,
                  v_scale: ScaleLike = None, sliding_window: Optional[int] = None,
                  soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None):
         self.k_cache, self.v_cache = k_cache, v_cache
+        self.native_args = None  # the native launch's side of the layer, built on first use
         self.scale, self.k_scale, self.v_scale = scale, k_scale, v_scale
         self.sliding_window, self.soft_cap, self.sinks = sliding_window, soft_cap, sinks
         from_ptr, ks, vs, ksv, vsv = _checks.scale_launch_args(k_scale, v_scale,
@@ -327,6 +328,8 @@ class DecodePlan:
     native_stages: int = 0  # impl "native": its loop (tuning.native_decode_stages)
     native_tile: int = 64   # and the split-N loop's tile (tuning.native_decode_tile)
     native_evict_first: bool = False  # its K/V copies L2 evict_first (tuning)
+    # the native launch's side of the plan (_native.decode_plan_args), built on first use
+    _native_args: Optional[tuple] = field(default=None, repr=False)
     _variants: Dict[int, tuple] = field(default_factory=dict, repr=False)
     # the layers :meth:`run` built, by the identity of what built them (see remember_layer)
     _layers: Dict[tuple, "DecodeLayer"] = field(default_factory=dict, repr=False)
@@ -422,18 +425,26 @@ class DecodePlan:
             return out
         if self.config is None:  # an empty block table: no key is readable
             return out.zero_()
-        cfg = self.config  # native
-        _native.paged_decode(
+        # native: the layer's and the plan's sides resolved once, then per call q and out
+        layer_args = layer.native_args
+        if layer_args is None:
+            layer_args = layer.native_args = _native.decode_layer_args(
+                k_scale=1.0 if layer.k_scale is None else layer.k_scale,
+                v_scale=1.0 if layer.v_scale is None else layer.v_scale,
+                sinks=layer.sinks, soft_cap=layer.soft_cap,
+                sliding_window=layer.sliding_window)
+        plan_args = self._native_args
+        if plan_args is None:
+            cfg = self.config
+            plan_args = self._native_args = _native.decode_plan_args(
+                partition_size=cfg.partition_size if self.split else _WHOLE_SEQUENCE,
+                num_partitions=cfg.num_partitions, loop_stages=self.native_stages,
+                loop_tile=self.native_tile, workspace=self.workspace, combine_pdl=self.pdl,
+                kv_evict_first=self.native_evict_first)
+        _native.paged_decode_resolved(
             out.unsqueeze(1) if out.dim() == 3 else out,
             q.unsqueeze(1) if q.dim() == 3 else q, layer.k_cache, layer.v_cache,
-            self.block_table, self.seq_lens, scale=scale,
-            k_scale=1.0 if layer.k_scale is None else layer.k_scale,
-            v_scale=1.0 if layer.v_scale is None else layer.v_scale,
-            soft_cap=layer.soft_cap, sliding_window=layer.sliding_window, sinks=layer.sinks,
-            partition_size=cfg.partition_size if self.split else _WHOLE_SEQUENCE,
-            num_partitions=cfg.num_partitions, loop_stages=self.native_stages,
-            loop_tile=self.native_tile, workspace=self.workspace, combine_pdl=self.pdl,
-            kv_evict_first=self.native_evict_first)
+            self.block_table, self.seq_lens, scale, layer_args, plan_args)
         return out
 
     def _make_launches(self, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft_cap,
