@@ -502,8 +502,8 @@ def prefill_two_walks(*, head_dim_pad: int, page_size: int, block_n: int,
 
 
 def prefill_tile_config(*, head_dim_pad: int, group: int, total_q: int, num_kv_heads: int,
-                        num_seqs: int = 1, num_sms: int = 132, interpreter: bool = False
-                        ) -> "tuple[int, int, int, int]":
+                        num_seqs: int = 1, num_sms: int = 132, interpreter: bool = False,
+                        is_hip: "bool | None" = None) -> "tuple[int, int, int, int]":
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the prefix-prefill kernel.
 
     Reasoning: prefill is matrix-bound (each K/V tile feeds ``BLOCK_M`` rows), so the M tile
@@ -523,6 +523,7 @@ def prefill_tile_config(*, head_dim_pad: int, group: int, total_q: int, num_kv_h
     same run; +16-45% over the first version's 128x64/8w/3s. Re-measured once the 8-warp
     tiles compiled with asynchronous wgmma (2026-12-01, notes-prefill.md v5): still the
     fastest at all 20 points (5 shapes x page 16/64 x keys from the cache / dense).
+    On HIP (``is_hip``; None: ``gpu_is_hip()``) the tiles of :func:`prefill_tile_config_hip`.
     Override: ``HYGON_ATTN_PREFILL_TILE="BLOCK_M,BLOCK_N,num_warps,num_stages"``.
     """
     group_pow2 = 1 << max(0, (group - 1).bit_length())
@@ -535,14 +536,53 @@ def prefill_tile_config(*, head_dim_pad: int, group: int, total_q: int, num_kv_h
         return block_m, block_n, num_warps, num_stages
     if interpreter:
         return max(16, group_pow2), 16, 4, 1
-    if head_dim_pad > 128:
-        return max(64, group_pow2), 64, 4, 2
 
     def programs(block_m):  # a bound: each request adds at most one partial tile
         return (-(-total_q * group // block_m) + max(0, num_seqs - 1)) * num_kv_heads
+
+    if gpu_is_hip() if is_hip is None else is_hip:
+        return prefill_tile_config_hip(head_dim_pad=head_dim_pad, group_pow2=group_pow2,
+                                       fills_sms=programs(128) >= num_sms)
+    if head_dim_pad > 128:
+        return max(64, group_pow2), 64, 4, 2
 
     if programs(256) >= num_sms or group_pow2 > 128:
         return max(256, group_pow2), 64, 16, 3
     if programs(128) >= num_sms or group_pow2 > 64:
         return max(128, group_pow2), 128, 8, 3
     return max(64, group_pow2), 64, 4, 3
+
+
+HIP_LDS_BYTES = 64 * 1024  # shared memory (LDS) a workgroup may use on gfx9 (AMD, Hygon)
+
+
+def prefill_tile_config_hip(*, head_dim_pad: int, group_pow2: int, fills_sms: bool
+                            ) -> "tuple[int, int, int, int]":
+    """The prefix-prefill tile on AMD/Hygon GPUs (HIP; wave 64, 64 KB of LDS a workgroup).
+
+    Reasoning: the NVIDIA tiles do not fit there. Compiled offline for gfx90a and gfx942
+    with Triton 3.6 and 3.9 (docs/notes-prefill.md, 2026-12-01), 256 x 64 / 16 warps / 3
+    stages takes the whole 64 KB and spills ~420 bytes a lane (16 waves leave 128 VGPRs
+    each), 128 x 128 / 8 / 3 needs 96 KB and D=256's 64 x 64 / 4 / 2 needs 72 KB: Triton
+    refuses to launch both (OutOfResources). So, as on NVIDIA the tallest M tile the
+    resources allow, here without a spill: D <= 128: 128 x 64 on 8 warps, 2 stages (48 KB,
+    ~220 VGPRs) when its programs fill the GPU or the group needs 128 rows, else 64 x 64 on
+    4 warps (40 KB); a group over 128 heads 256 x 16 on 16 warps (64 KB, ~116 VGPRs).
+    D = 256: 64 x 32 on 4 warps, 2 stages (36 KB), 128 x 16 on 8 warps for groups of 65-128
+    (64 KB). No spill on either target.
+    Not timed on AMD/Hygon hardware (none here): these are the tiles that fit, and the
+    largest of those; ``HYGON_ATTN_PREFILL_TILE`` overrides them.
+    """
+    if head_dim_pad > 128:
+        if group_pow2 > 128:
+            raise ValueError(f"prefix prefill on HIP: a GQA group of {group_pow2} query heads "
+                             "per KV head at head_dim 256 needs more than 64 KB of LDS")
+        return (128, 16, 8, 2) if group_pow2 > 64 else (64, 32, 4, 2)
+    if group_pow2 > 256:
+        raise ValueError(f"prefix prefill on HIP: a GQA group of {group_pow2} query heads per "
+                         "KV head needs more than 64 KB of LDS")
+    if group_pow2 > 128:
+        return 256, 16, 16, 2
+    if fills_sms or group_pow2 > 64:
+        return 128, 64, 8, 2
+    return 64, 64, 4, 2

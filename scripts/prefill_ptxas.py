@@ -41,6 +41,14 @@ def compile_sm90(kernel, const: dict, pointers: dict, floats, unit_strides, *, w
     ``pointers`` the element type of each pointer argument (16-byte aligned), ``floats``
     the fp32 arguments, ``unit_strides`` the strides that are 1 (Triton specializes them);
     every other argument is an int32, the strides multiples of 16 (page-aligned caches)."""
+    return compile_offline(kernel, const, pointers, floats, unit_strides, warps=warps,
+                           stages=stages, target=("cuda", 90, 32))
+
+
+def compile_offline(kernel, const: dict, pointers: dict, floats, unit_strides, *, warps: int,
+                    stages: int, target: tuple):
+    """:func:`compile_sm90` for any ``target`` ``(backend, arch, warp size)``, e.g.
+    ``("hip", "gfx90a", 64)`` (Triton's AMD backend compiles with no GPU too)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -65,7 +73,7 @@ def compile_sm90(kernel, const: dict, pointers: dict, floats, unit_strides, *, w
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=kernel, signature=signature,
                     constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+    return triton.compile(src, target=GPUTarget(*target),
                           options=dict(num_warps=warps, num_stages=stages))
 
 
@@ -73,6 +81,16 @@ def compile_tile(block_m: int, block_n: int, warps: int, stages: int, *, page: i
                  k_new: bool, head_dim: int = 128, group: int = 4, two_walks: bool = False,
                  fp8: bool = False):
     """``(ptx, shared bytes)`` of the kernel for one tile, compiled for sm_90."""
+    compiled = compile_tile_for(block_m, block_n, warps, stages, page=page, k_new=k_new,
+                                head_dim=head_dim, group=group, two_walks=two_walks, fp8=fp8)
+    return compiled.asm["ptx"], compiled.metadata.shared
+
+
+def compile_tile_for(block_m: int, block_n: int, warps: int, stages: int, *, page: int = 16,
+                     k_new: bool = False, head_dim: int = 128, group: int = 4,
+                     two_walks: bool = False, fp8: bool = False,
+                     target: tuple = ("cuda", 90, 32)):
+    """The compiled kernel of one tile for ``target`` (:func:`compile_offline`)."""
     from hygon_attn_backend.kernels.prefill import prefix_prefill_kernel as kernel
 
     const = dict(GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
@@ -82,9 +100,18 @@ def compile_tile(block_m: int, block_n: int, warps: int, stages: int, *, page: i
     pointers = dict(POINTERS)
     if fp8:
         pointers.update(k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv")
-    compiled = compile_sm90(kernel, const, pointers, FLOATS, UNIT_STRIDES, warps=warps,
-                            stages=stages)
-    return compiled.asm["ptx"], compiled.metadata.shared
+    return compile_offline(kernel, const, pointers, FLOATS, UNIT_STRIDES, warps=warps,
+                           stages=stages, target=target)
+
+
+def amdgcn_resources(asm: str) -> dict:
+    """VGPRs, SGPRs, scratch bytes a lane and spill counts from a HIP kernel's listing."""
+    def field(name):
+        m = re.search(rf"\.{name}:\s+(\d+)", asm)
+        return int(m.group(1)) if m else None
+    return {"vgprs": field("vgpr_count"), "sgprs": field("sgpr_count"),
+            "scratch": field("private_segment_fixed_size"),
+            "vgpr_spills": field("vgpr_spill_count"), "sgpr_spills": field("sgpr_spill_count")}
 
 
 def ptxas_report(ptx: str) -> dict:
@@ -107,6 +134,23 @@ def ptxas_report(ptx: str) -> dict:
             "serialized": [f"{code}: {msg.split(' in the function')[0]}" for code, msg in notes]}
 
 
+def hip_table(args) -> int:
+    import triton
+    print(f"# prefix_prefill_kernel for {args.hip}, Triton {triton.__version__}, bf16, group 4, "
+          f"head_dim {args.head_dim}, page {args.page}")
+    print("| tile | shared bytes | VGPRs | scratch B/lane | VGPR spills | SGPR spills |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for item in args.tiles.split(";"):
+        bm, bn, warps, stages = (int(x) for x in item.split(","))
+        compiled = compile_tile_for(bm, bn, warps, stages, page=args.page, k_new=args.k_new,
+                                    head_dim=args.head_dim, fp8=args.fp8,
+                                    target=("hip", args.hip, 64))
+        r = amdgcn_resources(compiled.asm["amdgcn"])
+        print(f"| {bm}x{bn}, {warps}w, {stages}s | {compiled.metadata.shared} | {r['vgprs']} | "
+              f"{r['scratch']} | {r['vgpr_spills']} | {r['sgpr_spills']} |", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiles", default="256,64,16,3;256,32,16,3;128,64,8,3;128,128,8,3",
@@ -117,7 +161,12 @@ def main(argv=None) -> int:
     parser.add_argument("--two-walks", action="store_true",
                         help="TWO_WALKS: the unmasked walk compiled with and without key checks")
     parser.add_argument("--fp8", action="store_true", help="fp8 e4m3 K/V cache")
+    parser.add_argument("--hip", default=None, metavar="ARCH",
+                        help="compile for this AMD target instead (e.g. gfx90a): shared bytes "
+                        "against its 64 KB of LDS, VGPRs, scratch, spills")
     args = parser.parse_args(argv)
+    if args.hip:
+        return hip_table(args)
     import triton
     print(f"# prefix_prefill_kernel for sm_90a, Triton {triton.__version__}, bf16, "
           f"group 4, head_dim {args.head_dim}, page {args.page}, "

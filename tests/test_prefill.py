@@ -8,6 +8,8 @@ multiple of the reference's own error in the input dtype (tests/_budget.py).
 
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass
 
@@ -211,6 +213,24 @@ def test_prefill_gpu_cache_over_2g_elements():
     run_case(case, torch.device("cuda"), min_blocks=(2**31) // per_block + 64)
 
 
+@gpu
+@pytest.mark.parametrize("tile,head_dim,group", [
+    ("128,64,8,2", 128, 4), ("64,64,4,2", 128, 4), ("256,16,16,2", 128, 256),
+    ("64,32,4,2", 256, 4), ("128,16,8,2", 256, 128)])
+def test_prefill_gpu_hip_tiles(tile, head_dim, group, monkeypatch):
+    """The tiles AMD/Hygon GPUs get (tuning.prefill_tile_config_hip), checked for numbers on
+    the CUDA GPU (the kernel is the same source; the tiles are its constexprs): paged and
+    dense keys, page 16 and 1, odd lengths."""
+    if not HAS_CUDA:
+        pytest.skip("needs a CUDA GPU")
+    monkeypatch.setenv("HYGON_ATTN_PREFILL_TILE", tile)
+    kv = 1 if group > 64 else 2
+    run_case(Case("hip_" + tile, (0, 333, 1000), (300, 17, 129), group=group, kv_heads=kv,
+                  page=16, head_dim=head_dim, dtype=torch.bfloat16), torch.device("cuda"))
+    run_case(Case("hip_knew_" + tile, (5, 200), (64, 77), group=group, kv_heads=kv, page=1,
+                  head_dim=head_dim, dtype=torch.float16, k_new=True), torch.device("cuda"))
+
+
 @pytest.mark.parametrize("tile", ["32,16,4,1", "64,32,4,1"])
 def test_prefill_larger_tiles(tile, device, monkeypatch):
     """Several tokens per M tile (GQA rows packed) and several pages per N tile."""
@@ -264,14 +284,13 @@ def test_prefill_host_tile_map_equals_device(lens, tok_m):
 
 def test_prefill_tile_config_pinned(monkeypatch):
     monkeypatch.delenv("HYGON_ATTN_PREFILL_TILE", raising=False)
-    assert tuning.prefill_tile_config(head_dim_pad=128, group=4, total_q=8192,
-                                      num_kv_heads=8) == (256, 64, 16, 3)
-    assert tuning.prefill_tile_config(head_dim_pad=128, group=4, total_q=4096,
-                                      num_kv_heads=8, num_seqs=32) == (256, 64, 16, 3)
-    assert tuning.prefill_tile_config(head_dim_pad=128, group=4, total_q=256,
-                                      num_kv_heads=8, num_seqs=2) == (64, 64, 4, 3)
-    assert tuning.prefill_tile_config(head_dim_pad=256, group=4, total_q=8192,
-                                      num_kv_heads=8) == (64, 64, 4, 2)
+    nv = functools.partial(tuning.prefill_tile_config, is_hip=False)
+    assert nv(head_dim_pad=128, group=4, total_q=8192, num_kv_heads=8) == (256, 64, 16, 3)
+    assert nv(head_dim_pad=128, group=4, total_q=4096, num_kv_heads=8,
+              num_seqs=32) == (256, 64, 16, 3)
+    assert nv(head_dim_pad=128, group=4, total_q=256, num_kv_heads=8,
+              num_seqs=2) == (64, 64, 4, 3)
+    assert nv(head_dim_pad=256, group=4, total_q=8192, num_kv_heads=8) == (64, 64, 4, 2)
     assert tuning.prefill_tile_config(head_dim_pad=128, group=16, total_q=8, num_kv_heads=1,
                                       interpreter=True)[0] == 16
     monkeypatch.setenv("HYGON_ATTN_PREFILL_TILE", "64,32,4,2")
@@ -280,6 +299,32 @@ def test_prefill_tile_config_pinned(monkeypatch):
     monkeypatch.setenv("HYGON_ATTN_PREFILL_TILE", "48,32,4,2")
     with pytest.raises(ValueError, match="BLOCK_M"):
         tuning.prefill_tile_config(head_dim_pad=128, group=4, total_q=1, num_kv_heads=1)
+
+
+def test_prefill_tile_config_hip(monkeypatch):
+    """On HIP the tiles that fit 64 KB of LDS without spills (tuning.prefill_tile_config_hip;
+    tests/test_prefill_hip_tiles.py compiles each for gfx90a): 128 x 64 / 8 warps when the
+    programs fill the GPU, else 64 x 64 / 4 warps; D=256 64 x 32; groups past 128 rows
+    256 x 16 / 16 warps; what cannot fit is refused with the group named."""
+    monkeypatch.delenv("HYGON_ATTN_PREFILL_TILE", raising=False)
+    hip = functools.partial(tuning.prefill_tile_config, is_hip=True, num_sms=64)
+    assert hip(head_dim_pad=128, group=4, total_q=8192, num_kv_heads=8) == (128, 64, 8, 2)
+    assert hip(head_dim_pad=128, group=4, total_q=64, num_kv_heads=8) == (64, 64, 4, 2)
+    assert hip(head_dim_pad=64, group=1, total_q=8192, num_kv_heads=32) == (128, 64, 8, 2)
+    assert hip(head_dim_pad=128, group=128, total_q=8, num_kv_heads=1) == (128, 64, 8, 2)
+    assert hip(head_dim_pad=128, group=256, total_q=8, num_kv_heads=1) == (256, 16, 16, 2)
+    assert hip(head_dim_pad=256, group=4, total_q=8192, num_kv_heads=8) == (64, 32, 4, 2)
+    assert hip(head_dim_pad=256, group=128, total_q=8, num_kv_heads=1) == (128, 16, 8, 2)
+    with pytest.raises(ValueError, match="group of 512"):
+        hip(head_dim_pad=128, group=512, total_q=8, num_kv_heads=1)
+    with pytest.raises(ValueError, match="group of 256 .* head_dim 256"):
+        hip(head_dim_pad=256, group=256, total_q=8, num_kv_heads=1)
+    # the override still wins, and the interpreter's tiny tiles come first
+    monkeypatch.setenv("HYGON_ATTN_PREFILL_TILE", "64,32,4,1")
+    assert hip(head_dim_pad=128, group=4, total_q=8192, num_kv_heads=8) == (64, 32, 4, 1)
+    monkeypatch.delenv("HYGON_ATTN_PREFILL_TILE")
+    assert hip(head_dim_pad=128, group=4, total_q=8192, num_kv_heads=8,
+               interpreter=True) == (16, 16, 4, 1)
 
 
 def _bad(args, kw, **changes):
