@@ -303,7 +303,7 @@ def test_prefill_tile_config_pinned(monkeypatch):
 
 def test_prefill_tile_config_hip(monkeypatch):
     """On HIP the tiles that fit 64 KB of LDS without spills (tuning.prefill_tile_config_hip;
-    tests/test_prefill_hip_tiles.py compiles each for gfx90a): 128 x 64 / 8 warps when the
+    tests/test_hip_tiles.py compiles each for gfx90a): 128 x 64 / 8 warps when the
     programs fill the GPU, else 64 x 64 / 4 warps; D=256 64 x 32; groups past 128 rows
     256 x 16 / 16 warps; what cannot fit is refused with the group named."""
     monkeypatch.delenv("HYGON_ATTN_PREFILL_TILE", raising=False)
