@@ -94,6 +94,23 @@ inline int hab_device_cc() {
 #endif
 }
 
+// Host side: the most dynamic shared memory one block of the current device may use (the
+// opt-in limit on NVIDIA: 227 KB on an H100/H200; the LDS on AMD/Hygon gfx9: 64 KB), asked
+// once per device (64 cached); 0 without a device.
+inline int hab_max_smem_per_block() {
+  static int known[64] = {};
+  int dev = 0, bytes = 0;
+  if (hab_get_device(&dev) != hab_success) return 0;
+  if (dev >= 0 && dev < 64 && known[dev]) return known[dev];
+#if defined(HAB_HIP)
+  if (hipDeviceGetAttribute(&bytes, hipDeviceAttributeMaxSharedMemoryPerBlock, dev) != hipSuccess) return 0;
+#else
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return 0;
+#endif
+  if (dev >= 0 && dev < 64) known[dev] = bytes;
+  return bytes;
+}
+
 // Host side: whether the current device runs mma.sync m16n8k16 (NVIDIA sm_80+; the device
 // pass's HAB_HAS_MMA_SYNC), for kernels that exist only there.
 inline bool hab_device_has_mma_sync() { return hab_device_cc() >= 80; }

@@ -657,6 +657,10 @@ template <int ROWS> struct RowsTile { static constexpr int value = ROWS < 16 ? 1
 template <typename KIND, int HEAD_DIM_PAD, int WARP>
 const char* dispatch_rows(const HabDecodeParams& p, Flags flags, hab_stream_t stream) {
   const int64_t rows = p.num_tokens * (p.num_q_heads / p.num_kv_heads);
+  // 32-row programs in row chunks where a 64-row one would not fit the device's shared
+  // memory (gfx9's 64 KB: the 64-row layout takes 78-81 KB at D 128-256) or when asked
+  if (rows > 32 && (p.max_rows == 32 || Layout<64, HEAD_DIM_PAD>::BYTES > hab_max_smem_per_block()))
+    return launch<KIND, 32, HEAD_DIM_PAD, WARP>(p, flags, stream);
 #define HAB_ROWS_CASE(R) \
   if (rows <= R) return launch<KIND, RowsTile<R>::value, HEAD_DIM_PAD, WARP>(p, flags, stream);
   HAB_ROWS_CASE(1) HAB_ROWS_CASE(2) HAB_ROWS_CASE(4) HAB_ROWS_CASE(8) HAB_ROWS_CASE(16) HAB_ROWS_CASE(32)

@@ -100,6 +100,10 @@ typedef struct HabDecodeParams {
   // KV of a step, read once, replaces its own lines in the L2 rather than what other
   // kernels left there (tuning.native_decode_evict_first); 0: no hint. Ignored elsewhere.
   int64_t kv_evict_first;
+  // Query rows a program takes at most: 0 lets the launch decide (64, or 32 where a 64-row
+  // program's shared memory is past the device's limit, e.g. D >= 128 on a 64 KB gfx9);
+  // 32 forces 32-row programs (tests of that route). More rows run in row chunks.
+  int64_t max_rows;
   int64_t q_stride[4], o_stride[4];  // (seq, token, head, dim)
   int64_t k_stride[5];               // (block, head, slot, dim, chunk); chunk: split-x only
   int64_t v_stride[4];               // (block, head, slot, dim)

@@ -120,6 +120,43 @@ def test_native_decode_evict_first_same_bytes(monkeypatch, partition_size):
     assert torch.equal(outs[0], outs[1])
 
 
+@gpu
+@pytest.mark.parametrize("head_dim,group,tokens", [(128, 64, 1), (256, 8, 8), (128, 16, 3)])
+@pytest.mark.parametrize("partition_size", [None, 256])
+def test_native_decode_32_row_programs(head_dim, group, tokens, partition_size):
+    """More than 32 query rows a KV head in 32-row programs (row chunks): the route the
+    launch takes where a 64-row program's shared memory is past the device's limit (gfx9's
+    64 KB at D >= 128), forced here with the plan's ``native_max_rows = 32``; the output
+    equals the 64-row programs' within the reference's budget."""
+    if not HAS_CUDA:
+        pytest.skip("needs a CUDA GPU")
+    dev = torch.device("cuda")
+    torch.manual_seed(3)
+    seq_lens, page, hkv = [1500, 31, 257], 16, 1
+    nb = sum(-(-n // page) for n in seq_lens) + 4
+    k, v = make_cache(nb, hkv, page, head_dim, "bshd", torch.bfloat16, dev)
+    table = make_table(seq_lens, page, nb, dev)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
+    q = torch.randn(len(seq_lens), tokens, hkv * group, head_dim, dtype=torch.bfloat16,
+                    device=dev)
+    ws = allocate_decode_workspace(max_num_seqs=len(seq_lens), num_q_heads=hkv * group,
+                                   num_kv_heads=hkv, head_dim=head_dim,
+                                   max_context_len=table.shape[1] * page, device=dev,
+                                   num_tokens=tokens, partition_size=partition_size)
+    outs = []
+    for max_rows in (0, 32):
+        plan = plan_paged_decode(table, lens, num_q_heads=hkv * group, num_kv_heads=hkv,
+                                 head_dim=head_dim, page_size=page, q_dtype=q.dtype,
+                                 kv_dtype=k.dtype, workspace=ws, num_tokens=tokens,
+                                 partition_size=partition_size, impl="native")
+        plan.native_max_rows = max_rows
+        outs.append(paged_decode_attention(q, k, v, table, lens, plan=plan))
+    ref64 = reference.paged_decode_attention(q, k, v, table, lens, compute_dtype=torch.float64)
+    ref_lp = reference.paged_decode_attention(q, k, v, table, lens, compute_dtype=q.dtype)
+    for out in outs:
+        assert_within_budget(out, ref64, ref_lp)
+
+
 def test_native_decode_call_args_resolved_once(monkeypatch):
     """The native decode's per-layer call: the layer's side (scales, sinks, soft cap,
     window) and the plan's side (workspace, partitions, loop, combine launch, L2 policy)
@@ -163,7 +200,7 @@ def test_native_decode_call_args_resolved_once(monkeypatch):
         assert args[6].dtype == torch.float32 and torch.equal(args[6], sinks.float())
         assert args[7] is None and args[8] is None  # float scales: no scale tensors
         assert args[9] is ws.max_logits and args[10] is ws.exp_sums and args[11] is ws.partial_out
-        assert args[12:] == (0.5, 1.0, 1.0, 30.0, 100, 256, 2, 3, 64, plan.pdl, True)
+        assert args[12:] == (0.5, 1.0, 1.0, 30.0, 100, 256, 2, 3, 64, plan.pdl, True, 0)
     assert calls[0][6] is calls[1][6]  # the sinks converted once, for the layer
     assert layer.native_args is not None and plan._native_args is not None
 

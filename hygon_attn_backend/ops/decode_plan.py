@@ -328,6 +328,7 @@ class DecodePlan:
     native_stages: int = 0  # impl "native": its loop (tuning.native_decode_stages)
     native_tile: int = 64   # and the split-N loop's tile (tuning.native_decode_tile)
     native_evict_first: bool = False  # its K/V copies L2 evict_first (tuning)
+    native_max_rows: int = 0  # rows a native program takes at most (0: fit to the device)
     # the native launch's side of the plan (_native.decode_plan_args), built on first use
     _native_args: Optional[tuple] = field(default=None, repr=False)
     _variants: Dict[int, tuple] = field(default_factory=dict, repr=False)
@@ -440,7 +441,7 @@ class DecodePlan:
                 partition_size=cfg.partition_size if self.split else _WHOLE_SEQUENCE,
                 num_partitions=cfg.num_partitions, loop_stages=self.native_stages,
                 loop_tile=self.native_tile, workspace=self.workspace, combine_pdl=self.pdl,
-                kv_evict_first=self.native_evict_first)
+                kv_evict_first=self.native_evict_first, max_rows=self.native_max_rows)
         _native.paged_decode_resolved(
             out.unsqueeze(1) if out.dim() == 3 else out,
             q.unsqueeze(1) if q.dim() == 3 else q, layer.k_cache, layer.v_cache,
