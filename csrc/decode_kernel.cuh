@@ -562,19 +562,26 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 // the 64-token split-N accumulators out of local memory), fewer for the big tiles; the
 // 32-token split-N loop holds half the accumulators (its shared memory fits 3 programs
 // with 3 stages at head_dim 128, 5 with 2).
-// On gfx906-class GPUs (wave 64, 256 VGPRs a lane, the FMA tile) the same rule caps the
-// 16-row kernels at 64-128 VGPRs and spills 128-424 bytes a lane, most of it reloaded in the
-// KV loop (hipcc -O3, scripts/native_hip_resources.py, docs/native.md session 15); not yet
-// changed there for want of a DCU to time it. HAB_DECODE_MIN_BLOCKS (a build-time switch for
-// such A/B runs) replaces the rule.
+// On AMD/Hygon gfx9 a CU has 64 KB of LDS, so no more programs fit at once than
+// 65,536 / Layout::BYTES (one at D >= 128: 46-58 KB a program): asking for more only cut the
+// registers (3 programs capped gfx906's 16-row D128 kernel at 84 VGPRs, which spilled 240-424
+// bytes a lane, most of it reloaded in the KV loop) for an occupancy the LDS never allows.
+// On HIP the rule is capped by that count (docs/native.md, session 15). HAB_DECODE_MIN_BLOCKS
+// (a build-time switch for A/B runs) replaces the rule.
+constexpr int HIP_LDS_BYTES = 64 * 1024;
+
 template <int ROWS, int HEAD_DIM_PAD, int SN>
 struct MinBlocks {
+  static constexpr int nvidia = SN == 32 ? (HEAD_DIM_PAD <= 64 ? 6 : 5)
+                                : ROWS <= 16 ? (HEAD_DIM_PAD <= 64 ? 4 : (HEAD_DIM_PAD <= 128 ? 3 : 2))
+                                             : (ROWS * HEAD_DIM_PAD <= 4096 ? 2 : 1);
 #if defined(HAB_DECODE_MIN_BLOCKS)
   static constexpr int value = HAB_DECODE_MIN_BLOCKS;
+#elif defined(HAB_HIP)
+  static constexpr int lds_fit = HIP_LDS_BYTES / Layout<ROWS, HEAD_DIM_PAD>::BYTES;
+  static constexpr int value = lds_fit < 1 ? 1 : (lds_fit < nvidia ? lds_fit : nvidia);
 #else
-  static constexpr int value = SN == 32 ? (HEAD_DIM_PAD <= 64 ? 6 : 5)
-                               : ROWS <= 16 ? (HEAD_DIM_PAD <= 64 ? 4 : (HEAD_DIM_PAD <= 128 ? 3 : 2))
-                                            : (ROWS * HEAD_DIM_PAD <= 4096 ? 2 : 1);
+  static constexpr int value = nvidia;
 #endif
 };
 
