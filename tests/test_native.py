@@ -10,6 +10,7 @@ CPU tests: the choice of implementation, the doctor line, and the libraries that
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -203,6 +204,23 @@ def test_native_decode_call_args_resolved_once(monkeypatch):
         assert args[12:] == (0.5, 1.0, 1.0, 30.0, 100, 256, 2, 3, 64, plan.pdl, True, 0)
     assert calls[0][6] is calls[1][6]  # the sinks converted once, for the layer
     assert layer.native_args is not None and plan._native_args is not None
+
+
+def test_native_decode_rows_per_program():
+    """The partition rule counts the programs the launch makes: 64-row programs, 32-row
+    ones on HIP past head_dim 64 (dispatch_rows: the 64-row layout is past 64 KB there)."""
+    from hygon_attn_backend.ops import _native
+
+    assert _native.decode_rows_per_program(128, is_hip=False) == 64
+    assert _native.decode_rows_per_program(128, is_hip=True) == 32
+    assert _native.decode_rows_per_program(256, is_hip=True) == 32
+    assert _native.decode_rows_per_program(64, is_hip=True) == 64
+    progs = functools.partial(_native.decode_grid_programs, num_seqs=2, num_kv_heads=4)
+    assert progs(rows=64, head_dim=128, is_hip=False) == 8
+    assert progs(rows=64, head_dim=128, is_hip=True) == 16
+    assert progs(rows=33, head_dim=256, is_hip=True) == 16
+    assert progs(rows=32, head_dim=128, is_hip=True) == 8
+    assert progs(rows=130, head_dim=64, is_hip=True) == 24
 
 
 def test_native_evict_first_rule(monkeypatch):

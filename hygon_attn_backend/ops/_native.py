@@ -58,12 +58,27 @@ def decode_unsupported(*, head_dim: int, q_dtype: torch.dtype, kv_dtype: torch.d
 
 
 DECODE_MAX_ROWS = 64  # query rows per native decode program; more run in row chunks
+# ... and on AMD/Hygon gfx9 past head_dim 64, where a 64-row program's shared memory
+# (Layout<64, D>::BYTES: 79,872 bytes at D=128) is past the 64 KB of LDS: the launch
+# (dispatch_rows, csrc/decode_kernel.cuh) takes 32-row programs there
+DECODE_MAX_ROWS_LDS64 = 32
 
 
-def decode_grid_programs(*, num_seqs: int, num_kv_heads: int, rows: int) -> int:
+def decode_rows_per_program(head_dim: int, *, is_hip: Optional[bool] = None) -> int:
+    """The most query rows one native decode program takes (``is_hip`` None: this
+    machine's torch)."""
+    from hygon_attn_backend import tuning
+
+    hip = tuning.gpu_is_hip() if is_hip is None else is_hip
+    return DECODE_MAX_ROWS_LDS64 if hip and head_dim > 64 else DECODE_MAX_ROWS
+
+
+def decode_grid_programs(*, num_seqs: int, num_kv_heads: int, rows: int,
+                         head_dim: int = 128, is_hip: Optional[bool] = None) -> int:
     """Programs per partition of the native decode grid (sequences x KV heads x row
     chunks) for ``rows = G * T`` query rows per KV head."""
-    return num_seqs * num_kv_heads * -(-rows // DECODE_MAX_ROWS)
+    per = decode_rows_per_program(head_dim, is_hip=is_hip)
+    return num_seqs * num_kv_heads * -(-rows // per)
 
 
 def decode_block_n(*, head_dim: int, rows: int, loop_stages: int, loop_tile: int) -> int:

@@ -102,7 +102,8 @@ def allocate_decode_workspace(*, max_num_seqs: int, num_q_heads: int, num_kv_hea
                     max_context_len=max_context_len, num_sms=sms),
                 tuning.native_decode_partition_size(  # the smallest native tile, 32
                     programs=_native.decode_grid_programs(
-                        num_seqs=seqs, num_kv_heads=num_kv_heads, rows=num_tokens * group),
+                        num_seqs=seqs, num_kv_heads=num_kv_heads, rows=num_tokens * group,
+                        head_dim=head_dim),
                     max_context_len=max_context_len, block_n=32,
                     programs_per_sm=NATIVE_SIZING_PROGRAMS_PER_SM, num_sms=sms)]
             parts = max(_num_partitions_for(size, max_context_len) for size in sizes)
@@ -606,7 +607,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         native_evict_first = tuning.native_decode_evict_first()
         native_rows = num_tokens * (num_q_heads // num_kv_heads)
         native_programs = _native.decode_grid_programs(
-            num_seqs=num_seqs, num_kv_heads=num_kv_heads, rows=native_rows)
+            num_seqs=num_seqs, num_kv_heads=num_kv_heads, rows=native_rows, head_dim=head_dim)
         native_stages = tuning.native_decode_stages(programs=native_programs,
                                                     num_sms=num_sms_of(device))
     if chosen != "reference" and num_seqs and max_blocks:
