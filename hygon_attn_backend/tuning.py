@@ -159,8 +159,7 @@ def native_decode_evict_first() -> bool:
     --variants triton,native,native_ef`` under both flushes).
     Override: ``HYGON_ATTN_NATIVE_EVICT_FIRST=0|1``.
     """
-    forced = envs.native_evict_first()
-    return bool(forced) if forced is not None else False
+    return bool(envs.native_evict_first())  # unset (None): off
 
 
 NATIVE_MANY_PROGRAMS_PER_SM = 4  # from here the native decode takes 2 stages

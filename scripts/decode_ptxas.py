@@ -22,7 +22,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from prefill_ptxas import compile_sm90, ptxas_report  # noqa: E402
+from prefill_ptxas import compile_offline, ptxas_report  # noqa: E402
 
 POINTERS = {"out_ptr": "*bf16", "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16",
             "block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "sinks_ptr": "*fp32",
@@ -35,8 +35,9 @@ UNIT_STRIDES = {"stride_q_dim", "stride_o_dim", "stride_k_dim", "stride_v_dim",
 
 
 def compile_config(group: int, block_n: int, stages: int, split: bool, *, warps: int = 4,
-                   head_dim: int = 128, chunk=None):
-    """The compiled kernel (sm_90) of one configuration; ``chunk`` overrides the merge's."""
+                   head_dim: int = 128, chunk=None, target: tuple = ("cuda", 90, 32)):
+    """The compiled kernel of one configuration for ``target`` (default sm_90; e.g.
+    ``("hip", "gfx90a", 64)``), and its merge chunk; ``chunk`` overrides the merge's."""
     from hygon_attn_backend import tuning
     from hygon_attn_backend.kernels.decode import paged_decode_kernel as kernel
 
@@ -50,8 +51,8 @@ def compile_config(group: int, block_n: int, stages: int, split: bool, *, warps:
                  USE_SOFT_CAP=False, USE_WINDOW=False, USE_SINKS=False, PAGE_PREFETCH=True,
                  FUSED_COMBINE=split, COMBINE_ROWS_PAD=rows_pad, COMBINE_CHUNK=chunk,
                  LAUNCH_DEPENDENTS=False)
-    return compile_sm90(kernel, const, POINTERS, FLOATS, UNIT_STRIDES, warps=warps,
-                        stages=stages), chunk
+    return compile_offline(kernel, const, POINTERS, FLOATS, UNIT_STRIDES, warps=warps,
+                           stages=stages, target=target), chunk
 
 
 def main(argv=None) -> int:

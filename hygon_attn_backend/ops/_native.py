@@ -137,35 +137,14 @@ def paged_decode_resolved(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.T
                           seq_lens: torch.Tensor, scale: float, layer_args: tuple,
                           plan_args: tuple) -> None:
     """The native decode launch from :func:`decode_layer_args` and :func:`decode_plan_args`
-    (what an engine's per-layer call runs: no option is looked at again)."""
+    (what an engine's per-layer call runs: no option is looked at again). q4, out4:
+    ``[S, T, Hq, D]``; caches as ``paged_decode_attention`` takes them."""
     sinks, k_t, v_t, k_val, v_val, cap, window = layer_args
     ws, psize, nparts, stages, tile, pdl, evict_first, max_rows = plan_args
     ml, es, po = ws if ws is not None else (out4, out4, out4)  # unsplit: never read
     _ops().paged_decode(out4, q4, k_cache, v_cache, block_table, seq_lens, sinks, k_t, v_t,
                         ml, es, po, float(scale), k_val, v_val, cap, window, psize, nparts,
                         stages, tile, pdl, evict_first, max_rows)
-
-
-def paged_decode(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, *,
-                 scale: float, k_scale, v_scale, soft_cap: Optional[float],
-                 sliding_window: Optional[int], sinks: Optional[torch.Tensor],
-                 partition_size: int, num_partitions: int, loop_stages: int,
-                 loop_tile: int, workspace, combine_pdl: bool = False,
-                 kv_evict_first: bool = False) -> None:
-    """q4, out4: ``[S, T, Hq, D]``; caches as ``paged_decode_attention`` takes them;
-    ``workspace`` (a ``DecodeWorkspace``) is read only when ``num_partitions > 1``;
-    ``loop_stages``, ``loop_tile``: :func:`tuning.native_decode_stages`,
-    :func:`tuning.native_decode_tile`; ``combine_pdl``: the combine of a split launch as a
-    programmatic dependent launch (:func:`tuning.decode_combine_pdl`); ``kv_evict_first``:
-    the K/V copies with an L2 evict_first policy (:func:`tuning.native_decode_evict_first`)."""
-    paged_decode_resolved(
-        out4, q4, k_cache, v_cache, block_table, seq_lens, scale,
-        decode_layer_args(k_scale=k_scale, v_scale=v_scale, sinks=sinks, soft_cap=soft_cap,
-                          sliding_window=sliding_window),
-        decode_plan_args(partition_size=partition_size, num_partitions=num_partitions,
-                         loop_stages=loop_stages, loop_tile=loop_tile, workspace=workspace,
-                         combine_pdl=combine_pdl, kv_evict_first=kv_evict_first))
 
 
 # ----------------------------------------------------------------------------- prefill
