@@ -133,8 +133,7 @@ void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
                   const std::optional<at::Tensor>& v_scale, at::Tensor& max_logits, at::Tensor& exp_sums,
                   at::Tensor& partial_out, double scale, double k_scale_value, double v_scale_value,
                   double soft_cap, int64_t sliding_window, int64_t partition_size, int64_t num_partitions,
-                  int64_t loop_stages, int64_t loop_tile, bool combine_pdl, bool kv_evict_first,
-                  int64_t max_rows) {
+                  int64_t loop_stages, int64_t loop_tile, bool combine_pdl, int64_t max_rows) {
   TORCH_CHECK(q.dim() == 4 && out.sizes() == q.sizes(), "paged_decode: q, out must be [S, T, Hq, D]");
   TORCH_CHECK(v_cache.dim() == 4 && (k_cache.dim() == 4 || k_cache.dim() == 5), "paged_decode: cache ranks");
   TORCH_CHECK(partition_size > 0 && num_partitions >= 1, "paged_decode: partitions");
@@ -191,7 +190,6 @@ void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
   p.loop_stages = loop_stages;
   p.loop_tile = loop_tile;
   p.combine_pdl = combine_pdl ? 1 : 0;
-  p.kv_evict_first = kv_evict_first ? 1 : 0;
   TORCH_CHECK(max_rows == 0 || max_rows == 32, "paged_decode: max_rows must be 0 or 32");
   p.max_rows = max_rows;
   copy_strides(p.q_stride, q);
@@ -310,8 +308,7 @@ TORCH_LIBRARY(hygon_attn, m) {
         "Tensor seq_lens, Tensor? sinks, Tensor? k_scale, Tensor? v_scale, Tensor(b!) max_logits, "
         "Tensor(c!) exp_sums, Tensor(d!) partial_out, float scale, float k_scale_value, "
         "float v_scale_value, float soft_cap, int sliding_window, int partition_size, "
-        "int num_partitions, int loop_stages, int loop_tile, bool combine_pdl, bool kv_evict_first, "
-        "int max_rows) -> ()");
+        "int num_partitions, int loop_stages, int loop_tile, bool combine_pdl, int max_rows) -> ()");
   m.def("prefix_prefill(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor? k_new, Tensor? v_new, "
         "Tensor(b!)? lse, Tensor? sinks, Tensor block_table, Tensor cu_seqlens_q, Tensor seq_lens_k, "
         "Tensor tile_req, Tensor tile_mblock, Tensor(c!)? sched, float scale, float soft_cap, bool causal, int sliding_window, "

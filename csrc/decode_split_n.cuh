@@ -2,8 +2,6 @@
 // pieces it shares with the shared-softmax loop (Layout, StageGeometry, SplitN, store_out).
 #pragma once
 
-#include <type_traits>
-
 #include "compat.h"
 #include "tile_mma.cuh"
 
@@ -38,20 +36,6 @@ HAB_DEV void cp_async16(void* smem_dst, const void* gmem_src, bool fill) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   const int src_bytes = fill ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes));
-}
-// The same copy with an L2 cache policy from l2_evict_first() (HabDecodeParams::kv_evict_first).
-HAB_DEV void cp_async16_hint(void* smem_dst, const void* gmem_src, bool fill, uint64_t policy) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  const int src_bytes = fill ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(gmem_src),
-               "r"(src_bytes), "l"(policy));
-}
-// An L2 policy that marks every line it brings in first to go: KV read once per step then
-// replaces its own earlier lines, not the lines other kernels left (dirty ones included).
-HAB_DEV uint64_t l2_evict_first() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
 }
 HAB_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 HAB_DEV void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
@@ -132,10 +116,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   // bit i: every token this thread staged for the i-th most recent tile was valid; the
   // barrier of a tile ANDs them over the block (a full tile needs no token mask)
   uint32_t ok_hist = 0;
-  const bool evict_first = p.kv_evict_first != 0;
-  const uint64_t policy = evict_first ? l2_evict_first() : 0;
-  // hinted: std::true_type copies with `policy`, std::false_type without a hint
-  auto issue_as = [&](int tile, int s, auto hinted) {  // s: the stage it goes to, tile % stages
+  auto issue = [&](int tile, int s) {  // s: the stage it goes to, tile % stages
     const int2* tile_rows = rows_s + (tile & 1) * BLOCK_N;
     uint16_t* ks = k_stage(s);
     uint16_t* vs = v_stage(s);
@@ -158,22 +139,13 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
       for (int j = 0; j < CPT; ++j) {  // chunk u + TPT j: channels 8 (u + TPT j) ..
         const bool fill = tok_ok && chunk_in[j];
         const int off = fill ? 16 * TPT * j : 0;  // a skipped chunk stays in the row
-        if constexpr (decltype(hinted)::value) {
-          cp_async16_hint(k_dst + 8 * TPT * j, k_row + off, fill, policy);
-          cp_async16_hint(v_dst + 8 * TPT * j, v_row + off, fill, policy);
-        } else {
-          cp_async16(k_dst + 8 * TPT * j, k_row + off, fill);
-          cp_async16(v_dst + 8 * TPT * j, v_row + off, fill);
-        }
+        cp_async16(k_dst + 8 * TPT * j, k_row + off, fill);
+        cp_async16(v_dst + 8 * TPT * j, v_row + off, fill);
       }
       if (u == 0) oks[n] = tok_ok;
     }
     ok_hist = (ok_hist << 1) | (all_ok ? 1u : 0u);
     cp_async_commit();
-  };
-  auto issue = [&](int tile, int s) {  // one branch a tile, none a copy
-    if (evict_first) issue_as(tile, s, std::true_type{});
-    else issue_as(tile, s, std::false_type{});
   };
   auto push_empty = [&]() {  // an empty group past the last tile
     ok_hist = (ok_hist << 1) | 1u;

@@ -96,10 +96,6 @@ typedef struct HabDecodeParams {
   // decode kernel (NVIDIA sm_90+; tuning.decode_combine_pdl), 0: a plain launch. Ignored
   // on HIP and without a split.
   int64_t combine_pdl;
-  // 1: the split-N loop's K/V copies carry an L2 evict_first policy (NVIDIA sm_80+), so the
-  // KV of a step, read once, replaces its own lines in the L2 rather than what other
-  // kernels left there (tuning.native_decode_evict_first); 0: no hint. Ignored elsewhere.
-  int64_t kv_evict_first;
   // Query rows a program takes at most: 0 lets the launch decide (64, or 32 where a 64-row
   // program's shared memory is past the device's limit, e.g. D >= 128 on a 64 KB gfx9);
   // 32 forces 32-row programs (tests of that route). More rows run in row chunks.

@@ -44,9 +44,6 @@ VARIABLES = {
                                 "(default: tuning.native_decode_stages; read when planned)",
     "HYGON_ATTN_NATIVE_TILE": "32 or 64: KV tokens per tile of the native split-N decode loop "
                               "(default: tuning.native_decode_tile; read when planned)",
-    "HYGON_ATTN_NATIVE_EVICT_FIRST": "1: the native split-N decode's K/V copies carry an L2 "
-                                     "evict_first policy (NVIDIA; default 0: "
-                                     "tuning.native_decode_evict_first; read when planned)",
     "HYGON_ATTN_NATIVE_PREFILL_PINGPONG": "0: the native prefill's two consumer warpgroups "
                                           "issue their S = Q K^T products without taking "
                                           "turns (default 1; read when planned)",
@@ -198,11 +195,6 @@ def native_tile() -> Optional[int]:
     if value is not None and value not in (32, 64):
         raise ValueError(f"HYGON_ATTN_NATIVE_TILE must be 32 or 64, got {value}")
     return value
-
-
-def native_evict_first() -> Optional[bool]:
-    """``HYGON_ATTN_NATIVE_EVICT_FIRST``: ``True``/``False`` forced, ``None`` unset."""
-    return _switch("HYGON_ATTN_NATIVE_EVICT_FIRST")
 
 
 def native_prefill_pingpong() -> bool:

@@ -144,24 +144,6 @@ def native_decode_tile() -> int:
     return 64
 
 
-def native_decode_evict_first() -> bool:
-    """Whether the native split-N decode marks its K/V copies L2 ``evict_first``
-    (``HabDecodeParams::kv_evict_first``, a ``createpolicy`` on each ``cp.async``).
-
-    Reasoning: a decode step reads each KV byte once, so the L2 gains nothing by keeping
-    it, while every line it brings in under the default policy can evict a line another
-    kernel left, dirty ones included, which must then be written back inside the decode's
-    time. With do_bench's write flush the L2 starts full of ~50 MB of dirty lines, and a
-    decode at batch 1-8 reads 10-17 points of the copy ceiling less than after a read
-    flush (docs/notes-decode.md v13, benchmarks.md session 8). evict_first lines replace
-    each other first, so the dirty lines could stay until a kernel that needs the room.
-    Not yet measured on a GPU: off by default until it is (``scripts/bench_native_decode.py
-    --variants triton,native,native_ef`` under both flushes).
-    Override: ``HYGON_ATTN_NATIVE_EVICT_FIRST=0|1``.
-    """
-    return bool(envs.native_evict_first())  # unset (None): off
-
-
 NATIVE_MANY_PROGRAMS_PER_SM = 4  # from here the native decode takes 2 stages
 NATIVE_PROGRAM_TILES = 1    # a program's fixed cost (Q, the warps' merge, its output), in tiles
 NATIVE_COMBINE_TILES = 2    # the combine launch of a split call, in tiles

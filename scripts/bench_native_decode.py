@@ -33,16 +33,14 @@ HEADS = ((32, 32), (32, 8), (32, 4), (64, 4))
 # native: the planned loop (tuning.native_decode_stages / native_decode_tile), split and
 # combine launch; native_nopdl: the same with the combine as a plain launch
 # (HYGON_ATTN_DECODE_PDL=0); native_t32 / native_t32_s2: the split-N loop's 32-token tiles
-# with 3 / 2 cp.async stages; native_tparts: the planned loop on the Triton rule's partitions;
-# native_ef: the planned loop with its K/V copies L2 evict_first (HYGON_ATTN_NATIVE_EVICT_FIRST)
-VARIANTS = ("triton", "native", "native_nopdl", "native_t32", "native_t32_s2", "native_tparts",
-            "native_ef")
-ENV = {"native": ("", "", "", "", "0"), "native_nopdl": ("", "", "", "0", "0"),
-       "native_t32": ("1", "3", "32", "", "0"), "native_t32_s2": ("1", "2", "32", "", "0"),
-       "native_tparts": ("", "", "", "", "0"), "native_ef": ("", "", "", "", "1"),
-       "triton": ("", "", "", "", "")}  # (SPLIT_N, STAGES, TILE, DECODE_PDL, EVICT_FIRST); "": unset
+# with 3 / 2 cp.async stages; native_tparts: the planned loop on the Triton rule's partitions
+VARIANTS = ("triton", "native", "native_nopdl", "native_t32", "native_t32_s2", "native_tparts")
+ENV = {"native": ("", "", "", ""), "native_nopdl": ("", "", "", "0"),
+       "native_t32": ("1", "3", "32", ""), "native_t32_s2": ("1", "2", "32", ""),
+       "native_tparts": ("", "", "", ""),
+       "triton": ("", "", "", "")}  # (SPLIT_N, STAGES, TILE, DECODE_PDL); "": unset
 ENV_NAMES = ("HYGON_ATTN_NATIVE_SPLIT_N", "HYGON_ATTN_NATIVE_STAGES", "HYGON_ATTN_NATIVE_TILE",
-             "HYGON_ATTN_DECODE_PDL", "HYGON_ATTN_NATIVE_EVICT_FIRST")
+             "HYGON_ATTN_DECODE_PDL")
 SHAPES = [(b, c, hq, hkv) for b, c in ((64, 4096), (64, 16384), (256, 2048), (1, 32768))
           for hq, hkv in HEADS] + [(8, 8192, 32, 8), (1, 131072, 32, 8)]
 

@@ -40,7 +40,6 @@ def test_no_other_module_reads_the_environment_for_our_variables():
     ("HYGON_ATTN_NATIVE_STAGES", "5", envs.native_stages),
     ("HYGON_ATTN_NATIVE_SPLIT_N", "2", envs.native_split_n),
     ("HYGON_ATTN_NATIVE_TILE", "48", envs.native_tile),
-    ("HYGON_ATTN_NATIVE_EVICT_FIRST", "2", envs.native_evict_first),
 ])
 def test_bad_values_name_the_variable(name, value, accessor, monkeypatch):
     monkeypatch.setenv(name, value)

@@ -106,22 +106,6 @@ def test_native_stage_rule(monkeypatch):
 
 
 @gpu
-@pytest.mark.parametrize("partition_size", [None, 256])
-def test_native_decode_evict_first_same_bytes(monkeypatch, partition_size):
-    """HYGON_ATTN_NATIVE_EVICT_FIRST=1 changes only the L2 policy of the K/V copies: the
-    output is the same bytes as without it (and right by the reference, run_case)."""
-    outs = []
-    for flag in ("0", "1"):
-        monkeypatch.setenv("HYGON_ATTN_NATIVE_EVICT_FIRST", flag)
-        torch.manual_seed(0)  # the same cache, table and queries both times
-        out, _ = _native_case(num_kv_heads=2, group=4, head_dim=128, page_size=16,
-                              seq_lens=[1500, 31, 257, 0], layout="bshd",
-                              dtype=torch.bfloat16, partition_size=partition_size)
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1])
-
-
-@gpu
 @pytest.mark.parametrize("head_dim,group,tokens", [(128, 64, 1), (256, 8, 8), (128, 16, 3)])
 @pytest.mark.parametrize("partition_size", [None, 256])
 def test_native_decode_32_row_programs(head_dim, group, tokens, partition_size):
@@ -185,7 +169,7 @@ def test_native_decode_call_args_resolved_once(monkeypatch):
                              max_seq_len=ctx, workspace=ws, partition_size=256,
                              impl="triton")
     # what plan_paged_decode sets for impl="native" on a GPU, set by hand on the CPU plan
-    plan.impl, plan.native_stages, plan.native_tile, plan.native_evict_first = "native", 3, 64, True
+    plan.impl, plan.native_stages, plan.native_tile = "native", 3, 64
     sinks = torch.randn(hq, dtype=torch.float16)
     layer = DecodeLayer(k, k, scale=0.5, soft_cap=30.0, sliding_window=100, sinks=sinks)
     outs = []
@@ -201,7 +185,7 @@ def test_native_decode_call_args_resolved_once(monkeypatch):
         assert args[6].dtype == torch.float32 and torch.equal(args[6], sinks.float())
         assert args[7] is None and args[8] is None  # float scales: no scale tensors
         assert args[9] is ws.max_logits and args[10] is ws.exp_sums and args[11] is ws.partial_out
-        assert args[12:] == (0.5, 1.0, 1.0, 30.0, 100, 256, 2, 3, 64, plan.pdl, True, 0)
+        assert args[12:] == (0.5, 1.0, 1.0, 30.0, 100, 256, 2, 3, 64, plan.pdl, 0)
     assert calls[0][6] is calls[1][6]  # the sinks converted once, for the layer
     assert layer.native_args is not None and plan._native_args is not None
 
@@ -221,20 +205,6 @@ def test_native_decode_rows_per_program():
     assert progs(rows=33, head_dim=256, is_hip=True) == 16
     assert progs(rows=32, head_dim=128, is_hip=True) == 8
     assert progs(rows=130, head_dim=64, is_hip=True) == 24
-
-
-def test_native_evict_first_rule(monkeypatch):
-    """tuning.native_decode_evict_first: off until measured, the override both ways, a bad
-    value named."""
-    monkeypatch.delenv("HYGON_ATTN_NATIVE_EVICT_FIRST", raising=False)
-    assert tuning.native_decode_evict_first() is False
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_EVICT_FIRST", "1")
-    assert tuning.native_decode_evict_first() is True
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_EVICT_FIRST", "0")
-    assert tuning.native_decode_evict_first() is False
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_EVICT_FIRST", "2")
-    with pytest.raises(ValueError, match="HYGON_ATTN_NATIVE_EVICT_FIRST"):
-        tuning.native_decode_evict_first()
 
 
 def test_native_tile_rule(monkeypatch):
@@ -334,10 +304,10 @@ def test_native_decode_bad_stages(monkeypatch):
     lens = torch.full((1,), 5, dtype=torch.int32, device="cuda")
     with pytest.raises(RuntimeError, match="loop_stages must be 0, 2, 3 or 4"):
         native.load().paged_decode(torch.empty_like(q), q, k, k, table, lens, None, None, None,
-                                   q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, 5, 64, False)
+                                   q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, 5, 64, False, 0)
     with pytest.raises(RuntimeError, match="loop_tile 32 or 64"):
         native.load().paged_decode(torch.empty_like(q), q, k, k, table, lens, None, None, None,
-                                   q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, 3, 48, False)
+                                   q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, 3, 48, False, 0)
 
 
 @gpu

@@ -96,7 +96,7 @@ def op_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
             head_dim=head_dim, page_size=page_size, q_dtype=dtype, kv_dtype=dtype,
             max_seq_len=DECODE["ctx"], workspace=ws, fused_combine=not plan.fused_combine)
         yield f"decode plan.run ({_combine_form(other)})", \
-            lambda q=q, k_cache=k_cache, v_cache=v_cache, out=out: other.run(
+            lambda q=q, k_cache=k_cache, v_cache=v_cache, out=out, other=other: other.run(
                 q, k_cache, v_cache, out=out)
 
     n, prefix, new = EXTEND["num_seqs"], EXTEND["prefix"], EXTEND["new"]
@@ -121,12 +121,12 @@ def op_rows(*, num_q_heads, num_kv_heads, head_dim, page_size, device,
         lambda: pplan.run_layer(player, qp, table, cu, lens, out=outp)
     if device.type == "cuda":  # the other implementation of the same call, where it runs
         for impl in ("triton", "native"):
-            other = pre.plan_prefix_prefill(
+            alt = pre.plan_prefix_prefill(
                 cu, lens, total_q=n * new, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                 head_dim=head_dim, host_cu_seqlens_q=cu.cpu(), impl=impl)
-            if other.impl == impl != pplan.impl:
+            if alt.impl == impl != pplan.impl:
                 yield f"prefill run_layer ({impl})", \
-                    lambda other=other: other.run_layer(player, qp, table, cu, lens, out=outp)
+                    lambda alt=alt: alt.run_layer(player, qp, table, cu, lens, out=outp)
     if device.type == "cuda":
         yield from launcher_rows([
             lambda: plan.run(q, k_cache_d, v_cache_d, out=out),

@@ -121,15 +121,14 @@ def decode_layer_args(*, k_scale, v_scale, sinks: Optional[torch.Tensor],
 
 def decode_plan_args(*, partition_size: int, num_partitions: int, loop_stages: int,
                      loop_tile: int, workspace, combine_pdl: bool = False,
-                     kv_evict_first: bool = False, max_rows: int = 0) -> tuple:
+                     max_rows: int = 0) -> tuple:
     """One plan's side of a native decode launch, resolved once: the workspace's three
     tensors (None unsplit), partition size and count, the loop's stages and tile, the
-    combine's programmatic launch, the L2 policy of the K/V copies, the rows a program takes
-    at most (``HabDecodeParams::max_rows``: 0 lets the launch fit them to the device)."""
+    combine's programmatic launch, the rows a program takes at most (``HabDecodeParams::max_rows``: 0 lets the launch fit them to the device)."""
     ws = ((workspace.max_logits, workspace.exp_sums, workspace.partial_out)
           if num_partitions > 1 else None)
     return (ws, int(partition_size), int(num_partitions), int(loop_stages), int(loop_tile),
-            bool(combine_pdl), bool(kv_evict_first), int(max_rows))
+            bool(combine_pdl), int(max_rows))
 
 
 def paged_decode_resolved(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.Tensor,
@@ -140,11 +139,11 @@ def paged_decode_resolved(out4: torch.Tensor, q4: torch.Tensor, k_cache: torch.T
     (what an engine's per-layer call runs: no option is looked at again). q4, out4:
     ``[S, T, Hq, D]``; caches as ``paged_decode_attention`` takes them."""
     sinks, k_t, v_t, k_val, v_val, cap, window = layer_args
-    ws, psize, nparts, stages, tile, pdl, evict_first, max_rows = plan_args
+    ws, psize, nparts, stages, tile, pdl, max_rows = plan_args
     ml, es, po = ws if ws is not None else (out4, out4, out4)  # unsplit: never read
     _ops().paged_decode(out4, q4, k_cache, v_cache, block_table, seq_lens, sinks, k_t, v_t,
                         ml, es, po, float(scale), k_val, v_val, cap, window, psize, nparts,
-                        stages, tile, pdl, evict_first, max_rows)
+                        stages, tile, pdl, max_rows)
 
 
 # ----------------------------------------------------------------------------- prefill

@@ -328,7 +328,6 @@ class DecodePlan:
     pdl: bool = False  # the combine launch is a programmatic dependent launch (sm_90+)
     native_stages: int = 0  # impl "native": its loop (tuning.native_decode_stages)
     native_tile: int = 64   # and the split-N loop's tile (tuning.native_decode_tile)
-    native_evict_first: bool = False  # its K/V copies L2 evict_first (tuning)
     native_max_rows: int = 0  # rows a native program takes at most (0: fit to the device)
     # the native launch's side of the plan (_native.decode_plan_args), built on first use
     _native_args: Optional[tuple] = field(default=None, repr=False)
@@ -442,7 +441,7 @@ class DecodePlan:
                 partition_size=cfg.partition_size if self.split else _WHOLE_SEQUENCE,
                 num_partitions=cfg.num_partitions, loop_stages=self.native_stages,
                 loop_tile=self.native_tile, workspace=self.workspace, combine_pdl=self.pdl,
-                kv_evict_first=self.native_evict_first, max_rows=self.native_max_rows)
+                max_rows=self.native_max_rows)
         _native.paged_decode_resolved(
             out.unsqueeze(1) if out.dim() == 3 else out,
             q.unsqueeze(1) if q.dim() == 3 else q, layer.k_cache, layer.v_cache,
@@ -601,10 +600,9 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
     sm_scale = float(scale) if scale is not None else head_dim ** -0.5
     config = None
     fused = False
-    native_stages, native_tile, native_evict_first = 0, 64, False
+    native_stages, native_tile = 0, 64
     if chosen == "native":
         native_tile = tuning.native_decode_tile()
-        native_evict_first = tuning.native_decode_evict_first()
         native_rows = num_tokens * (num_q_heads // num_kv_heads)
         native_programs = _native.decode_grid_programs(
             num_seqs=num_seqs, num_kv_heads=num_kv_heads, rows=native_rows, head_dim=head_dim)
@@ -648,7 +646,6 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         max_seq_len=max_seq_len if max_seq_len is not None else max_blocks * page_size,
         scale=sm_scale, config=config, workspace=workspace, kv_head_grid=kv_head_grid,
         native_stages=native_stages, native_tile=native_tile,
-        native_evict_first=native_evict_first,
         fused_combine=fused, pdl=chosen in ("triton", "native") and config is not None
         and config.num_partitions > 1 and not fused and tuning.decode_combine_pdl(device))
 
