@@ -35,7 +35,6 @@
 // 1) (causal: tiles above the diagonal never loaded) and key_lo from the sliding window.
 // Rows that see no key give out = 0 and lse = -inf (with a sink: the sink alone).
 #include <algorithm>
-#include <type_traits>
 
 #include "compat.h"
 #include "hab_ops.h"
@@ -94,25 +93,8 @@ struct Consumer {
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     pingpong = p.pingpong != 0;
-#if defined(HAB_PREFILL_HALF_LAST)
-    {  // the warpgroup's last row's diagonal, relative to its last tile's first key
-      const int tok_last = min(ti.len_q - 1, ti.m_tok0 + (64 * wg + 63) / ti.group);
-      const int diag_wg = ti.len_p + tok_last;
-      const int last = ti.n_tiles - 1;
-      half_from = p.causal && last >= 0 && diag_wg - (ti.tile_lo + last) * BLOCK_N < BLOCK_N / 2 ? last : 1 << 30;
-    }
-#endif
   }
 
-#if defined(HAB_PREFILL_HALF_LAST)
-  // Harness switch HAB_PREFILL_HALF_LAST: tiles j >= half_from, where no row of this
-  // warpgroup sees a key past column 63 (causal), run P V's first 4 k-steps only (the P of
-  // columns 64..127 is exactly 0 there). S stays whole: an n64 S product behind the same
-  // branch made ptxas wait after every wgmma. The test is a warp vote: ptxas then knows
-  // the branch is uniform (else it serializes every wgmma).
-  int half_from;
-  HAB_DEV bool half_tile(int j) const { return __all_sync(0xffffffffu, j >= half_from); }
-#endif
   HAB_DEV int stage(int j) const { return (jg0 + j) % STAGES; }
   HAB_DEV uint32_t parity(int j) const { return ((jg0 + j) / STAGES) & 1; }
 
@@ -148,19 +130,11 @@ struct Consumer {
     const uint32_t v_tile = smem + V_OFF + s * TILE_BYTES;
     hab_sm90::fence_regs(o);
     hab_sm90::wgmma_fence();
-    auto steps = [&](auto count) {  // k-steps 0 .. count - 1 (columns 16 kk .. 16 kk + 15)
 #pragma unroll
-      for (int kk = 0; kk < decltype(count)::value; ++kk) {
-        const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-        hab_sm90::wgmma_rs_m64n128k16_tb<IS_BF16>(o, a,
-                                                  hab_sm90::desc_sw128(v_tile + kk * 16 * 128, PANEL_BYTES, 1024));
-      }
-    };
-#if defined(HAB_PREFILL_HALF_LAST)
-    if (half_tile(j)) steps(std::integral_constant<int, BLOCK_N / 32>{});
-    else
-#endif
-      steps(std::integral_constant<int, BLOCK_N / 16>{});
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+      const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+      hab_sm90::wgmma_rs_m64n128k16_tb<IS_BF16>(o, a, hab_sm90::desc_sw128(v_tile + kk * 16 * 128, PANEL_BYTES, 1024));
+    }
     hab_sm90::wgmma_commit();
   }
 
@@ -262,8 +236,7 @@ struct Consumer {
       pass_turn();
       hab_sm90::wgmma_wait<0>();
       hab_sm90::fence_regs(sc);
-      if (j == ti.n_tiles - 1 && bulk) last_s_landed();
-      else release_k(j);
+      release_k(j);
       if (j == ti.n_tiles - 1) release_q();
       softmax(sc, bits, j, alpha);
       rescale(alpha);
@@ -294,9 +267,7 @@ struct Consumer {
     hab_sm90::wgmma_wait<0>();
     hab_sm90::fence_regs(sc);
     HAB_TRACE(ti.item, 1, wg == 0 && (threadIdx.x & 127) == 0);
-    bulk = O_BULK && pingpong;
-    if (ti.n_tiles == 1 && bulk) last_s_landed();
-    else release_k(0);
+    release_k(0);
     if (ti.n_tiles == 1) release_q();
     softmax(sc, bits, 0, alpha);
     pack(pa, sc);
@@ -307,8 +278,7 @@ struct Consumer {
       pass_turn();
       hab_sm90::wgmma_wait<1>();  // S of tile j has landed; P V of tile j - 1 may still run
       hab_sm90::fence_regs(sc);
-      if (j == ti.n_tiles - 1 && bulk) last_s_landed();
-      else release_k(j);
+      release_k(j);
       if (j == ti.n_tiles - 1) release_q();
       softmax(sc, bits, j, alpha);
       hab_sm90::wgmma_wait<0>();
@@ -324,65 +294,7 @@ struct Consumer {
     hab_sm90::wgmma_wait<0>();
     hab_sm90::fence_regs(o);
     hab_sm90::fence_regs_u32(pa);
-    if (bulk) last_pv_landed();
-    else release_v(ti.n_tiles - 1);
-  }
-
-  // Harness switch HAB_PREFILL_O_BULK (with pingpong): the output leaves through shared
-  // memory and bulk copies, a 256-byte row each, instead of 4-byte stores from the
-  // accumulator layout (session 13: the stores' upper bound was 8% at (32, 1024, 128)).
-  // Warpgroup 0 stages its 64 rows in the last tile's K slot once warpgroup 1's last S has
-  // landed (barrier 5), warpgroup 1 in its V slot once warpgroup 0's last P V has (barrier
-  // 4); those slots are released after the copies have read them, each warp arriving for
-  // itself and its partner in the other warpgroup. (Rows must start 16-byte aligned.)
-  bool bulk = false;
-  HAB_DEV void last_s_landed() {
-    if (wg == 1) hab_sm90::named_arrive(5, 256);
-  }
-  HAB_DEV void last_pv_landed() {
-    if (wg == 0) hab_sm90::named_arrive(4, 256);
-  }
-  HAB_DEV void finish_bulk() {
-    constexpr float LN2 = 0.6931471805599453f;
-    constexpr int PITCH = 272;  // 256-byte rows + 16: a warp's 8 rows x 4 lanes hit 32 banks
-    const int s = stage(ti.n_tiles - 1), wq = (threadIdx.x >> 5) & 3;
-    hab_sm90::named_sync(wg == 0 ? 5 : 4, 256);
-    const uint32_t base = smem + (wg == 0 ? K_OFF : V_OFF) + s * TILE_BYTES;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = l[h];
-      sum += hab_shfl_xor(sum, 1);
-      sum += hab_shfl_xor(sum, 2);
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      const uint32_t row = base + (16 * wq + (lane >> 2) + 8 * h) * PITCH;
-#pragma unroll
-      for (int i = 0; i < 16; ++i)
-        hab_sm90::st_shared_u32(row + 16 * i + 4 * t,
-                                hab_sm90::pack2<IS_BF16>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv));
-      if (row_ok[h] && p.lse != nullptr && t == 0) {
-        const int64_t tok_g = ti.q_start + tok[h];
-        p.lse[tok_g * p.lse_stride[0] + int64_t(head[h]) * p.lse_stride[1]] =
-            sum > 0.f ? (m[h] + __log2f(sum)) * LN2 : -INFINITY;
-      }
-    }
-    hab_sm90::fence_proxy_async();  // the rows are visible to the bulk copies
-    hab_sm90::named_sync(6 + wg, 128);
-    if (wq == 0) {
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const int lr = 2 * lane + k, r = 64 * wg + lr, tk = ti.m_tok0 + r / ti.group;
-        if (r < ti.tok_m * ti.group && tk < ti.len_q) {
-          uint16_t* dst = static_cast<uint16_t*>(p.out) + (ti.q_start + tk) * p.o_stride[0] +
-                          (int64_t(ti.kv_head) * ti.group + r % ti.group) * p.o_stride[1];
-          hab_sm90::bulk_store(dst, base + lr * PITCH, 256);
-        }
-      }
-      hab_sm90::bulk_commit();
-      hab_sm90::bulk_wait_read();
-    }
-    hab_sm90::named_sync(6 + wg, 128);
-    __syncwarp();
-    if (lane == 0) hab_sm90::mbar_arrive_count(wg == 0 ? b.empty_k + s : b.empty_v + s, 2);
+    release_v(ti.n_tiles - 1);
   }
 
   // out = O / l (0 where no key was seen), lse in natural log
@@ -475,8 +387,7 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
       if (p.overlap) c.run_overlap();
       else c.run_serial();
       HAB_TRACE(ti.item, 2, warp == 0 && lane == 0);
-      if (c.bulk) c.finish_bulk();
-      else c.finish();
+      c.finish();
       HAB_TRACE(ti.item, 3, warp == 0 && lane == 0);
       HAB_TRACE(ti.item, 4, warp == 4 && lane == 0);
 #if defined(HAB_PREFILL_TRACE)
@@ -488,7 +399,6 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
 #endif
       jg += ti.n_tiles;
     }
-    if constexpr (O_BULK) hab_sm90::bulk_wait_all();  // no bulk store outlives its thread
   }
 #else
   __trap();  // built without sm_90a: the host never launches this (hab_prefix_prefill)

@@ -27,20 +27,6 @@ constexpr int HEAD_DIM = 128;
 #define HAB_PREFILL_PRODUCER_REGS 64
 #endif
 constexpr int STAGES = HAB_PREFILL_STAGES;
-// Harness switches of the producer's item start (docs/native-prefill.md): HAB_PREFILL_EARLY_ROWS
-// (Q's row address and the first tile's block-table reads before the wait for Q's slot),
-// HAB_PREFILL_Q_PREFETCH (and an L2 prefetch of the Q rows), HAB_PREFILL_KV0_FIRST (and the
-// first K/V tile's copies); each implies the one before.
-#if defined(HAB_PREFILL_O_BULK)  // the output through shared memory and bulk copies (Consumer)
-constexpr bool O_BULK = true;
-#else
-constexpr bool O_BULK = false;
-#endif
-#if defined(HAB_PREFILL_EARLY_ROWS) || defined(HAB_PREFILL_Q_PREFETCH) || defined(HAB_PREFILL_KV0_FIRST)
-constexpr bool EARLY_START = true;
-#else
-constexpr bool EARLY_START = false;
-#endif
 constexpr int CONSUMER_WARPS = 8;
 constexpr int PRODUCER_WARPS = 4;
 constexpr int THREADS = (CONSUMER_WARPS + PRODUCER_WARPS) * 32;

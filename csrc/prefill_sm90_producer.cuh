@@ -105,34 +105,6 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
       copy_rows(smem + V_OFF + s * TILE_BYTES, kr.v, static_cast<const uint16_t*>(p.v_cache), pw, lane);
       hab_sm90::mbar_arrive_cp_async(b.full_v + s);
     };
-    const uint16_t* q_row = nullptr;
-    KeyRows next{};
-    int j0 = 0;  // the first tile the loop below loads
-    if constexpr (EARLY_START) {
-      // Before the wait for Q's slot (the consumers free it when the last item's last S
-      // lands): Q's row address, optionally an L2 prefetch of the row, the first tile's
-      // block-table reads and, optionally, the first tile itself (its ring slot was freed
-      // by a product three tiles back), so that only Q's copy is left after the wait.
-      q_row = q_row_of();
-      next = first_rows();
-#if defined(HAB_PREFILL_Q_PREFETCH)
-      if (q_row != nullptr) {  // a 256-byte row is two 128-byte lines
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(q_row));
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(q_row + 64));
-      }
-#endif
-#if defined(HAB_PREFILL_KV0_FIRST)
-      if (has && ti.n_tiles > 0) {
-        const KeyRows kr = next;
-        const uint32_t bits = __ballot_sync(0xffffffffu, kr.k != nullptr);
-        if (ti.n_tiles > 1) next = key_rows(p, ti, page_div, (ti.tile_lo + 1) * BLOCK_N + r);
-        load_k(jg, kr, bits);
-        load_v(jg, kr);
-        j0 = 1;
-        ++jg;
-      }
-#endif
-    }
     hab_sm90::mbar_wait(b.empty_q, (round & 1) ^ 1);
     HAB_TRACE(w, 6, has && pw == 0 && lane == 0);
     if (pw == 0 && lane == 0) {
@@ -144,11 +116,10 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
       hab_sm90::mbar_arrive(b.full_q);  // no copies: the barrier completes at once
       break;
     }
-    if constexpr (!EARLY_START) q_row = q_row_of();
-    copy_rows(smem + Q_OFF, q_row, static_cast<const uint16_t*>(p.q), pw, lane);
+    copy_rows(smem + Q_OFF, q_row_of(), static_cast<const uint16_t*>(p.q), pw, lane);
     hab_sm90::mbar_arrive_cp_async(b.full_q);
-    if constexpr (!EARLY_START) next = first_rows();
-    for (int j = j0; j < ti.n_tiles; ++j, ++jg) {
+    KeyRows next = first_rows();
+    for (int j = 0; j < ti.n_tiles; ++j, ++jg) {
       const KeyRows kr = next;
       const uint32_t bits = __ballot_sync(0xffffffffu, kr.k != nullptr);
       if (j + 1 < ti.n_tiles) next = key_rows(p, ti, page_div, (ti.tile_lo + j + 1) * BLOCK_N + r);

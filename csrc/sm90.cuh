@@ -49,16 +49,6 @@ HAB_DEV void mbar_arrive(uint64_t* bar) {
 #endif
 }
 
-// `count` arrivals at once (one thread standing for several).
-HAB_DEV void mbar_arrive_count(uint64_t* bar, uint32_t count) {
-#if defined(HAB_SM90A)
-  asm volatile(
-      "{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(count)
-      : "memory");
-#endif
-}
-
 // The barrier's arrival of this thread happens once its earlier cp.async copies land
 // (.noinc: the arrival is one of the counted ones).
 HAB_DEV void mbar_arrive_cp_async(uint64_t* bar) {
@@ -89,39 +79,6 @@ HAB_DEV void cp_async16(uint32_t dst, const void* src, bool fill) {
 #if defined(HAB_SM90A)
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(fill ? 16 : 0)
                : "memory");
-#endif
-}
-
-// ------------------------------------------------------------------ bulk stores
-HAB_DEV void st_shared_u32(uint32_t addr, uint32_t v) {
-#if defined(HAB_SM90A)
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-#endif
-}
-
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) shared -> global through the
-// async proxy, in this thread's current bulk group.
-HAB_DEV void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
-#if defined(HAB_SM90A)
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
-               : "memory");
-#endif
-}
-HAB_DEV void bulk_commit() {
-#if defined(HAB_SM90A)
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
-}
-// until this thread's bulk groups have landed in global memory
-HAB_DEV void bulk_wait_all() {
-#if defined(HAB_SM90A)
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-#endif
-}
-// until this thread's bulk groups have read their shared-memory sources
-HAB_DEV void bulk_wait_read() {
-#if defined(HAB_SM90A)
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 #endif
 }
 
