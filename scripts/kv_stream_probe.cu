@@ -1,0 +1,468 @@
+// How fast can a decode-shaped grid stream a paged KV cache into shared memory on sm_90a,
+// by the way the bytes are moved? No attention math: each program walks its partition's
+// 64-token tiles (K and V, bshd pages of 16 slots in a random permutation, one KV head),
+// lands each tile in a ring of shared-memory stages, touches a few words of it and frees
+// the stage. The movers:
+//   cpa      cp.async 16-byte copies by all 128 threads (the Triton and native decodes' way)
+//   tma_page one bulk tensor copy a page (box 128 channels x 1 head x 16 slots = 4 KB),
+//            issued by one thread, completion on an mbarrier (transaction bytes)
+//   tma_row  one bulk tensor copy a token row (256 B), issued by 64 threads
+// Each is timed at 2-4 stages. The L2 is cleared before every launch by a 256 MB memset
+// ("write") or a read of a 256 MB buffer ("read"); CUDA-event median of REPS launches;
+// 100% is a 2 GB device-to-device copy (bytes read + written) timed the same way.
+//
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a scripts/kv_stream_probe.cu -o kv_stream_probe
+//   kv_stream_probe B CTX HKV PARTS [REPS]
+//
+// Also timed: cpa/sw (dense rows, 16-byte chunks XOR-swizzled; the others pad each row by
+// 16 bytes), cpa+mma (the same loop with tensor-core work shaped like the native decode's
+// at 16 query rows, MmaWork) and ws / ws+mma (warp-specialized: 4 warps stage with
+// cp.async and mbarriers, 4 compute).
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#define CK(x)                                                                                   \
+  do {                                                                                          \
+    cudaError_t e_ = (x);                                                                       \
+    if (e_ != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+constexpr int D = 128, PAGE = 16, TILE = 64, THREADS = 128;
+constexpr int ROW_BYTES = D * 2, TILE_BYTES = TILE * ROW_BYTES;  // one of K or V: 16 KB
+// the cp.async movers' shared rows: 256 bytes + 16 of padding (ldmatrix without bank
+// conflicts, as the native decode's Layout::LDK), so K or V of a tile is 17 KB there
+constexpr int SROW = ROW_BYTES + 16, STILE = TILE * SROW;
+// or (SW) dense 256-byte rows whose 16-byte chunk c sits at (c & 8) | ((c ^ row) & 7): each
+// 128-byte line of the cache lands in one aligned 128-byte segment, and the 8 rows an
+// ldmatrix reads hit 8 different bank groups
+template <bool SW>
+__device__ __forceinline__ int chunk_off(int row, int c) {
+  return SW ? row * ROW_BYTES + 16 * ((c & 8) | ((c ^ row) & 7)) : row * SROW + 16 * c;
+}
+
+struct Args {
+  const uint16_t* k;
+  const uint16_t* v;
+  const int* table;  // [B, ctx / PAGE]
+  int ctx, hkv, parts, blocks_per_seq;
+  float* out;  // [programs, THREADS]
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* b, int n) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(n));
+}
+__device__ __forceinline__ void mbar_expect(uint64_t* b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nW_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W_%=;\n}\n" ::"r"(
+          smem_u32(b)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma3(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+// the program's tiles: [t0, t1) of its sequence
+__device__ __forceinline__ void tiles_of(const Args& a, int& t0, int& t1) {
+  const int n_tiles = a.ctx / TILE, per = (n_tiles + a.parts - 1) / a.parts;
+  t0 = min(n_tiles, int(blockIdx.z) * per);
+  t1 = min(n_tiles, t0 + per);
+}
+
+// a few words of a landed tile (K or V), so the copies are consumed
+__device__ __forceinline__ float touch(const uint8_t* tile) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(tile);
+  return __uint_as_float(w[threadIdx.x] & 0x3fffffffu) + __uint_as_float(w[threadIdx.x + 2048] & 0x3fffffffu);
+}
+
+// Tensor-core work shaped like the native decode's at 16 query rows (G <= 16 padded to 16):
+// warp w takes tokens 16w .. 16w + 15 of the tile: S = Q K^T over 128 channels (8 k-steps,
+// 2 n-tiles: 16 mma, 8 ldmatrix.x4), 16 exps, P to bf16, O += P V (16 n-tiles of 8
+// channels: 16 mma, 8 ldmatrix.x4.trans). Q is a register constant; the values are
+// nonsense, only the instruction stream matters.
+template <bool SW>
+struct MmaWork {
+  float o[16][4];
+  uint32_t q[4];
+  __device__ void init() {
+    for (int i = 0; i < 16; ++i)
+      for (int e = 0; e < 4; ++e) o[i][e] = 0.f;
+    for (int e = 0; e < 4; ++e) q[e] = 0x3c003c00u ^ (threadIdx.x * 0x10001u);
+  }
+  __device__ __forceinline__ void run(const uint8_t* ks, const uint8_t* vs) {
+    const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4;
+    float c[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const int tok = 16 * w + (lane / 16) * 8 + lane % 8, ch = kk * 16 + ((lane / 8) & 1) * 8;
+      uint32_t b[4];
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                   : "r"(smem_u32(ks + chunk_off<SW>(tok, ch / 8))));
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[n][0]), "+f"(c[n][1]), "+f"(c[n][2]), "+f"(c[n][3])
+                     : "r"(q[0]), "r"(q[1]), "r"(q[2]), "r"(q[3]), "r"(b[2 * n]), "r"(b[2 * n + 1]));
+    }
+    uint32_t pa[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float x0 = exp2f(c[i / 2][2 * (i % 2)] * 1e-3f), x1 = exp2f(c[i / 2][2 * (i % 2) + 1] * 1e-3f);
+      __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+      pa[i] = *reinterpret_cast<uint32_t*>(&h);
+    }
+#pragma unroll
+    for (int ct = 0; ct < 8; ++ct) {
+      const int tok = 16 * w + ((lane / 8) & 1) * 8 + lane % 8, ch = ct * 16 + (lane / 16) * 8;
+      uint32_t b[4];
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                   : "r"(smem_u32(vs + chunk_off<SW>(tok, ch / 8))));
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(o[2 * ct + n][0]), "+f"(o[2 * ct + n][1]), "+f"(o[2 * ct + n][2]), "+f"(o[2 * ct + n][3])
+                     : "r"(pa[0]), "r"(pa[1]), "r"(pa[2]), "r"(pa[3]), "r"(b[2 * n]), "r"(b[2 * n + 1]));
+    }
+  }
+  __device__ float sum() const {
+    float s = 0.f;
+    for (int i = 0; i < 16; ++i)
+      for (int e = 0; e < 4; ++e) s += o[i][e];
+    return s;
+  }
+};
+
+// a thread's share of a tile's cp.async copies (NT threads take the tile: 16 a row)
+template <int NT, bool SW>
+__device__ __forceinline__ void stage_tile(const Args& a, const int* tab, int h, int t, uint8_t* ks, int ptid) {
+  uint8_t* vs = ks + STILE;
+  const int u = ptid % 16, r0 = ptid / 16;
+#pragma unroll
+  for (int pass = 0; pass < TILE * 16 / NT; ++pass) {
+    const int r = r0 + (NT / 16) * pass, tok = t * TILE + r;
+    const int64_t row = (int64_t(tab[tok / PAGE]) * PAGE + tok % PAGE) * a.hkv + h;
+    cp16(smem_u32(ks + chunk_off<SW>(r, u)), a.k + row * D + 8 * u);
+    cp16(smem_u32(vs + chunk_off<SW>(r, u)), a.v + row * D + 8 * u);
+  }
+}
+
+// all 128 threads stage and (MMA) compute, one barrier a tile (the native decode's loop)
+template <int STAGES, bool MMA, bool SW>
+__global__ void __launch_bounds__(THREADS) cpa_kernel(const Args a) {
+  extern __shared__ __align__(1024) uint8_t sm[];
+  const int h = blockIdx.x, b = blockIdx.y;
+  int t0, t1;
+  tiles_of(a, t0, t1);
+  const int* tab = a.table + int64_t(b) * a.blocks_per_seq;
+  auto issue = [&](int t, int s) {
+    stage_tile<THREADS, SW>(a, tab, h, t, sm + s * 2 * STILE, threadIdx.x);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+  MmaWork<SW> mw;
+  mw.init();
+  float acc = 0.f;
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (t0 + i < t1) issue(t0 + i, i);
+    else asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+  for (int t = t0; t < t1; ++t) {
+    const int s = (t - t0) % STAGES;
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2) : "memory");
+    __syncthreads();  // tile t landed for all; every thread is done with tile t - 1
+    const int nt = t + STAGES - 1;
+    if (nt < t1) issue(nt, (nt - t0) % STAGES);
+    else asm volatile("cp.async.commit_group;\n" ::: "memory");
+    if constexpr (MMA) mw.run(sm + s * 2 * STILE, sm + s * 2 * STILE + STILE);
+    else acc += touch(sm + s * 2 * STILE) + touch(sm + s * 2 * STILE + STILE);
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  const int64_t prog = (int64_t(blockIdx.z) * gridDim.y + b) * gridDim.x + h;
+  a.out[prog * THREADS + threadIdx.x] = acc + mw.sum();
+}
+
+// warp-specialized: warps 4-7 stage tiles (cp.async, completion on the stage's full
+// mbarrier), warps 0-3 compute and free the stage (empty mbarrier); no block barrier
+template <int STAGES, bool MMA, bool SW>
+__global__ void __launch_bounds__(2 * THREADS) ws_kernel(const Args a) {
+  extern __shared__ __align__(1024) uint8_t sm[];
+  __shared__ uint64_t full[STAGES], empty[STAGES];
+  const int h = blockIdx.x, b = blockIdx.y;
+  int t0, t1;
+  tiles_of(a, t0, t1);
+  const int* tab = a.table + int64_t(b) * a.blocks_per_seq;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full + s, THREADS);  // one cp.async arrival a producer thread
+      mbar_init(empty + s, 4);       // one arrival a consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  float acc = 0.f;
+  if (threadIdx.x >= THREADS) {
+    const int ptid = threadIdx.x - THREADS;
+    for (int t = t0; t < t1; ++t) {
+      const int i = t - t0, s = i % STAGES;
+      if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);
+      stage_tile<THREADS, SW>(a, tab, h, t, sm + s * 2 * STILE, ptid);
+      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(full + s)) : "memory");
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+  MmaWork<SW> mw;
+  mw.init();
+  for (int t = t0; t < t1; ++t) {
+    const int i = t - t0, s = i % STAGES;
+    mbar_wait(full + s, (i / STAGES) & 1);
+    if constexpr (MMA) mw.run(sm + s * 2 * STILE, sm + s * 2 * STILE + STILE);
+    else acc += touch(sm + s * 2 * STILE) + touch(sm + s * 2 * STILE + STILE);
+    __syncwarp();
+    if (threadIdx.x % 32 == 0)
+      asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(empty + s)) : "memory");
+  }
+  const int64_t prog = (int64_t(blockIdx.z) * gridDim.y + b) * gridDim.x + h;
+  a.out[prog * THREADS + threadIdx.x] = acc + mw.sum();
+}
+
+// ROWS: false = one copy a page (thread 0), true = one copy a token row (threads 0..63)
+template <int STAGES, bool ROWS>
+__global__ void __launch_bounds__(THREADS) tma_kernel(const Args a, const __grid_constant__ CUtensorMap mk,
+                                                      const __grid_constant__ CUtensorMap mv) {
+  extern __shared__ __align__(1024) uint8_t sm[];
+  __shared__ uint64_t full[STAGES];
+  const int h = blockIdx.x, b = blockIdx.y;
+  int t0, t1;
+  tiles_of(a, t0, t1);
+  const int* tab = a.table + int64_t(b) * a.blocks_per_seq;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) mbar_init(full + s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int t, int s) {
+    const uint32_t ks = smem_u32(sm + s * 2 * TILE_BYTES), vs = ks + TILE_BYTES;
+    if constexpr (!ROWS) {
+      if (threadIdx.x == 0) {
+        mbar_expect(full + s, 2 * TILE_BYTES);
+#pragma unroll
+        for (int pg = 0; pg < TILE / PAGE; ++pg) {
+          const int slot0 = tab[(t * TILE) / PAGE + pg] * PAGE;
+          tma3(ks + pg * PAGE * ROW_BYTES, &mk, 0, h, slot0, full + s);
+          tma3(vs + pg * PAGE * ROW_BYTES, &mv, 0, h, slot0, full + s);
+        }
+      }
+    } else {
+      if (threadIdx.x == 0) mbar_expect(full + s, 2 * TILE_BYTES);
+      if (threadIdx.x < TILE) {
+        const int r = threadIdx.x, tok = t * TILE + r;
+        const int slot = tab[tok / PAGE] * PAGE + tok % PAGE;
+        tma3(ks + r * ROW_BYTES, &mk, 0, h, slot, full + s);
+        tma3(vs + r * ROW_BYTES, &mv, 0, h, slot, full + s);
+      }
+    }
+  };
+  float acc = 0.f;
+  for (int i = 0; i < STAGES - 1; ++i)
+    if (t0 + i < t1) issue(t0 + i, i);
+  for (int t = t0; t < t1; ++t) {
+    const int i = t - t0, s = i % STAGES;
+    const int nt = t + STAGES - 1;
+    // the stage of tile nt held tile t - 1: every thread is past it (the barrier below
+    // of the previous iteration), so it may be refilled
+    if (nt < t1) issue(nt, (nt - t0) % STAGES);
+    mbar_wait(full + s, (i / STAGES) & 1);
+    acc += touch(sm + s * 2 * TILE_BYTES) + touch(sm + s * 2 * TILE_BYTES + TILE_BYTES);
+    __syncthreads();  // every thread is done with stage s
+  }
+  const int64_t prog = (int64_t(blockIdx.z) * gridDim.y + b) * gridDim.x + h;
+  a.out[prog * THREADS + threadIdx.x] = acc;
+}
+
+__global__ void read_flush(const int4* p, int64_t n, int* sink) {
+  int acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    acc ^= p[i].x ^ p[i].w;
+  if (acc == 0x7fffffff) *sink = acc;
+}
+
+static PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+  if (q != cudaDriverEntryPointSuccess || fn == nullptr) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled not found\n");
+    std::exit(1);
+  }
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+}
+
+// the cache [nb * PAGE slots, hkv heads, D channels] as a 3-D tensor; box: channels x 1 head x rows
+static CUtensorMap make_map(const void* base, int64_t slots, int hkv, int box_rows) {
+  CUtensorMap m;
+  cuuint64_t dims[3] = {cuuint64_t(D), cuuint64_t(hkv), cuuint64_t(slots)};
+  cuuint64_t strides[2] = {cuuint64_t(ROW_BYTES), cuuint64_t(ROW_BYTES) * hkv};
+  cuuint32_t box[3] = {cuuint32_t(D), 1, cuuint32_t(box_rows)};
+  cuuint32_t estr[3] = {1, 1, 1};
+  CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box,
+                           estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled: %d\n", int(r));
+    std::exit(1);
+  }
+  return m;
+}
+
+struct Timer {
+  void* flush;
+  int* sink;
+  bool read;
+  int reps;
+  template <class F>
+  float median_us(F launch) {
+    std::vector<float> t;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = 0; i < reps + 3; ++i) {
+      if (read) read_flush<<<1056, 256>>>(static_cast<const int4*>(flush), (256 << 20) / 16, sink);
+      else CK(cudaMemsetAsync(flush, i & 0xff, 256 << 20));
+      CK(cudaEventRecord(e0));
+      launch();
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (i >= 3) t.push_back(1000.f * ms);
+    }
+    CK(cudaGetLastError());
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+};
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: %s B CTX HKV PARTS [REPS]\n", argv[0]);
+    return 2;
+  }
+  const int B = std::atoi(argv[1]), ctx = std::atoi(argv[2]), hkv = std::atoi(argv[3]), parts = std::atoi(argv[4]);
+  const int reps = argc > 5 ? std::atoi(argv[5]) : 30;
+  if (ctx % (TILE * parts) != 0 && ctx % TILE != 0) return 2;
+  const int bps = ctx / PAGE, nb = B * bps;
+  const int64_t elems = int64_t(nb) * PAGE * hkv * D, kv_bytes = 2 * elems * 2;
+  uint16_t *k, *v;
+  int* table;
+  float* out;
+  void* flush;
+  int* sink;
+  CK(cudaMalloc(&k, elems * 2));
+  CK(cudaMalloc(&v, elems * 2));
+  CK(cudaMemset(k, 0x3c, elems * 2));
+  CK(cudaMemset(v, 0x3c, elems * 2));
+  std::vector<int> perm(nb);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(0));
+  CK(cudaMalloc(&table, nb * sizeof(int)));
+  CK(cudaMemcpy(table, perm.data(), nb * sizeof(int), cudaMemcpyHostToDevice));
+  const int progs = hkv * B * parts;
+  CK(cudaMalloc(&out, int64_t(progs) * THREADS * 4));
+  CK(cudaMalloc(&flush, 256 << 20));
+  CK(cudaMemset(flush, 1, 256 << 20));
+  CK(cudaMalloc(&sink, 4));
+  void *ca, *cb;
+  const int64_t cbytes = std::max<int64_t>(1ll << 30, kv_bytes / 2);  // the ceiling: >= 1 GB read + written
+  CK(cudaMalloc(&ca, cbytes));
+  CK(cudaMalloc(&cb, cbytes));
+  Args a{k, v, table, ctx, hkv, parts, bps, out};
+  dim3 grid(hkv, B, parts);
+  const CUtensorMap mk_page = make_map(k, int64_t(nb) * PAGE, hkv, PAGE), mv_page = make_map(v, int64_t(nb) * PAGE, hkv, PAGE);
+  const CUtensorMap mk_row = make_map(k, int64_t(nb) * PAGE, hkv, 1), mv_row = make_map(v, int64_t(nb) * PAGE, hkv, 1);
+  for (int read = 0; read < 2; ++read) {
+    Timer tm{flush, sink, read != 0, reps};
+    const float copy_us = tm.median_us([&] { CK(cudaMemcpyAsync(cb, ca, cbytes, cudaMemcpyDeviceToDevice)); });
+    const double copy_gbps = 2.0 * cbytes / copy_us / 1e3;
+    const float same_us = tm.median_us([&] { CK(cudaMemcpyAsync(cb, ca, kv_bytes / 2, cudaMemcpyDeviceToDevice)); });
+    std::printf("B=%d ctx=%d hkv=%d parts=%d programs=%d KV %.0f MB flush=%s copy %.0f GB/s | same-bytes copy %.1f us %.1f%%\n",
+                B, ctx, hkv, parts, progs, kv_bytes / 1e6, read ? "read" : "write", copy_gbps, same_us,
+                100.0 * kv_bytes / same_us / 1e3 / copy_gbps);
+    auto report = [&](const char* name, int stages, const void* fn, int smem, int threads, float us) {
+      int occ = 0;
+      CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, threads, smem));
+      std::printf("  %-10s stages %d (%d programs an SM): %8.1f us  %6.0f GB/s  %5.1f%% of copy\n", name, stages, occ,
+                  us, kv_bytes / us / 1e3, 100.0 * kv_bytes / us / 1e3 / copy_gbps);
+    };
+    auto run_cpa = [&](auto st, auto mma, auto sw) {
+      constexpr int S = decltype(st)::value;
+      constexpr bool M = decltype(mma)::value, W = decltype(sw)::value;
+      const int smem = S * 2 * STILE;
+      CK(cudaFuncSetAttribute(cpa_kernel<S, M, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      report(M ? (W ? "cpa+mma/sw" : "cpa+mma") : (W ? "cpa/sw" : "cpa"), S,
+             reinterpret_cast<const void*>(cpa_kernel<S, M, W>), smem, THREADS,
+             tm.median_us([&] { cpa_kernel<S, M, W><<<grid, THREADS, smem>>>(a); }));
+    };
+    auto run_ws = [&](auto st, auto mma, auto sw) {
+      constexpr int S = decltype(st)::value;
+      constexpr bool M = decltype(mma)::value, W = decltype(sw)::value;
+      const int smem = S * 2 * STILE;
+      CK(cudaFuncSetAttribute(ws_kernel<S, M, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      report(M ? (W ? "ws+mma/sw" : "ws+mma") : (W ? "ws/sw" : "ws"), S,
+             reinterpret_cast<const void*>(ws_kernel<S, M, W>), smem, 2 * THREADS,
+             tm.median_us([&] { ws_kernel<S, M, W><<<grid, 2 * THREADS, smem>>>(a); }));
+    };
+    auto run_tma = [&](auto st, auto rows) {
+      constexpr int S = decltype(st)::value;
+      constexpr bool R = decltype(rows)::value;
+      const int smem = S * 2 * TILE_BYTES;
+      CK(cudaFuncSetAttribute(tma_kernel<S, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      const CUtensorMap& mk = R ? mk_row : mk_page;
+      const CUtensorMap& mv = R ? mv_row : mv_page;
+      report(R ? "tma_row" : "tma_page", S, reinterpret_cast<const void*>(tma_kernel<S, R>), smem, THREADS,
+             tm.median_us([&] { tma_kernel<S, R><<<grid, THREADS, smem>>>(a, mk, mv); }));
+    };
+    using F = std::false_type;
+    using T = std::true_type;
+    run_cpa(std::integral_constant<int, 3>{}, F{}, F{});
+    run_cpa(std::integral_constant<int, 3>{}, F{}, T{});
+    run_cpa(std::integral_constant<int, 3>{}, T{}, F{});
+    run_cpa(std::integral_constant<int, 3>{}, T{}, T{});
+    run_cpa(std::integral_constant<int, 2>{}, T{}, T{});
+    run_ws(std::integral_constant<int, 3>{}, T{}, F{});
+    run_ws(std::integral_constant<int, 3>{}, T{}, T{});
+    run_ws(std::integral_constant<int, 4>{}, T{}, T{});
+    run_tma(std::integral_constant<int, 3>{}, F{});
+  }
+  std::vector<float> h(THREADS);
+  CK(cudaMemcpy(h.data(), out, THREADS * 4, cudaMemcpyDeviceToHost));
+  std::printf("  (check: program 0 thread 0 touched %.3g)\n", h[0]);
+  return 0;
+}
