@@ -61,7 +61,15 @@ struct SplitNGeometry {
   typedef Layout<16, HEAD_DIM_PAD> L;
   static constexpr int SLICES = SN_TOKENS / 16;                 // 16-token slices of a tile
   static constexpr int CTW = HEAD_DIM_PAD / 16 / (NUM_WARPS / SLICES);  // O column tiles a warp
-  static constexpr int STAGE_BYTES = 2 * SN_TOKENS * L::LDK * 2 + SN_TOKENS;  // K, V, token flags (bytes)
+  // A staged K or V row is HEAD_DIM_PAD channels with no padding, its 16-byte chunk c
+  // stored at chunk c ^ (row % 8): each 128-byte line of the cache lands in one aligned
+  // 128-byte segment of shared memory, and the 8 rows of an ldmatrix matrix read 8
+  // different bank groups. (Rows padded by 16 bytes, conflict-free as well, streamed 6-8%
+  // slower on the H200: docs/notes-decode.md v18.)
+  static_assert(HEAD_DIM_PAD % 64 == 0, "the swizzle permutes 8 chunks of 16 bytes");
+  static constexpr int KV_LD = HEAD_DIM_PAD;  // elements a staged row
+  HAB_DEV static int kv_off(int row, int chunk) { return row * KV_LD + 8 * (chunk ^ (row & 7)); }
+  static constexpr int STAGE_BYTES = 2 * SN_TOKENS * KV_LD * 2 + SN_TOKENS;  // K, V, token flags (bytes)
   // after the stages: two tiles' (block, slot) per token, int2 [2][SN_TOKENS]; with
   // 32-token tiles then the warp pairs' S halves, float4 [SLICES][2][2][32]
   static constexpr int XCH_BYTES = SLICES < NUM_WARPS ? SLICES * 2 * 2 * 32 * 16 : 0;

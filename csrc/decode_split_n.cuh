@@ -83,14 +83,15 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   const bool keeps_state = warp < SLICES;  // one warp a slice publishes (m, l) for the merge
   const int g = lane >> 2, t4 = lane & 3;
   const int num_tiles = part_end > loop_start ? (part_end - loop_start + BLOCK_N - 1) / BLOCK_N : 0;
-  // stage s: K [BLOCK_N][LDK], V [BLOCK_N][LDK], token flags [BLOCK_N] bytes
-  constexpr int STAGE_BYTES = G::STAGE_BYTES;
+  // stage s: K [BLOCK_N][KV_LD], V [BLOCK_N][KV_LD] (chunks swizzled: G::kv_off), token
+  // flags [BLOCK_N] bytes
+  constexpr int STAGE_BYTES = G::STAGE_BYTES, KV_LD = G::KV_LD;
   static_assert((L::LDK * 2) % 16 == 0 && L::K_OFF % 16 == 0 && STAGE_BYTES % 16 == 0 &&
-                    (BLOCK_N * L::LDK * 2) % 16 == 0,
+                    (BLOCK_N * KV_LD * 2) % 16 == 0,
                 "ldmatrix and cp.async need 16-byte aligned rows in every stage");
   auto k_stage = [&](int s) { return reinterpret_cast<uint16_t*>(stage_smem + s * STAGE_BYTES); };
-  auto v_stage = [&](int s) { return k_stage(s) + BLOCK_N * L::LDK; };
-  auto ok_stage = [&](int s) { return stage_smem + s * STAGE_BYTES + 2 * BLOCK_N * L::LDK * 2; };  // [BLOCK_N] bytes
+  auto v_stage = [&](int s) { return k_stage(s) + BLOCK_N * KV_LD; };
+  auto ok_stage = [&](int s) { return stage_smem + s * STAGE_BYTES + 2 * BLOCK_N * KV_LD * 2; };  // [BLOCK_N] bytes
   int2* rows_s = reinterpret_cast<int2*>(stage_smem + stages * STAGE_BYTES);  // [2][BLOCK_N] (block, slot)
   float4* xch = reinterpret_cast<float4*>(rows_s + 2 * BLOCK_N);  // 32-token tiles: the pairs' S halves
   // token tid of tile `tile` (tid < BLOCK_N): its block id (-1: skip) and its slot
@@ -133,14 +134,13 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
       const int blk = tok_ok ? bs.x : 0, slot = tok_ok ? bs.y : 0;
       const uint8_t* k_row = geo.k_base + 2 * geo.k_row(blk, slot) + 16 * u;
       const uint8_t* v_row = geo.v_base + 2 * geo.v_row(blk, slot) + 16 * u;
-      uint16_t* k_dst = ks + n * L::LDK + 8 * u;
-      uint16_t* v_dst = vs + n * L::LDK + 8 * u;
 #pragma unroll
       for (int j = 0; j < CPT; ++j) {  // chunk u + TPT j: channels 8 (u + TPT j) ..
         const bool fill = tok_ok && chunk_in[j];
         const int off = fill ? 16 * TPT * j : 0;  // a skipped chunk stays in the row
-        cp_async16(k_dst + 8 * TPT * j, k_row + off, fill);
-        cp_async16(v_dst + 8 * TPT * j, v_row + off, fill);
+        const int at = G::kv_off(n, u + TPT * j);
+        cp_async16(ks + at, k_row + off, fill);
+        cp_async16(vs + at, v_row + off, fill);
       }
       if (u == 0) oks[n] = tok_ok;
     }
@@ -232,14 +232,18 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     float c[8], c_odd[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) c[e] = c_odd[e] = 0.f;
-    const uint16_t* k_w = k_s + slice * 16 * L::LDK;
+    // this lane's ldmatrix rows of K (token 16 slice + 8 (q >> 1) + r, chunk 2 kk + (q & 1))
+    // and of V (token 16 slice + 8 (q & 1) + r, chunk 2 (ct0 + ct) + (q >> 1)); r = lane % 8
+    // is the row's place in its 8-row group, so the swizzle XORs with r
+    const int lq = lane >> 3, lr = lane & 7;
+    const int k_lrow = slice * 16 + (lq >> 1) * 8 + lr, v_lrow = slice * 16 + (lq & 1) * 8 + lr;
     constexpr int KH = HEAD_DIM_PAD / 16 / (NUM_WARPS / SLICES);  // 16-channel steps a warp
     static_assert(KH % 2 == 0, "two chains of whole steps");
     const int kk0 = (warp / SLICES) * KH;
 #pragma unroll
     for (int kk = kk0; kk < kk0 + KH; kk += 2) {
-      Tile::mma_ldsm(c, q_s + kk * 16, L::LDK, k_w + kk * 16, L::LDK, lane);
-      Tile::mma_ldsm(c_odd, q_s + (kk + 1) * 16, L::LDK, k_w + (kk + 1) * 16, L::LDK, lane);
+      Tile::mma_ldsm_b(c, q_s + kk * 16, L::LDK, k_s + G::kv_off(k_lrow, 2 * kk + (lq & 1)), lane);
+      Tile::mma_ldsm_b(c_odd, q_s + (kk + 1) * 16, L::LDK, k_s + G::kv_off(k_lrow, 2 * (kk + 1) + (lq & 1)), lane);
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) c[e] += c_odd[e];
@@ -315,7 +319,6 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     // P in the A layout: a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..)
     const uint32_t a[4] = {hab_pack2(pb[0], pb[1]), hab_pack2(pb[2], pb[3]), hab_pack2(pb[4], pb[5]),
                            hab_pack2(pb[6], pb[7])};
-    const uint16_t* v_w = v_s + slice * 16 * L::LDK + ct0 * 16;
     // the accumulators change scale only when a row's running max moved (alpha != 1);
     // past the first tiles that is rare, so the warp skips the 8 x CTW multiplies together
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
@@ -325,7 +328,8 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
         for (int e = 0; e < 8; ++e) o[ct][e] *= alpha[(e & 3) >> 1];
     }
 #pragma unroll
-    for (int ct = 0; ct < CTW; ++ct) Tile::mma_a_regs_ldsm(o[ct], a, v_w + ct * 16, L::LDK, lane);
+    for (int ct = 0; ct < CTW; ++ct)
+      Tile::mma_a_regs_ldsm_b(o[ct], a, v_s + G::kv_off(v_lrow, 2 * (ct0 + ct) + (lq >> 1)));
     if (tid < BLOCK_N && ahead < num_tiles) store_rows(ahead + 1, next_id, next_slot);
   }
 

@@ -135,9 +135,15 @@ struct HabWarpTile<KIND, WARP, HAB_UNIT_MMA_SYNC> {
   HAB_DEV static void mma_ldsm(float (&c)[kElems], const uint16_t* A, int lda, const uint16_t* B, int ldb_n,
                                int lane) {
     const int q = lane >> 3, r = lane & 7;
+    mma_ldsm_b(c, A, lda, B + ((q >> 1) * 8 + r) * ldb_n + (q & 1) * 8, lane);
+  }
+  // The same with B's row address of this lane given (B(k, n) read from row n = 8 (q >> 1) +
+  // r, channels 8 (q & 1) ..: a swizzled layout computes it, e.g. decode_split_n.cuh).
+  HAB_DEV static void mma_ldsm_b(float (&c)[kElems], const uint16_t* A, int lda, const uint16_t* b_row, int lane) {
+    const int q = lane >> 3, r = lane & 7;
     uint32_t a[4], b[4];
     ldsm_x4<false>(a, A + ((q & 1) * 8 + r) * lda + (q >> 1) * 8);
-    ldsm_x4<false>(b, B + ((q >> 1) * 8 + r) * ldb_n + (q & 1) * 8);
+    ldsm_x4<false>(b, b_row);
     const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
     hab_mma_m16n8k16<KIND>(*reinterpret_cast<float(*)[4]>(c), a, b0);
     hab_mma_m16n8k16<KIND>(*reinterpret_cast<float(*)[4]>(c + 4), a, b1);
@@ -151,8 +157,13 @@ struct HabWarpTile<KIND, WARP, HAB_UNIT_MMA_SYNC> {
   HAB_DEV static void mma_a_regs_ldsm(float (&c)[kElems], const uint32_t (&a)[4], const uint16_t* B, int ldb_k,
                                       int lane) {
     const int q = lane >> 3, r = lane & 7;
+    mma_a_regs_ldsm_b(c, a, B + ((q & 1) * 8 + r) * ldb_k + (q >> 1) * 8);
+  }
+  // The same with B's row address of this lane given (row k = 8 (q & 1) + r, channels
+  // 8 (q >> 1) ..).
+  HAB_DEV static void mma_a_regs_ldsm_b(float (&c)[kElems], const uint32_t (&a)[4], const uint16_t* b_row) {
     uint32_t b[4];
-    ldsm_x4<true>(b, B + ((q & 1) * 8 + r) * ldb_k + (q >> 1) * 8);
+    ldsm_x4<true>(b, b_row);
     const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
     hab_mma_m16n8k16<KIND>(*reinterpret_cast<float(*)[4]>(c), a, b0);
     hab_mma_m16n8k16<KIND>(*reinterpret_cast<float(*)[4]>(c + 4), a, b1);
