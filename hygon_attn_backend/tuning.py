@@ -57,7 +57,9 @@ def copy_blocks_config(numel_per_block: int) -> tuple[int, int]:
 # ----------------------------------------------------------------------------- native or Triton
 
 
-def native_preferred(op: str, *, is_hip: bool, group: int = 1) -> bool:
+def native_preferred(op: str, *, is_hip: bool, group: int = 1, head_dim: int = 0,
+                     num_tokens: int = 1, programs: int = 0, num_sms: int = 0,
+                     same_kv_dtype: bool = True) -> bool:
     """Whether ``impl="auto"`` runs the native kernel (``csrc/``) of ``op`` (``"decode"``,
     ``"write_kv"``, ``"copy_blocks"``, ``"prefill"``) instead of the Triton one.
 
@@ -65,12 +67,11 @@ def native_preferred(op: str, *, is_hip: bool, group: int = 1) -> bool:
     hand-written for wave 64 and the 16x16x16 matrix instructions, where Triton spills
     registers and misses peak (published DCU numbers: 1.5-4.3x faster kernels, TPOT 79 ->
     35 ms); so HIP takes native for every op. On NVIDIA, Triton's kernels are tuned on the
-    H200, and native is taken only where it was measured faster there.
-    Measurement (H200, bf16, D=128, page 16, docs/native.md, session 11, three runs over
-    18 shapes): native is 0.93-0.98x the Triton kernel at 14 shapes and level or ahead at
-    large batches with G <= 4 (0.97-1.04x; ahead in every run only at (256, 2k) G = 4, by
-    1-4%, inside Triton's own spread between runs elsewhere); no decode shape makes native
-    reliably the faster one on NVIDIA, so NVIDIA stays on Triton.
+    H200, and native is taken only where it was measured faster there: the prefill (sm_90
+    wgmma kernel) and the decode shapes of :func:`native_decode_preferred_nvidia` (the
+    decode's keywords: ``group`` = Hq / Hkv, ``head_dim``, ``num_tokens`` a sequence,
+    ``programs`` = sequences x KV heads, ``num_sms``, ``same_kv_dtype`` = K/V in the query
+    dtype, not fp8).
     Override: ``HYGON_ATTN_NATIVE_AUTO=1`` (native wherever it runs) / ``0`` (never).
     """
     forced = envs.native_auto()
@@ -79,42 +80,78 @@ def native_preferred(op: str, *, is_hip: bool, group: int = 1) -> bool:
     if op not in ("decode", "write_kv", "copy_blocks", "prefill"):
         raise ValueError(f"op must be 'decode', 'write_kv', 'copy_blocks' or 'prefill', got "
                          f"{op!r}")
-    del group  # NVIDIA: no decode group measured faster yet
+    if is_hip:
+        return op != "prefill"  # the native prefill is sm_90a only
     if op == "prefill":
         # the sm_90 wgmma kernel (csrc/prefill_sm90.cu; other GPUs have none: the plan's
         # native_unsupported keeps them on Triton): 1.39-1.47x Triton at the five issue-13
         # shapes (H200, bf16, 32/8 heads, page 16, keys from the cache; session 14,
         # docs/native-prefill.md)
-        return not is_hip
-    return is_hip
+        return True
+    if op == "decode":
+        return native_decode_preferred_nvidia(
+            group=group, head_dim=head_dim, num_tokens=num_tokens, programs=programs,
+            num_sms=num_sms, same_kv_dtype=same_kv_dtype)
+    return False
+
+
+NATIVE_DECODE_MIN_PROGRAMS_PER_SM = 1.5  # grids below this split, and there Triton leads
+
+
+def native_decode_preferred_nvidia(*, group: int, head_dim: int, num_tokens: int,
+                                   programs: int, num_sms: int, same_kv_dtype: bool) -> bool:
+    """Whether the native decode is the faster one on NVIDIA for this step: 2 <= G <= 16
+    query heads a KV head, one query token a sequence (at most 16 rows a KV head: the
+    split-N loop), head_dim 128, K/V in the query's 16-bit dtype, and a grid of at least
+    ``NATIVE_DECODE_MIN_PROGRAMS_PER_SM`` (sequence, KV head) programs an SM.
+
+    Reasoning: the native split-N loop stages whole 256-byte rows, swizzled, which a
+    stand-alone stream of the same grid showed 6-8% faster than the padded rows both
+    decodes had (docs/notes-decode.md v18); where the grid fills the GPU without a split,
+    that is the whole difference. Where it splits, its combine is a second launch that
+    Triton's fused merge (up to 4 partitions) or its partition rule beats; G = 1 gives the
+    16-row tiles one useful row; head_dim 64 and fp8 KV (the shared-softmax loop) were
+    not faster.
+    Measurement (H200, graph replay, L2 cleared by do_bench's write / by a read, page 16,
+    pages permuted, ``scripts/bench_native_decode.py``, session 16, docs/native.md),
+    native with 3 stages over Triton: G=2 (64, 4k) and (128, 2k) 1.04x / 1.04x; G=4 (32,
+    4k) 1.02-1.03x, (64, 4k) 1.04-1.05x, (128, 2k) 1.04x, (128, 4k) 1.04x, (256, 2k)
+    1.04-1.05x, (64, 16k) 1.05x; fp16 (64, 4k) and (256, 2k) 1.04x; G=8 (64, 4k) and (128,
+    2k) 1.00-1.02x; G=16 (64, 4k) 0.99-1.01x, (256, 2k) 1.01-1.03x. Below 1.5 programs an
+    SM: (16, 8k) G=4 0.96-0.97x, (8, 8k) 0.97-0.99x, (1, 32k) 0.94-0.97x, (32, 4k) G=16
+    0.84x; G=1 (64, 4k) 0.95-0.98x; head_dim 64 0.97-0.99x.
+    """
+    if not (2 <= group <= 16 and num_tokens == 1 and head_dim == 128 and same_kv_dtype):
+        return False
+    return programs >= NATIVE_DECODE_MIN_PROGRAMS_PER_SM * max(1, num_sms)
 
 
 def native_decode_stages(*, programs: int, num_sms: int) -> int:
     """The native decode's loop (``HabDecodeParams::loop_stages``) for a grid of
-    ``programs`` (sequences x KV heads x row chunks, before any split): 0 runs the
-    shared-softmax loop, 2-4 the split-N loop (where it applies) with that many cp.async
-    stages, i.e. 1-3 KV tiles in flight while one is computed.
+    ``programs`` (sequences x KV heads x row chunks, before any split) on ``num_sms`` SMs:
+    0 runs the shared-softmax loop, 2-4 the split-N loop (where it applies) with that many
+    cp.async stages, i.e. 1-3 KV tiles in flight while one is computed.
 
-    Reasoning: a stage is ~35 KB at head_dim 128, so 2 stages fit 3 programs an SM and 3
-    stages fit 2, each with twice the tiles in flight; 4 stages fit one program an SM. A
-    small grid needs the tiles in flight, a large one the programs.
-    Measurement (H200, bf16, D=128, page 16, graph replay with the L2 cleared,
-    ``scripts/bench_native_decode.py``, docs/native.md 2026-12-01, three runs): 3 stages
-    against 2 took 2-20% off at grids of 8-256 programs ((64, 4k) G=8 171 -> 158 us,
-    G=16 187 -> 163 us, (64, 16k) G=8 717 -> 572 us in the first run); at 512 programs
-    ((64, 4k) / (64, 16k) G=4) the two were within 3% either way; at 1,024-8,192
-    programs 2 stages were as fast or 2-7% faster ((256, 2k) G=16 341 -> 327 us, G=1
-    2,266 -> 2,120 us in the second run); 4 stages lost 40-60% everywhere. Hence 3
-    stages below ``NATIVE_MANY_PROGRAMS_PER_SM`` programs an SM, 2 from there.
+    Reasoning: a stage is 32 KB at head_dim 128 (64 tokens of K and V), so 3 stages fit 2
+    programs an SM (~128 KB in flight an SM) and 2 stages 3 (~96 KB); 4 stages fit one.
+    Measurement (H200, bf16, D=128 and 64, page 16, graph replay with the L2 cleared,
+    ``scripts/bench_native_decode.py --variants ...,native_s2,native_s3``, session 16,
+    docs/native.md): since the stages hold whole swizzled rows (docs/notes-decode.md v18),
+    3 stages are as fast as 2 or faster at every grid measured, 8 to 2,048 programs:
+    (256, 2k) G=4 524.0 -> 498.4 us, (128, 2k) 280.6 -> 260.7 us, (64, 4k) 284.1 -> 259.4
+    us, (64, 4k) G=16 182.3 -> 141.2 us (write flush). (With the padded rows of sessions
+    10-15, 2 stages had been 2-7% faster from 4 programs an SM up.) 4 stages lost 40-60%.
+    The ``programs`` and ``num_sms`` arguments stay for a rule that depends on the grid.
     Override: ``HYGON_ATTN_NATIVE_SPLIT_N=0`` (the shared-softmax loop),
     ``HYGON_ATTN_NATIVE_STAGES=2|3|4``.
     """
+    del programs, num_sms  # one answer for every grid measured
     if envs.native_split_n() is False:
         return 0
     forced = envs.native_stages()
     if forced is not None:
         return forced
-    return 2 if programs >= NATIVE_MANY_PROGRAMS_PER_SM * max(1, num_sms) else 3
+    return 3
 
 
 def native_decode_tile() -> int:
@@ -144,7 +181,6 @@ def native_decode_tile() -> int:
     return 64
 
 
-NATIVE_MANY_PROGRAMS_PER_SM = 4  # from here the native decode takes 2 stages
 NATIVE_PROGRAM_TILES = 1    # a program's fixed cost (Q, the warps' merge, its output), in tiles
 NATIVE_COMBINE_TILES = 2    # the combine launch of a split call, in tiles
 NATIVE_MAX_WAVES = 8        # waves a split grid may take

@@ -33,11 +33,14 @@ HEADS = ((32, 32), (32, 8), (32, 4), (64, 4))
 # native: the planned loop (tuning.native_decode_stages / native_decode_tile), split and
 # combine launch; native_nopdl: the same with the combine as a plain launch
 # (HYGON_ATTN_DECODE_PDL=0); native_t32 / native_t32_s2: the split-N loop's 32-token tiles
-# with 3 / 2 cp.async stages; native_tparts: the planned loop on the Triton rule's partitions
-VARIANTS = ("triton", "native", "native_nopdl", "native_t32", "native_t32_s2", "native_tparts")
+# with 3 / 2 cp.async stages; native_tparts: the planned loop on the Triton rule's partitions;
+# native_s2 / native_s3: the planned partitions with 2 / 3 stages of the 64-token loop
+VARIANTS = ("triton", "native", "native_nopdl", "native_t32", "native_t32_s2", "native_tparts",
+            "native_s2", "native_s3")
 ENV = {"native": ("", "", "", ""), "native_nopdl": ("", "", "", "0"),
        "native_t32": ("1", "3", "32", ""), "native_t32_s2": ("1", "2", "32", ""),
-       "native_tparts": ("", "", "", ""),
+       "native_tparts": ("", "", "", ""), "native_s2": ("1", "2", "64", ""),
+       "native_s3": ("1", "3", "64", ""),
        "triton": ("", "", "", "")}  # (SPLIT_N, STAGES, TILE, DECODE_PDL); "": unset
 ENV_NAMES = ("HYGON_ATTN_NATIVE_SPLIT_N", "HYGON_ATTN_NATIVE_STAGES", "HYGON_ATTN_NATIVE_TILE",
              "HYGON_ATTN_DECODE_PDL")
@@ -72,17 +75,18 @@ def time_graph_replay(fn, rep_ms):
     return _timing.graph_ms(fn, rep_ms)
 
 
-def run(rep_ms: float, variants=VARIANTS, shapes=None):
+def run(rep_ms: float, variants=VARIANTS, shapes=None, dtype=torch.bfloat16):
     copy, _ = copy_ceiling(rep_ms)
     rows = []
-    for batch, ctx, hq, hkv in shapes or SHAPES:
-        q, k, v, table, lens = build(batch, ctx, hq, hkv)
+    for batch, ctx, hq, hkv, *dim in shapes or SHAPES:
+        q, k, v, table, lens = build(batch, ctx, hq, hkv, dim=dim[0] if dim else 128, dtype=dtype)
         # K and V of every token, read once
         nbytes = 2 * batch * ctx * hkv * q.shape[-1] * k.element_size()
         ws = allocate_decode_workspace(max_num_seqs=batch, num_q_heads=hq, num_kv_heads=hkv,
                                        head_dim=q.shape[-1], max_context_len=table.shape[1] * 16,
                                        device=q.device)
-        row = {"batch": batch, "ctx": ctx, "hq": hq, "hkv": hkv, "group": hq // hkv}
+        row = {"batch": batch, "ctx": ctx, "hq": hq, "hkv": hkv, "group": hq // hkv,
+               "head_dim": q.shape[-1], "dtype": str(q.dtype)}
         triton_size = tuning.decode_partition_size(
             num_seqs=batch, num_kv_heads=hkv, group=hq // hkv, max_context_len=ctx,
             num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
@@ -111,14 +115,15 @@ def run(rep_ms: float, variants=VARIANTS, shapes=None):
         row["max_abs_diff"] = max(float((outs[v].float() - outs["triton"].float()).abs().max())
                                   for v in variants if v != "triton")
         rows.append(row)
-        print(f"B={batch:4d} ctx={ctx:6d} G={hq // hkv:2d} ({hq}/{hkv}) | triton "
+        print(f"B={batch:4d} ctx={ctx:6d} G={hq // hkv:2d} ({hq}/{hkv}) D={q.shape[-1]} | triton "
               f"{row['triton']['us']:8.1f} us {row['triton']['gbps']:6.0f} GB/s "
               f"{row['triton']['pct_copy']:5.1f}% | native {row['native']['us']:8.1f} us "
               f"{row['native']['gbps']:6.0f} GB/s {row['native']['pct_copy']:5.1f}% | "
               f"native/triton speed {row['native_over_triton']:.2f}x "
               f"({row['native_partitions']} parts) | " +
-              ", ".join(f"{v[7:]} {row[v]['us']:.1f}" for v in variants[2:]) +
-              f" us | max|diff| {row['max_abs_diff']:.2e}",
+              ", ".join(f"{v[7:]} {row[v]['us']:.1f} us {row[v]['pct_copy']:.1f}%"
+                        for v in variants[2:]) +
+              f" | max|diff| {row['max_abs_diff']:.2e}",
               flush=True)
         del q, k, v, table, lens, ws, outs
         torch.cuda.empty_cache()
@@ -135,18 +140,20 @@ def main():
                         " (triton and native first)")
     parser.add_argument("--l2-flush", choices=_timing.L2_FLUSHES, default="write",
                         help="how the L2 is cleared before each replay (bench decode's option)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     parser.add_argument("--shapes", default=None,
-                        help="';'-separated B,ctx,Hq,Hkv (default: the 18 shapes above)")
+                        help="';'-separated B,ctx,Hq,Hkv[,D] (default: the 18 shapes above, D 128)")
     args = parser.parse_args()
     _timing.set_l2_flush(args.l2_flush)
+    dtype = getattr(torch, args.dtype)
     shapes = [tuple(int(x) for x in item.split(",")) for item in args.shapes.split(";")] \
         if args.shapes else None
-    if shapes and any(len(s) != 4 for s in shapes):
-        parser.error("--shapes: B,ctx,Hq,Hkv items separated by ';'")
+    if shapes and any(len(s) not in (4, 5) for s in shapes):
+        parser.error("--shapes: B,ctx,Hq,Hkv[,D] items separated by ';'")
     variants = tuple(args.variants.split(","))
     if variants[:2] != ("triton", "native") or not set(variants) <= set(VARIANTS):
         parser.error(f"--variants must start with triton,native and name only {VARIANTS}")
-    result = run(args.rep_ms, variants, shapes)
+    result = run(args.rep_ms, variants, shapes, dtype)
     result["l2_flush"] = args.l2_flush
     if args.json:
         with open(args.json, "w") as f:

@@ -69,6 +69,8 @@ def main():
                     group=4, d=64, p=16, lens=[500, 33, 0], bad_ids=True, partition_size=128,
                     sinks=torch.randn(8, device=DEV), sliding_window=200)
     del os.environ["HYGON_ATTN_NATIVE_TILE"], os.environ["HYGON_ATTN_NATIVE_STAGES"]
+    decode_case("split-N swizzled rows, hostile ids, D128 G4 (the NVIDIA auto shape)", hkv=2,
+                group=4, d=128, p=16, lens=[700, 65, 0], bad_ids=True, partition_size=256)
     decode_case("bhds strided V, G1, P1", hkv=2, group=1, d=64, p=1, lens=[90, 3],
                 layout="bhds", partition_size=32)
     decode_case("split_x K fp16 D80", hkv=1, group=3, d=80, p=16, lens=[200], layout="split_x",

@@ -91,14 +91,12 @@ def test_native_decode_both_loops(monkeypatch, split_n, stages, tile, partition_
 
 
 def test_native_stage_rule(monkeypatch):
-    """tuning.native_decode_stages: 3 stages for small grids, 2 for large ones, the
-    split-N switch, the override."""
+    """tuning.native_decode_stages: 3 stages at every grid, the split-N switch, the
+    override."""
     monkeypatch.delenv("HYGON_ATTN_NATIVE_STAGES", raising=False)
     monkeypatch.delenv("HYGON_ATTN_NATIVE_SPLIT_N", raising=False)
-    many = tuning.NATIVE_MANY_PROGRAMS_PER_SM * 132
-    assert tuning.native_decode_stages(programs=8, num_sms=132) == 3
-    assert tuning.native_decode_stages(programs=many - 1, num_sms=132) == 3
-    assert tuning.native_decode_stages(programs=many, num_sms=132) == 2
+    for programs in (1, 8, 4 * 132, 64 * 132):
+        assert tuning.native_decode_stages(programs=programs, num_sms=132) == 3
     monkeypatch.setenv("HYGON_ATTN_NATIVE_STAGES", "4")
     assert tuning.native_decode_stages(programs=8, num_sms=132) == 4
     monkeypatch.setenv("HYGON_ATTN_NATIVE_SPLIT_N", "0")
@@ -537,7 +535,20 @@ def test_native_preferred_rule(monkeypatch):
     monkeypatch.delenv("HYGON_ATTN_NATIVE_AUTO", raising=False)
     for op in ("decode", "write_kv", "copy_blocks"):
         assert tuning.native_preferred(op, is_hip=True)
-        assert not tuning.native_preferred(op, is_hip=False, group=8)
+        assert not tuning.native_preferred(op, is_hip=False, group=8)  # no decode shape given
+    assert tuning.native_preferred("prefill", is_hip=False)
+    assert not tuning.native_preferred("prefill", is_hip=True)
+    # NVIDIA decode: native on the measured domain only (tuning.native_decode_preferred_nvidia)
+    step = dict(is_hip=False, group=4, head_dim=128, num_tokens=1, programs=64 * 8, num_sms=132)
+    assert tuning.native_preferred("decode", **step)
+    edge = int(tuning.NATIVE_DECODE_MIN_PROGRAMS_PER_SM * 132)
+    assert tuning.native_preferred("decode", **{**step, "programs": edge + 1})
+    assert not tuning.native_preferred("decode", **{**step, "programs": edge - 1})  # splits
+    for change in ({"group": 1}, {"group": 32}, {"head_dim": 64}, {"head_dim": 256},
+                   {"num_tokens": 2}, {"same_kv_dtype": False}, {"programs": 8 * 8}):
+        assert not tuning.native_preferred("decode", **{**step, **change}), change
+    for group in (2, 8, 16):
+        assert tuning.native_preferred("decode", **{**step, "group": group})
     monkeypatch.setenv("HYGON_ATTN_NATIVE_AUTO", "1")
     assert tuning.native_preferred("decode", is_hip=False)
     monkeypatch.setenv("HYGON_ATTN_NATIVE_AUTO", "yes")

@@ -595,7 +595,10 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                 head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype,
                 kv_head_grid=kv_head_grid),
             native_preferred=tuning.native_preferred(
-                "decode", is_hip=tuning.gpu_is_hip(), group=num_q_heads // num_kv_heads))
+                "decode", is_hip=tuning.gpu_is_hip(), group=num_q_heads // num_kv_heads,
+                head_dim=head_dim, num_tokens=num_tokens, programs=num_seqs * num_kv_heads,
+                num_sms=num_sms_of(device),
+                same_kv_dtype=kv_dtype == q_dtype))
     max_blocks = block_table.shape[1]
     sm_scale = float(scale) if scale is not None else head_dim ** -0.5
     config = None
