@@ -49,6 +49,28 @@ def test_native_decode_groups(group, partition_size):
 
 
 @gpu
+@pytest.mark.skipif(HAS_CUDA and bool(torch.version.hip), reason="the NVIDIA rule (HIP: native always)")
+def test_auto_decode_on_nvidia_follows_the_grid(monkeypatch):
+    """impl="auto" on NVIDIA: the native decode for a grid of >= 1.5 (sequence, KV head)
+    programs an SM (tuning.native_decode_preferred_nvidia), Triton for a small batch; the
+    large-grid answer is right by the reference (run_case), ragged lengths included."""
+    monkeypatch.delenv("HYGON_ATTN_NATIVE_AUTO", raising=False)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hkv, group = 8, 4
+    big = -(-int(tuning.NATIVE_DECODE_MIN_PROGRAMS_PER_SM * sms) // hkv) + 1
+    for seqs, want in ((big, "native"), (2, "triton")):
+        table = torch.zeros(seqs, 4, dtype=torch.int32, device="cuda")
+        lens = torch.full((seqs,), 64, dtype=torch.int32, device="cuda")
+        plan = plan_paged_decode(table, lens, num_q_heads=hkv * group, num_kv_heads=hkv,
+                                 head_dim=128, page_size=16, q_dtype=torch.bfloat16,
+                                 kv_dtype=torch.bfloat16)
+        assert plan.impl == want, (seqs, plan.impl)
+    lens = [1 + (37 * i) % 300 for i in range(big)]
+    run_case(num_kv_heads=hkv, group=group, head_dim=128, page_size=16, seq_lens=lens,
+             layout="vllm", dtype=torch.bfloat16, device=torch.device("cuda"), impl="auto")
+
+
+@gpu
 @pytest.mark.parametrize("partition_size", [None, 256])
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 192, 256])
