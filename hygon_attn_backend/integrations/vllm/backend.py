@@ -157,7 +157,8 @@ class HygonAttentionMetadataBuilder(AttentionMetadataBuilder[HygonAttentionMetad
         self.use_triton = select_impl(self.impl, torch.device(device)) == "triton"
         self.workspace = None
         logger.info("hygon attention backend: %s (HYGON_ATTN_IMPL=%s) for layers %s",
-                    "Triton kernels" if self.use_triton else "reference ops (plain torch)",
+                    "GPU kernels (Triton; native where impl=auto's rule takes it)"
+                    if self.use_triton else "reference ops (plain torch)",
                     self.impl, ", ".join(layer_names))
         if self.use_triton:
             # Split-KV scratch for every decode batch this engine can form, allocated once
