@@ -26,18 +26,9 @@ from hygon_attn_backend.bench._timing import copy_ceiling
 from hygon_attn_backend.ops.decode import allocate_decode_workspace, plan_paged_decode
 from hygon_attn_backend.ops.decode_plan import DecodeLayer
 
+from bench_native_decode import build  # scripts/ is on the path when a script runs
+
 DEFAULT_SHAPES = "1,32768,32,8;8,8192,32,8;1,131072,32,8;64,4096,64,4"
-
-
-def build(batch, ctx, hq, hkv, *, dim=128, page=16, dtype=torch.bfloat16, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    nb = batch * -(-ctx // page)
-    k = torch.randn(nb, page, hkv, dim, device="cuda", dtype=dtype, generator=gen)
-    v = torch.randn(nb, page, hkv, dim, device="cuda", dtype=dtype, generator=gen)
-    table = torch.randperm(nb, device="cuda", generator=gen).reshape(batch, -1).to(torch.int32)
-    lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
-    q = torch.randn(batch, hq, dim, device="cuda", dtype=dtype, generator=gen)
-    return q, k, v, table, lens
 
 
 def forms(plan, layer, q, out):
@@ -56,9 +47,8 @@ def forms(plan, layer, q, out):
 
 
 def time_shape(batch, ctx, hq, hkv, parts_list, rep_ms, copy_gbps):
-    q, k, v, table, lens = build(batch, ctx, hq, hkv)
-    kc, vc = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
-    nbytes = 2 * batch * ctx * hkv * q.shape[-1] * k.element_size()
+    q, kc, vc, table, lens = build(batch, ctx, hq, hkv)  # bhsd views of bshd pages
+    nbytes = 2 * batch * ctx * hkv * q.shape[-1] * kc.element_size()
     ws = allocate_decode_workspace(max_num_seqs=batch, num_q_heads=hq, num_kv_heads=hkv,
                                    head_dim=q.shape[-1], max_context_len=ctx, device="cuda",
                                    num_slots=batch * (256 if batch <= 8 else 16))
@@ -70,7 +60,7 @@ def time_shape(batch, ctx, hq, hkv, parts_list, rep_ms, copy_gbps):
         for fused in (False, True):
             plan = plan_paged_decode(table, lens, num_q_heads=hq, num_kv_heads=hkv,
                                      head_dim=q.shape[-1], page_size=16, q_dtype=q.dtype,
-                                     kv_dtype=k.dtype, max_seq_len=ctx, workspace=ws,
+                                     kv_dtype=kc.dtype, max_seq_len=ctx, workspace=ws,
                                      partition_size=size, fused_combine=fused, impl="triton")
             if fused and not plan.fused_combine:
                 continue  # unsplit: nothing to fuse
@@ -93,7 +83,7 @@ def time_shape(batch, ctx, hq, hkv, parts_list, rep_ms, copy_gbps):
                       f"{label:13s} {row['us']:8.1f} us {row['pct_copy']:6.1f}%"
                       + (f"  max|diff| {row['max_abs_diff']:.1e}" if 'max_abs_diff' in row
                          else ""), flush=True)
-    del q, k, v, kc, vc, table, lens, ws
+    del q, kc, vc, table, lens, ws
     torch.cuda.empty_cache()
     return rows
 

@@ -31,14 +31,7 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
+#include "cuda_check.h"
 
 constexpr int D = 128, PAGE = 16, TILE = 64, THREADS = 128;
 constexpr int ROW_BYTES = D * 2, TILE_BYTES = TILE * ROW_BYTES;  // one of K or V: 16 KB

@@ -21,20 +21,12 @@
 #include <random>
 #include <vector>
 
+#include "cuda_check.h"
 #include "hab_ops.h"
 
 #if defined(HAB_PREFILL_TRACE)
 extern "C" const char* hab_prefill_trace_set(long long* buf);
 #endif
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 static float bf16_to_f(uint16_t h) {
   uint32_t u = uint32_t(h) << 16;
