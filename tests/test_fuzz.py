@@ -83,13 +83,36 @@ def test_cli_registers_fuzz():
         build_parser().parse_args(["fuzz", "--op", "nope"])
 
 
-def test_impl_is_a_prefill_option():
-    """--impl reaches the prefill cases only; another op refuses it by name."""
+def test_impl_is_a_prefill_and_decode_option():
+    """--impl reaches the prefill and decode cases; the cache ops refuse it by name."""
     args = build_parser().parse_args(["fuzz", "--op", "prefill", "--impl", "auto"])
     assert args.impl == "auto"
     assert build_parser().parse_args(["fuzz", "--op", "prefill"]).impl == "triton"
-    with pytest.raises(ValueError, match="impl='auto'.*op='decode'"):
-        fuzz.fuzz("decode", cases=1, seed=1, device="cpu", impl="auto", out=io.StringIO())
+    for op in ("write_kv", "copy_blocks"):
+        with pytest.raises(ValueError, match=f"impl='auto'.*op='{op}'"):
+            fuzz.fuzz(op, cases=1, seed=1, device="cpu", impl="auto", out=io.StringIO())
+
+
+def test_decode_impl_auto_counts_the_native_cases():
+    """impl="auto" on the decode cases: the plan picks per case (Triton on a CPU, no
+    native case), the cases pass and the summary says how many ran native."""
+    log = io.StringIO()
+    assert fuzz.fuzz("decode", cases=3, seed=20261201, device="cpu", impl="auto",
+                     out=log) == 0, log.getvalue()
+    assert "3 cases, 0 failures" in log.getvalue()
+    assert "impl auto: 0 native" in log.getvalue()
+
+
+@pytest.mark.gpu
+def test_decode_impl_native_runs_the_native_kernel():
+    """On a GPU, --impl native runs the native decode on every case it covers (head_dim
+    64-256, 16-bit KV in q's dtype or fp8) and passes against the reference."""
+    log = io.StringIO()
+    assert fuzz.fuzz("decode", cases=60, seed=11, device="cuda", impl="native",
+                     out=log) == 0, log.getvalue()
+    summary = log.getvalue().strip().splitlines()[-1]
+    native = int(summary.split("impl native: ")[1].split(" native")[0])
+    assert native > 0, summary
 
 
 def test_prefill_impl_auto_counts_the_native_cases():

@@ -78,15 +78,17 @@ def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
          max_failures: int = 20, impl: str = "triton") -> int:
     """Run the cases; print each failure and a summary line. Returns the failure count.
     ``skip``: leave out this shard's first ``skip`` cases (resume a run that was stopped
-    after them). ``impl`` (prefill only): the implementation the cases plan with; "auto"
-    runs the native kernel on the cases it covers (the summary counts them)."""
+    after them). ``impl`` (prefill and decode): the implementation the cases plan with;
+    "auto" takes the plan's choice, "native" the native kernel on the cases it covers (the
+    summary counts the native cases)."""
     import torch
 
-    if impl != "triton" and op != "prefill":
-        raise ValueError(f"impl={impl!r}: only the prefill cases take an impl (op={op!r})")
+    if impl != "triton" and op not in ("prefill", "decode"):
+        raise ValueError(f"impl={impl!r}: only the prefill and decode cases take an impl "
+                         f"(op={op!r})")
     dev = torch.device(device)
     profiles = profiles_for(op, seed, dev.type == "cpu")
-    if op == "prefill":
+    if op in ("prefill", "decode"):
         for prof in profiles:
             prof["impl"] = impl
     indices = [only] if only is not None else [k for k in range(cases)
@@ -141,8 +143,9 @@ def add_fuzz_parser(sub) -> None:
     p.add_argument("--skip", type=int, default=0,
                    help="leave out the shard's first SKIP cases (resume a stopped run)")
     p.add_argument("--impl", choices=("triton", "auto", "native"), default="triton",
-                   help="prefill only: the implementation the cases plan with (auto: the "
-                        "native kernel on the cases it covers on this GPU, Triton on the rest)")
+                   help="prefill and decode: the implementation the cases plan with (auto: "
+                        "the plan's rule; native: the native kernel on the cases it covers "
+                        "on this GPU, Triton on the rest)")
     p.add_argument("--profile", default=None,
                    help="write a cProfile of the run to this file (where a case's host "
                         "time goes: building it, compiling, the kernels, the reference)")

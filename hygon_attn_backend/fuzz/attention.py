@@ -17,7 +17,9 @@ import torch
 from hygon_attn_backend import reference, tuning
 from hygon_attn_backend.fuzz import problems as pb
 from hygon_attn_backend.fuzz.budget import budget_error
-from hygon_attn_backend.ops.decode import allocate_decode_workspace, paged_decode_attention
+from hygon_attn_backend.ops import _native
+from hygon_attn_backend.ops.decode import (allocate_decode_workspace, paged_decode_attention,
+                                            plan_paged_decode)
 from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
 
 HOSTILE_SHARE = 0.2
@@ -123,12 +125,28 @@ def decode_case(rng: random.Random, prof: dict, device, tiny: bool):
             max_num_seqs=num_seqs, num_q_heads=hq, num_kv_heads=hkv, head_dim=dim,
             max_context_len=call.get("max_seq_len") or tbl.table.shape[1] * page,
             device=device, num_tokens=t, partition_size=prof["partition_size"])
-    desc = _describe(prof, num_seqs=num_seqs, lens=_clip(lens), bad_ids=tbl.hostile,
-                     window=kw.get("sliding_window"), max_seq_len=call.get("max_seq_len"),
-                     workspace="workspace" in call)
     out = torch.full(shape, float("nan"), dtype=q.dtype, device=device)
     args = (q, cache.k, cache.v, tbl.table, seq_lens)
-    paged_decode_attention(*args, out=out, impl="triton", **call)
+    # prof["impl"] (fuzz --impl): "triton" runs the op as called; "auto" lets the plan
+    # choose; "native" runs the native kernel on the cases it covers and Triton on the rest
+    impl, plan = prof.get("impl", "triton"), None
+    if impl != "triton":
+        if impl == "native" and _native.decode_unsupported(
+                head_dim=dim, q_dtype=q.dtype, kv_dtype=cache.k.dtype):
+            impl = "triton"
+        plan = plan_paged_decode(
+            tbl.table, seq_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=dim,
+            page_size=page, q_dtype=q.dtype, kv_dtype=cache.k.dtype, num_tokens=t,
+            max_seq_len=call.get("max_seq_len"), partition_size=call["partition_size"],
+            workspace=call.get("workspace"), fused_combine=call["fused_combine"], impl=impl)
+        impl = plan.impl
+    desc = _describe(prof, num_seqs=num_seqs, lens=_clip(lens), bad_ids=tbl.hostile,
+                     window=kw.get("sliding_window"), max_seq_len=call.get("max_seq_len"),
+                     workspace="workspace" in call, impl=impl)
+    if plan is None:
+        paged_decode_attention(*args, out=out, impl="triton", **call)
+    else:
+        paged_decode_attention(*args, out=out, plan=plan, **kw)
     ref64 = reference.paged_decode_attention(*args, compute_dtype=torch.float64, **kw)
     ref_lp = reference.paged_decode_attention(*args, compute_dtype=q.dtype, **kw)
     return budget_error(out, ref64, ref_lp, what="decode")[2], desc
