@@ -240,7 +240,7 @@ class HygonAttnBackend(AttentionBackend):
         self._decode_workspaces: dict = {}
         logger.info("hygon attention backend: page_size=%d layout=%s impl=%s (%s)",
                     self.page_size, layout, self.impl,
-                    "GPU kernels: Triton, native where impl=auto's rule takes it"
+                    "Triton kernels, native where impl=auto's rule takes it"
                     if self._triton_here else "torch reference")
         if self._triton_here and self.device.type == "cuda":
             self._warm_up_prefill(getattr(model_runner, "model", None),

@@ -157,7 +157,7 @@ class HygonAttentionMetadataBuilder(AttentionMetadataBuilder[HygonAttentionMetad
         self.use_triton = select_impl(self.impl, torch.device(device)) == "triton"
         self.workspace = None
         logger.info("hygon attention backend: %s (HYGON_ATTN_IMPL=%s) for layers %s",
-                    "GPU kernels (Triton; native where impl=auto's rule takes it)"
+                    "Triton kernels, native where impl=auto's rule takes it"
                     if self.use_triton else "reference ops (plain torch)",
                     self.impl, ", ".join(layer_names))
         if self.use_triton:
