@@ -68,6 +68,23 @@ def _native_prefill_status(cuda: bool) -> str:
     return "yes (sm_90a; impl='auto' takes it)" if why is None else f"no ({why}; Triton serves prefill)"
 
 
+def _native_decode_status(cuda: bool) -> str:
+    """Where ``impl="auto"`` runs the native decode on this machine
+    (``tuning.native_preferred``)."""
+    import torch
+
+    from hygon_attn_backend import tuning
+
+    if not cuda:
+        return "no (needs a GPU; none here)"
+    if tuning.gpu_is_hip():
+        return "impl='auto' takes it for every call it covers (HIP)"
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    programs = -(-int(tuning.NATIVE_DECODE_MIN_PROGRAMS_PER_SM * sms * 100) // 100)
+    return (f"impl='auto' takes it for 2-16 query heads a KV head, one token, head_dim 128, "
+            f"16-bit KV and >= {programs} sequences x KV heads ({sms} SMs); Triton elsewhere")
+
+
 def cmd_doctor(args) -> int:
     import torch
 
@@ -92,6 +109,7 @@ def cmd_doctor(args) -> int:
         ("reference (torch)", "yes"),
         ("native (csrc)", native.status()),
         ("native prefill", _native_prefill_status(cuda)),
+        ("native decode", _native_decode_status(cuda)),
     ]
     for engine, (group, value) in ENTRY_POINTS.items():
         rows.append((f"{engine} entry point", _entry_point_status(group, value)))

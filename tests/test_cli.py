@@ -13,8 +13,26 @@ def test_doctor_reports_versions_and_implementations(capsys):
     out = capsys.readouterr().out
     for key in ("python", "torch", "triton", "device", "vllm entry point",
                 "sglang entry point", "triton interpreter", "reference (torch)", "native (csrc)",
-                "native prefill"):
+                "native prefill", "native decode"):
         assert key in out, f"doctor output lacks {key!r}:\n{out}"
+
+
+def test_native_decode_status_names_the_rule(monkeypatch):
+    """The doctor's native-decode line: no GPU, HIP (every call), NVIDIA (the grid rule
+    with this GPU's program count: 1.5 an SM of 132 SMs is 198)."""
+    import torch
+
+    from hygon_attn_backend import tuning
+
+    assert cli._native_decode_status(False).startswith("no")
+    monkeypatch.setattr(tuning, "gpu_is_hip", lambda: True)
+    assert "every call" in cli._native_decode_status(True)
+    monkeypatch.setattr(tuning, "gpu_is_hip", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: type("P", (), {"multi_processor_count": 132})())
+    line = cli._native_decode_status(True)
+    assert ">= 198 sequences x KV heads (132 SMs)" in line, line
 
 
 def test_entry_point_status_detects_a_missing_plugin():
