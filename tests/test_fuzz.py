@@ -93,16 +93,6 @@ def test_impl_is_a_prefill_and_decode_option():
             fuzz.fuzz(op, cases=1, seed=1, device="cpu", impl="auto", out=io.StringIO())
 
 
-def test_decode_impl_auto_counts_the_native_cases():
-    """impl="auto" on the decode cases: the plan picks per case (Triton on a CPU, no
-    native case), the cases pass and the summary says how many ran native."""
-    log = io.StringIO()
-    assert fuzz.fuzz("decode", cases=3, seed=20261201, device="cpu", impl="auto",
-                     out=log) == 0, log.getvalue()
-    assert "3 cases, 0 failures" in log.getvalue()
-    assert "impl auto: 0 native" in log.getvalue()
-
-
 @pytest.mark.gpu
 def test_decode_impl_native_runs_the_native_kernel():
     """On a GPU, --impl native runs the native decode on every case it covers (head_dim
@@ -115,11 +105,12 @@ def test_decode_impl_native_runs_the_native_kernel():
     assert native > 0, summary
 
 
-def test_prefill_impl_auto_counts_the_native_cases():
-    """impl="auto": the plan picks per case (Triton on a CPU, no native case), the cases
-    pass and the summary says how many ran native."""
+@pytest.mark.parametrize("op,seed", [("prefill", 20261130), ("decode", 20261201)])
+def test_impl_auto_counts_the_native_cases(op, seed):
+    """impl="auto" (prefill and decode cases): the plan picks per case (Triton on a CPU,
+    no native case), the cases pass and the summary says how many ran native."""
     log = io.StringIO()
-    assert fuzz.fuzz("prefill", cases=3, seed=20261130, device="cpu", impl="auto",
+    assert fuzz.fuzz(op, cases=3, seed=seed, device="cpu", impl="auto",
                      out=log) == 0, log.getvalue()
     assert "3 cases, 0 failures" in log.getvalue()
     assert "impl auto: 0 native" in log.getvalue()
