@@ -30,6 +30,8 @@
 #                   on CUDA) with SGLang from .whl/
 #   sanitize        scripts/sanitize.sh (every Triton kernel, hostile inputs)
 #   fuzz-prefill    hygon-attn fuzz --op prefill --seed 11 (--impl $FUZZ_IMPL, default triton)
+#   fuzz-decode     hygon-attn fuzz --op decode --seed 11 --cases $FUZZ_CASES (default 2000;
+#                   --impl $FUZZ_IMPL, default native: the native decode on every case it covers)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-logs}
@@ -176,6 +178,11 @@ run_step() {
     fuzz-prefill)
       timeout "$limit" "$PY" -m hygon_attn_backend fuzz --op prefill --seed 11 --cases 400 \
         --impl "${FUZZ_IMPL:-triton}" >"$OUT/$name.log" 2>&1
+      echo "rc=$?"; tail -6 "$OUT/$name.log" ;;
+    fuzz-decode)
+      join_build
+      timeout -s INT "$limit" "$PY" -m hygon_attn_backend fuzz --op decode --seed 11 \
+        --cases "${FUZZ_CASES:-2000}" --impl "${FUZZ_IMPL:-native}" >"$OUT/$name.log" 2>&1
       echo "rc=$?"; tail -6 "$OUT/$name.log" ;;
     *) echo "unknown step $name"; return 2 ;;
   esac
