@@ -128,17 +128,12 @@ struct HabWarpTile<KIND, WARP, HAB_UNIT_MMA_SYNC> {
   // col l/4). Every row address must be 16-byte aligned (row strides and column offsets
   // multiples of 8 elements).
   //
-  // mma_ldsm: A(m, k) = A[m * lda + k], B(k, n) = B[n * ldb_n + k] (k contiguous, as K rows):
-  // A's matrices in register order are (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15),
-  // (m 8-15, k 8-15) = a0..a3; B's are (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
-  // (n 8-15, k 8-15) = b0, b1 of n-half 0, then of n-half 1.
-  HAB_DEV static void mma_ldsm(float (&c)[kElems], const uint16_t* A, int lda, const uint16_t* B, int ldb_n,
-                               int lane) {
-    const int q = lane >> 3, r = lane & 7;
-    mma_ldsm_b(c, A, lda, B + ((q >> 1) * 8 + r) * ldb_n + (q & 1) * 8, lane);
-  }
-  // The same with B's row address of this lane given (B(k, n) read from row n = 8 (q >> 1) +
-  // r, channels 8 (q & 1) ..: a swizzled layout computes it, e.g. decode_split_n.cuh).
+  // mma_ldsm_b: A(m, k) = A[m * lda + k]; B(k, n) with k contiguous (as K rows), read
+  // from the row address `b_row` this lane gives: row n = 8 (q >> 1) + r, channels
+  // 8 (q & 1) .. 8 (q & 1) + 7 (the caller computes it, so B may be swizzled:
+  // decode_split_n.cuh). A's matrices in register order are (m 0-7, k 0-7), (m 8-15, k 0-7),
+  // (m 0-7, k 8-15), (m 8-15, k 8-15) = a0..a3; B's are (n 0-7, k 0-7), (n 0-7, k 8-15),
+  // (n 8-15, k 0-7), (n 8-15, k 8-15) = b0, b1 of n-half 0, then of n-half 1.
   HAB_DEV static void mma_ldsm_b(float (&c)[kElems], const uint16_t* A, int lda, const uint16_t* b_row, int lane) {
     const int q = lane >> 3, r = lane & 7;
     uint32_t a[4], b[4];
@@ -149,18 +144,12 @@ struct HabWarpTile<KIND, WARP, HAB_UNIT_MMA_SYNC> {
     hab_mma_m16n8k16<KIND>(*reinterpret_cast<float(*)[4]>(c + 4), a, b1);
   }
 
-  // mma_a_regs_ldsm: A already in registers in the m16n8k16 A layout (e.g. P built from an
-  // S fragment: the C layout of two n-halves is the A layout of one k-step), B(k, n) =
-  // B[k * ldb_k + n] (n contiguous, as V rows), read transposed: matrices (k 0-7, n 0-7),
-  // (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15) = b0, b1 of n-half 0, then of
-  // n-half 1.
-  HAB_DEV static void mma_a_regs_ldsm(float (&c)[kElems], const uint32_t (&a)[4], const uint16_t* B, int ldb_k,
-                                      int lane) {
-    const int q = lane >> 3, r = lane & 7;
-    mma_a_regs_ldsm_b(c, a, B + ((q & 1) * 8 + r) * ldb_k + (q >> 1) * 8);
-  }
-  // The same with B's row address of this lane given (row k = 8 (q & 1) + r, channels
-  // 8 (q >> 1) ..).
+  // mma_a_regs_ldsm_b: A already in registers in the m16n8k16 A layout (e.g. P built from
+  // an S fragment: the C layout of two n-halves is the A layout of one k-step); B(k, n)
+  // with n contiguous (as V rows), read transposed from the row address `b_row` this lane
+  // gives: row k = 8 (q & 1) + r, channels 8 (q >> 1) .. 8 (q >> 1) + 7. Matrices (k 0-7,
+  // n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15) = b0, b1 of n-half 0, then
+  // of n-half 1.
   HAB_DEV static void mma_a_regs_ldsm_b(float (&c)[kElems], const uint32_t (&a)[4], const uint16_t* b_row) {
     uint32_t b[4];
     ldsm_x4<true>(b, b_row);

@@ -11,7 +11,7 @@
 // ("write") or a read of a 256 MB buffer ("read"); CUDA-event median of REPS launches;
 // 100% is a 2 GB device-to-device copy (bytes read + written) timed the same way.
 //
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a scripts/kv_stream_probe.cu -o kv_stream_probe
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I csrc -DHAB_CUDA scripts/kv_stream_probe.cu -o kv_stream_probe
 //   kv_stream_probe B CTX HKV PARTS [REPS]
 //
 // Also timed: cpa/sw (dense rows, 16-byte chunks XOR-swizzled; the others pad each row by
@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "tile_mma.cuh"
 
 constexpr int D = 128, PAGE = 16, TILE = 64, THREADS = 128;
 constexpr int ROW_BYTES = D * 2, TILE_BYTES = TILE * ROW_BYTES;  // one of K or V: 16 KB
@@ -109,20 +110,17 @@ struct MmaWork {
     for (int e = 0; e < 4; ++e) q[e] = 0x3c003c00u ^ (threadIdx.x * 0x10001u);
   }
   __device__ __forceinline__ void run(const uint8_t* ks, const uint8_t* vs) {
+#if defined(HAB_HAS_MMA_SYNC)  // the device pass (csrc/tile_mma.cuh: ldmatrix, mma.sync)
+    typedef HabWarpTile<HabBf16, 32> Tile;
     const int lane = threadIdx.x % 32, w = (threadIdx.x / 32) % 4;
     float c[2][4] = {};
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       const int tok = 16 * w + (lane / 16) * 8 + lane % 8, ch = kk * 16 + ((lane / 8) & 1) * 8;
       uint32_t b[4];
-      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                   : "r"(smem_u32(ks + chunk_off<SW>(tok, ch / 8))));
+      Tile::ldsm_x4<false>(b, reinterpret_cast<const uint16_t*>(ks + chunk_off<SW>(tok, ch / 8)));
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[n][0]), "+f"(c[n][1]), "+f"(c[n][2]), "+f"(c[n][3])
-                     : "r"(q[0]), "r"(q[1]), "r"(q[2]), "r"(q[3]), "r"(b[2 * n]), "r"(b[2 * n + 1]));
+      for (int n = 0; n < 2; ++n) hab_mma_m16n8k16<HabBf16>(c[n], q, {b[2 * n], b[2 * n + 1]});
     }
     uint32_t pa[4];
 #pragma unroll
@@ -135,15 +133,11 @@ struct MmaWork {
     for (int ct = 0; ct < 8; ++ct) {
       const int tok = 16 * w + ((lane / 8) & 1) * 8 + lane % 8, ch = ct * 16 + (lane / 16) * 8;
       uint32_t b[4];
-      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                   : "r"(smem_u32(vs + chunk_off<SW>(tok, ch / 8))));
+      Tile::ldsm_x4<true>(b, reinterpret_cast<const uint16_t*>(vs + chunk_off<SW>(tok, ch / 8)));
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(o[2 * ct + n][0]), "+f"(o[2 * ct + n][1]), "+f"(o[2 * ct + n][2]), "+f"(o[2 * ct + n][3])
-                     : "r"(pa[0]), "r"(pa[1]), "r"(pa[2]), "r"(pa[3]), "r"(b[2 * n]), "r"(b[2 * n + 1]));
+      for (int n = 0; n < 2; ++n) hab_mma_m16n8k16<HabBf16>(o[2 * ct + n], pa, {b[2 * n], b[2 * n + 1]});
     }
+#endif
   }
   __device__ float sum() const {
     float s = 0.f;
