@@ -27,6 +27,7 @@ import argparse
 import importlib
 import importlib.metadata as md
 import importlib.util
+import math
 import platform
 import sys
 
@@ -80,7 +81,7 @@ def _native_decode_status(cuda: bool) -> str:
     if tuning.gpu_is_hip():
         return "impl='auto' takes it for every call it covers (HIP)"
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    programs = -(-int(tuning.NATIVE_DECODE_MIN_PROGRAMS_PER_SM * sms * 100) // 100)
+    programs = math.ceil(tuning.NATIVE_DECODE_MIN_PROGRAMS_PER_SM * sms)
     return (f"impl='auto' takes it for 2-16 query heads a KV head, one token, head_dim 128, "
             f"16-bit KV and >= {programs} sequences x KV heads ({sms} SMs); Triton elsewhere")
 

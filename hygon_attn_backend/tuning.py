@@ -126,11 +126,10 @@ def native_decode_preferred_nvidia(*, group: int, head_dim: int, num_tokens: int
     return programs >= NATIVE_DECODE_MIN_PROGRAMS_PER_SM * max(1, num_sms)
 
 
-def native_decode_stages(*, programs: int, num_sms: int) -> int:
-    """The native decode's loop (``HabDecodeParams::loop_stages``) for a grid of
-    ``programs`` (sequences x KV heads x row chunks, before any split) on ``num_sms`` SMs:
-    0 runs the shared-softmax loop, 2-4 the split-N loop (where it applies) with that many
-    cp.async stages, i.e. 1-3 KV tiles in flight while one is computed.
+def native_decode_stages() -> int:
+    """The native decode's loop (``HabDecodeParams::loop_stages``): 0 runs the
+    shared-softmax loop, 2-4 the split-N loop (where it applies) with that many cp.async
+    stages, i.e. 1-3 KV tiles in flight while one is computed.
 
     Reasoning: a stage is 32 KB at head_dim 128 (64 tokens of K and V), so 3 stages fit 2
     programs an SM (~128 KB in flight an SM) and 2 stages 3 (~96 KB); 4 stages fit one.
@@ -141,11 +140,9 @@ def native_decode_stages(*, programs: int, num_sms: int) -> int:
     (256, 2k) G=4 524.0 -> 498.4 us, (128, 2k) 280.6 -> 260.7 us, (64, 4k) 284.1 -> 259.4
     us, (64, 4k) G=16 182.3 -> 141.2 us (write flush). (With the padded rows of sessions
     10-15, 2 stages had been 2-7% faster from 4 programs an SM up.) 4 stages lost 40-60%.
-    The ``programs`` and ``num_sms`` arguments stay for a rule that depends on the grid.
     Override: ``HYGON_ATTN_NATIVE_SPLIT_N=0`` (the shared-softmax loop),
     ``HYGON_ATTN_NATIVE_STAGES=2|3|4``.
     """
-    del programs, num_sms  # one answer for every grid measured
     if envs.native_split_n() is False:
         return 0
     forced = envs.native_stages()

@@ -124,7 +124,8 @@ def decode_plan_args(*, partition_size: int, num_partitions: int, loop_stages: i
                      max_rows: int = 0) -> tuple:
     """One plan's side of a native decode launch, resolved once: the workspace's three
     tensors (None unsplit), partition size and count, the loop's stages and tile, the
-    combine's programmatic launch, the rows a program takes at most (``HabDecodeParams::max_rows``: 0 lets the launch fit them to the device)."""
+    combine's programmatic launch, the rows a program takes at most
+    (``HabDecodeParams::max_rows``: 0 lets the launch fit them to the device)."""
     ws = ((workspace.max_logits, workspace.exp_sums, workspace.partial_out)
           if num_partitions > 1 else None)
     return (ws, int(partition_size), int(num_partitions), int(loop_stages), int(loop_tile),

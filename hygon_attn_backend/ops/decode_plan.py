@@ -609,8 +609,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         native_rows = num_tokens * (num_q_heads // num_kv_heads)
         native_programs = _native.decode_grid_programs(
             num_seqs=num_seqs, num_kv_heads=num_kv_heads, rows=native_rows, head_dim=head_dim)
-        native_stages = tuning.native_decode_stages(programs=native_programs,
-                                                    num_sms=num_sms_of(device))
+        native_stages = tuning.native_decode_stages()
     if chosen != "reference" and num_seqs and max_blocks:
         max_context = max_seq_len if max_seq_len is not None else max_blocks * page_size
         if chosen == "native" and partition_size is None and \
