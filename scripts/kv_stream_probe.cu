@@ -18,6 +18,14 @@
 // 16 bytes), cpa+mma (the same loop with tensor-core work shaped like the native decode's
 // at 16 query rows, MmaWork) and ws / ws+mma (warp-specialized: 4 warps stage with
 // cp.async and mbarriers, 4 compute).
+//
+//   kv_stream_probe B CTX HKV PARTS REPS merge
+// times instead what a split grid's merge costs on top of cpa+mma/sw: each program's
+// (m, l, O[16][128] fp32) merged over its PARTS partitions either through a workspace and
+// a second kernel (a programmatic dependent launch, the decodes' split path) or inside a
+// thread-block cluster of the PARTS programs of one (sequence, head) through distributed
+// shared memory (PARTS <= 16; above 8 a non-portable cluster size).
+#include <cooperative_groups.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -29,6 +37,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda_check.h"
@@ -53,6 +62,8 @@ struct Args {
   const int* table;  // [B, ctx / PAGE]
   int ctx, hkv, parts, blocks_per_seq;
   float* out;  // [programs, THREADS]
+  float* ws;   // merge: [programs][16 * D + 32] (O, m, l) of each partition
+  uint16_t* o;  // merge: [B, hkv, 16, D] bf16, the merged rows
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -162,9 +173,78 @@ __device__ __forceinline__ void stage_tile(const Args& a, const int* tab, int h,
 }
 
 // all 128 threads stage and (MMA) compute, one barrier a tile (the native decode's loop)
-template <int STAGES, bool MMA, bool SW>
+// merge epilogues of cpa_kernel: none; the workspace (then combine_kernel); the cluster
+enum { EPI_NONE = 0, EPI_WS = 1, EPI_CLUSTER = 2 };
+constexpr int PART_FLOATS = 16 * D + 32;  // one partition's O [16][D], m [16], l [16]
+
+// The 4 warps' O fragments (16 rows x D each) added into one [16][D] fp32 partial in shared
+// memory (the native decode's slice merge), with a made-up (m, l) a row; returns it.
+template <bool SW>
+__device__ float* merge_slices(const MmaWork<SW>& mw, uint8_t* sm) {
+  float* wsm = reinterpret_cast<float*>(sm);  // [4][16][D]
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4, t4 = lane % 4;
+#pragma unroll
+  for (int n = 0; n < 16; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2)
+      *reinterpret_cast<float2*>(wsm + (w * 16 + g + 8 * (e / 2)) * D + 8 * n + 2 * t4) =
+          make_float2(mw.o[n][e], mw.o[n][e + 1]);
+  __syncthreads();
+  float* part = wsm + 4 * 16 * D;  // [16][D], then m [16], l [16]
+  for (int i = threadIdx.x; i < 16 * D / 4; i += THREADS) {
+    float4 x = reinterpret_cast<const float4*>(wsm)[i];
+#pragma unroll
+    for (int q = 1; q < 4; ++q) {
+      const float4 y = reinterpret_cast<const float4*>(wsm + q * 16 * D)[i];
+      x.x += y.x, x.y += y.y, x.z += y.z, x.w += y.w;
+    }
+    reinterpret_cast<float4*>(part)[i] = x;
+  }
+  if (threadIdx.x < 16) {
+    part[16 * D + threadIdx.x] = float(blockIdx.z % 3);
+    part[16 * D + 16 + threadIdx.x] = 1.f + threadIdx.x;
+  }
+  __syncthreads();
+  return part;
+}
+
+// out[e] = sum_q w_q O_q[e] / sum_q w_q, w_q = l_q 2^(m_q - M), for 4 adjacent channels
+// (row r = e / D) of `n` partials; part(q) points at partial q's [16 * D + 32] floats
+template <class Part>
+__device__ __forceinline__ void merge4(Part part, int n, int e, uint16_t* out) {
+  const int r = e / D;
+  float big = -INFINITY;
+  for (int q = 0; q < n; ++q) big = fmaxf(big, part(q)[16 * D + r]);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, tot = 0.f;
+  for (int q = 0; q < n; ++q) {
+    const float* pq = part(q);
+    const float w = pq[16 * D + 16 + r] * exp2f(pq[16 * D + r] - big);
+    const float4 x = *reinterpret_cast<const float4*>(pq + e);
+    acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
+    tot += w;
+  }
+  const float inv = 1.f / tot;
+  __nv_bfloat162 lo = __floats2bfloat162_rn(acc[0] * inv, acc[1] * inv);
+  __nv_bfloat162 hi = __floats2bfloat162_rn(acc[2] * inv, acc[3] * inv);
+  uint2 v;
+  v.x = *reinterpret_cast<uint32_t*>(&lo);
+  v.y = *reinterpret_cast<uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(out + e) = v;
+}
+
+// the second kernel of EPI_WS: one block per (head, sequence), 4 channels a thread
+__global__ void __launch_bounds__(512) combine_kernel(const Args a) {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  const int h = blockIdx.x, b = blockIdx.y, e = 4 * threadIdx.x;
+  const int64_t seq_head = int64_t(b) * a.hkv + h;
+  auto part = [&](int q) { return a.ws + ((int64_t(q) * gridDim.y + b) * gridDim.x + h) * PART_FLOATS; };
+  merge4(part, a.parts, e, a.o + seq_head * 16 * D);
+}
+
+template <int STAGES, bool MMA, bool SW, int EPI = EPI_NONE>
 __global__ void __launch_bounds__(THREADS) cpa_kernel(const Args a) {
   extern __shared__ __align__(1024) uint8_t sm[];
+  if constexpr (EPI == EPI_WS) asm volatile("griddepcontrol.launch_dependents;\n" ::);
   const int h = blockIdx.x, b = blockIdx.y;
   int t0, t1;
   tiles_of(a, t0, t1);
@@ -192,7 +272,25 @@ __global__ void __launch_bounds__(THREADS) cpa_kernel(const Args a) {
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   const int64_t prog = (int64_t(blockIdx.z) * gridDim.y + b) * gridDim.x + h;
-  a.out[prog * THREADS + threadIdx.x] = acc + mw.sum();
+  if constexpr (EPI == EPI_NONE) {
+    a.out[prog * THREADS + threadIdx.x] = acc + mw.sum();
+  } else {
+    __syncthreads();  // every warp is done with the stages
+    float* part = merge_slices(mw, sm);
+    if constexpr (EPI == EPI_WS) {
+      float4* dst = reinterpret_cast<float4*>(a.ws + prog * PART_FLOATS);
+      for (int i = threadIdx.x; i < PART_FLOATS / 4; i += THREADS) dst[i] = reinterpret_cast<const float4*>(part)[i];
+    } else {
+      namespace cg = cooperative_groups;
+      cg::cluster_group cl = cg::this_cluster();
+      cl.sync();  // every program of the cluster has its partial in shared memory
+      const int n = int(cl.num_blocks()), rank = int(cl.block_rank()), per = 16 * D / n;
+      auto remote = [&](int q) { return cl.map_shared_rank(part, q); };
+      for (int e = rank * per + 4 * threadIdx.x; e < (rank + 1) * per; e += 4 * THREADS)
+        merge4(remote, n, e, a.o + (int64_t(b) * a.hkv + h) * 16 * D);
+      cl.sync();  // no program leaves while another reads its shared memory
+    }
+  }
 }
 
 // warp-specialized: warps 4-7 stage tiles (cp.async, completion on the stage's full
@@ -364,6 +462,7 @@ int main(int argc, char** argv) {
   }
   const int B = std::atoi(argv[1]), ctx = std::atoi(argv[2]), hkv = std::atoi(argv[3]), parts = std::atoi(argv[4]);
   const int reps = argc > 5 ? std::atoi(argv[5]) : 30;
+  const bool merge = argc > 6 && std::string(argv[6]) == "merge";
   if (ctx % (TILE * parts) != 0 && ctx % TILE != 0) return 2;
   const int bps = ctx / PAGE, nb = B * bps;
   const int64_t elems = int64_t(nb) * PAGE * hkv * D, kv_bytes = 2 * elems * 2;
@@ -390,7 +489,11 @@ int main(int argc, char** argv) {
   const int64_t cbytes = std::max<int64_t>(1ll << 30, kv_bytes / 2);  // the ceiling: >= 1 GB read + written
   CK(cudaMalloc(&ca, cbytes));
   CK(cudaMalloc(&cb, cbytes));
-  Args a{k, v, table, ctx, hkv, parts, bps, out};
+  float* ws;
+  uint16_t* o;
+  CK(cudaMalloc(&ws, int64_t(progs) * PART_FLOATS * 4));
+  CK(cudaMalloc(&o, int64_t(B) * hkv * 16 * D * 2));
+  Args a{k, v, table, ctx, hkv, parts, bps, out, ws, o};
   dim3 grid(hkv, B, parts);
   const CUtensorMap mk_page = make_map(k, int64_t(nb) * PAGE, hkv, PAGE), mv_page = make_map(v, int64_t(nb) * PAGE, hkv, PAGE);
   const CUtensorMap mk_row = make_map(k, int64_t(nb) * PAGE, hkv, 1), mv_row = make_map(v, int64_t(nb) * PAGE, hkv, 1);
@@ -417,6 +520,45 @@ int main(int argc, char** argv) {
              reinterpret_cast<const void*>(cpa_kernel<S, M, W>), smem, THREADS,
              tm.median_us([&] { cpa_kernel<S, M, W><<<grid, THREADS, smem>>>(a); }));
     };
+    // cpa+mma/sw with a merge epilogue: EPI_WS adds combine_kernel (a programmatic dependent
+    // launch), EPI_CLUSTER launches clusters of the PARTS programs of a (head, sequence)
+    auto run_merge = [&](auto st, auto epi) {
+      constexpr int S = decltype(st)::value, E = decltype(epi)::value;
+      auto fn = cpa_kernel<S, true, true, E>;
+      const int smem = std::max(S * 2 * STILE, (5 * 16 * D + 32) * 4);
+      CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = grid;
+      cfg.blockDim = dim3(THREADS);
+      cfg.dynamicSmemBytes = smem;
+      cudaLaunchAttribute attr[1];
+      cfg.attrs = attr;
+      cfg.numAttrs = 0;
+      if (E == EPI_CLUSTER) {
+        if (parts > 8) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 1;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = parts;
+        cfg.numAttrs = 1;
+        int clusters = 0;
+        CK(cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg));
+        std::printf("  (clusters of %d: %d can be resident, %d launched)\n", parts, clusters, progs / parts);
+      }
+      cudaLaunchConfig_t ccfg = {};
+      ccfg.gridDim = dim3(hkv, B);
+      ccfg.blockDim = dim3(16 * D / 4);
+      cudaLaunchAttribute cattr[1];
+      cattr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      cattr[0].val.programmaticStreamSerializationAllowed = 1;
+      ccfg.attrs = cattr;
+      ccfg.numAttrs = 1;
+      const char* name = E == EPI_NONE ? "no merge" : (E == EPI_WS ? "ws+combine" : "cluster");
+      report(name, S, reinterpret_cast<const void*>(fn), smem, THREADS, tm.median_us([&] {
+               CK(cudaLaunchKernelEx(&cfg, fn, a));
+               if (E == EPI_WS) CK(cudaLaunchKernelEx(&ccfg, combine_kernel, a));
+             }));
+    };
     auto run_ws = [&](auto st, auto mma, auto sw) {
       constexpr int S = decltype(st)::value;
       constexpr bool M = decltype(mma)::value, W = decltype(sw)::value;
@@ -438,6 +580,15 @@ int main(int argc, char** argv) {
     };
     using F = std::false_type;
     using T = std::true_type;
+    if (merge) {
+      run_merge(std::integral_constant<int, 3>{}, std::integral_constant<int, EPI_NONE>{});
+      run_merge(std::integral_constant<int, 3>{}, std::integral_constant<int, EPI_WS>{});
+      if (parts <= 16) run_merge(std::integral_constant<int, 3>{}, std::integral_constant<int, EPI_CLUSTER>{});
+      run_merge(std::integral_constant<int, 2>{}, std::integral_constant<int, EPI_NONE>{});
+      run_merge(std::integral_constant<int, 2>{}, std::integral_constant<int, EPI_WS>{});
+      if (parts <= 16) run_merge(std::integral_constant<int, 2>{}, std::integral_constant<int, EPI_CLUSTER>{});
+      continue;
+    }
     run_cpa(std::integral_constant<int, 3>{}, F{}, F{});
     run_cpa(std::integral_constant<int, 3>{}, F{}, T{});
     run_cpa(std::integral_constant<int, 3>{}, T{}, F{});
