@@ -181,32 +181,10 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   // barrier each)
   const bool first_rows = tid < BLOCK_N && num_tiles > 0;
   const int blk0 = first_rows ? block_of_tile(0) : -1, slot0 = first_rows ? slot_of_tile(0) : 0;
-#if defined(HAB_DECODE_EXP_PREROWS)
-  int pre_id[MAX_SPLIT_N_STAGES - 1], pre_slot[MAX_SPLIT_N_STAGES - 1];
-#pragma unroll
-  for (int t = 1; t < MAX_SPLIT_N_STAGES; ++t) {
-    const bool more = tid < BLOCK_N && t < num_tiles && t < stages;
-    pre_id[t - 1] = more ? block_of_tile(t) : -1;
-    pre_slot[t - 1] = more ? slot_of_tile(t) : 0;
-  }
-#endif
   load_q();
   if (first_rows) store_rows(0, blk0, slot0);
   // the last valid key of the first row: a tile ending at or before it needs no causal mask
   const int pos_lo = seq_len - int(p.num_tokens);
-#if defined(HAB_DECODE_EXP_PREROWS)
-#pragma unroll
-  for (int t = 0; t < MAX_SPLIT_N_STAGES - 1; ++t) {
-    if (t >= stages - 1) break;
-    __syncthreads();
-    if (t < num_tiles) {
-      issue(t, t);
-      if (tid < BLOCK_N) store_rows(t + 1, pre_id[t], pre_slot[t]);
-    } else {
-      push_empty();
-    }
-  }
-#else
   for (int t = 0; t < stages - 1; ++t) {
     __syncthreads();  // rows of tile t are visible; issue(t - 1) is done with the other buffer
     if (t < num_tiles) {
@@ -219,7 +197,6 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
       push_empty();
     }
   }
-#endif
   // stage indices advance by one per tile (a run-time modulo is a division)
   auto next_stage = [&](int s) { return s + 1 == stages ? 0 : s + 1; };
   int s = 0, s_ahead = stages - 1;  // stages of `tile` and of `tile + stages - 1`
@@ -286,17 +263,6 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     }
     // logits in log2 units (the soft cap is a warp-uniform branch around all 8), then the
     // mask as selects: no per-element branch
-#if defined(HAB_DECODE_EXP_NOSM)
-    float alpha[2] = {1.f, 1.f};
-    uint16_t pb[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float pv = c[e] * qk_scale;
-      l[(e & 3) >> 1] += pv;
-      pb[e] = KIND::from_float(pv);
-    }
-    (void)tile_ok, (void)start, (void)pos_lo, (void)ok_s;
-#else
     if (use_cap) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
@@ -350,7 +316,6 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
       l[k] += pv;
       pb[e] = KIND::from_float(pv);
     }
-#endif
     // P in the A layout: a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..)
     const uint32_t a[4] = {hab_pack2(pb[0], pb[1]), hab_pack2(pb[2], pb[3]), hab_pack2(pb[4], pb[5]),
                            hab_pack2(pb[6], pb[7])};
@@ -372,24 +337,6 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   // O_s [SLICES][16][LDO] fp32, then the rows' output offsets [16] int64. The O rows are
   // padded by 8 floats, so a warp's float2 stores of a fragment hit 32 distinct banks per
   // half-warp (a row stride of HEAD_DIM_PAD floats put the fragment's 8 rows on one bank).
-#if defined(HAB_DECODE_EXP_NOEPI)
-  {  // timing diagnostic: one value a thread, no merge (the output is not the answer)
-    float acc = l[0] + l[1] + m[0];
-#pragma unroll
-    for (int ct = 0; ct < CTW; ++ct)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc += o[ct][e];
-    cp_async_wait_all();
-    const int d = tid % head_dim;
-    if (p.num_partitions > 1) {
-      const int64_t slot = seq * p.num_partitions + part;
-      p.partial_out[slot * p.po_stride[0] + (kv_head * group) * p.po_stride[1] + d] = acc;
-    } else {
-      store_out(p, seq * p.o_stride[0] + int64_t(kv_head * group) * p.o_stride[2] + d, acc);
-    }
-    return;
-  }
-#endif
   constexpr int LDO = HEAD_DIM_PAD + 8;
   static_assert(SLICES * 16 * (2 + LDO) * 4 + 16 * 8 <= 2 * STAGE_BYTES, "the merge fits in two stages");
 #pragma unroll
