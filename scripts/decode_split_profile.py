@@ -12,6 +12,8 @@ measured in the same run (bytes read + written); the KV bytes are read once.
 Usage: python scripts/decode_split_profile.py [--rep-ms 100] [--profile 20] [--json out.json]
            [--cases "8,8192,32,8:triton:0;8,8192,32,8:native:4:64;..."]
 A case is B,ctx,Hq,Hkv:impl:partitions[:native tile]; partitions 0: the impl's own rule.
+The case ``noop`` times a graph of one 4-byte kernel the same way: the floor of any call
+under this method (the graph's launch, the kernel's, the flush's write-back).
 """
 
 from __future__ import annotations
@@ -87,6 +89,19 @@ def run_case(shape, impl, parts, tile, rep_ms, prof_reps, copy):
     return row
 
 
+def run_noop(rep_ms, prof_reps):
+    x = torch.zeros(1, device="cuda")
+    fn = lambda: x.add_(1)
+    row = {"shape": [], "impl": "noop", "parts": 0, "tile": 0}
+    for flush in ("write", "read"):
+        _timing.set_l2_flush(flush)
+        row[flush] = {"us": 1000 * _timing.graph_ms(fn, rep_ms), "pct_copy": 0.0}
+    graph = _timing.capture_graph(fn)
+    row["kernels_us"] = kernel_times(graph, prof_reps)
+    row["max_abs_diff"] = 0.0
+    return row
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rep-ms", type=float, default=100)
@@ -100,6 +115,13 @@ def main():
           f"{triton.__version__}; copy {copy:.0f} GB/s (write flush)", flush=True)
     rows = []
     for case in args.cases.split(";"):
+        if case == "noop":
+            row = run_noop(args.rep_ms, args.profile)
+            rows.append(row)
+            print(f"noop (one 4-byte kernel)    write {row['write']['us']:7.1f} us | read "
+                  f"{row['read']['us']:7.1f} us | kernels {sum(row['kernels_us'].values()):.1f} us",
+                  flush=True)
+            continue
         parts = case.split(":")
         if len(parts) not in (3, 4):
             parser.error(f"--cases: B,ctx,Hq,Hkv:impl:partitions[:tile], got {case!r}")

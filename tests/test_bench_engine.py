@@ -325,6 +325,14 @@ def test_breakdown_classes_kernels_of_both_backends():
     assert bd.kernel_class("paged_decode_kernel") == "attention"
     assert bd.kernel_class("combine_partitions_kernel") == "attention"
     assert bd.kernel_class("prefix_prefill_kernel") == "attention"
+    # the native kernels, as the CUDA profiler names them
+    assert bd.kernel_class("void hab_decode::paged_decode_kernel<HabBf16, 16, 128, 32, 64>"
+                           "(HabDecodeParams, hab_decode::Flags, int)") == "attention"
+    assert bd.kernel_class("(anonymous namespace)::combine_kernel(HabDecodeParams, bool)") \
+        == "attention"
+    assert bd.kernel_class("void hab_prefill::prefill_kernel<true, false>(HabPrefillParams)") \
+        == "attention"
+    assert bd.kernel_class("(anonymous namespace)::write_kv_kernel(HabWriteKvParams)") == "other"
     assert bd.kernel_class("_fwd_grouped_kernel_stage1") == "attention"  # SGLang triton
     assert bd.kernel_class("_fwd_kernel_stage2") == "attention"
     assert bd.kernel_class("_fwd_kernel") == "attention"  # SGLang's extend kernel

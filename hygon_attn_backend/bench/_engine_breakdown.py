@@ -24,9 +24,14 @@ from __future__ import annotations
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-# kernel names: ours contain these; SGLang's Triton attention kernels start with these
+# kernel names: ours contain these (Triton's; the native ones as the CUDA profiler names
+# them: "void hab_decode::paged_decode_kernel<...>(...)", "(anonymous
+# namespace)::combine_kernel(HabDecodeParams, bool)", "void
+# hab_prefill::prefill_kernel<...>(HabPrefillParams)"); SGLang's Triton attention kernels
+# start with these
 ATTENTION_KERNELS = ("paged_decode_kernel", "combine_partitions_kernel", "prefix_prefill_kernel",
-                     "_lean_attention_decode_kernel")
+                     "_lean_attention_decode_kernel", "combine_kernel(HabDecodeParams",
+                     "hab_prefill::prefill_kernel")
 ATTENTION_PREFIXES = ("_fwd_kernel", "_fwd_grouped_kernel")
 METADATA_KERNELS = ("req_to_token_table_kernel", "create_flashinfer_kv_indices",
                     "get_num_kv_splits", "_copy_unified_indices", "_align_window_kv")
