@@ -239,7 +239,10 @@ extern "C" const char* hab_paged_decode(const HabDecodeParams* pp, void* stream)
   // the split workspace's rows as float4 (the planned workspace is contiguous)
   const int po_vec = p.num_partitions > 1 &&
                      chunks_are_vectors(p.partial_out, 4, p.po_stride[2], kCombineVec, p.po_stride, 2, kCombineVec);
-  hab_decode::Flags flags{k_vec, v_vec, q_vec, po_vec, 0, 2, nullptr};
+  // out's rows as 4-channel vectors (the split-N loop's unsplit stores)
+  const int out_bytes = p.out_dtype == HAB_F32 ? 4 : 2;
+  const int o_vec = chunks_are_vectors(p.out, out_bytes, p.o_stride[3], p.head_dim, p.o_stride, 3, 4);
+  hab_decode::Flags flags{k_vec, v_vec, q_vec, po_vec, o_vec, 0, 2, nullptr};
   if (!loop_flags(p.loop_stages, p.loop_tile, &flags))
     return "paged_decode: loop_stages must be 0, 2, 3 or 4 and loop_tile 32 or 64";
   const char* err = launch_for_head_dim(p, flags, warp, stream);
@@ -269,7 +272,7 @@ extern "C" int hab_decode_programs_per_sm(int q_dtype, int kv_dtype, int head_di
   p.num_q_heads = rows;
   p.num_kv_heads = 1;
   int programs = 0;
-  hab_decode::Flags flags{1, 1, 1, 1, 0, 2, &programs};
+  hab_decode::Flags flags{1, 1, 1, 1, 1, 0, 2, &programs};
   if (!loop_flags(loop_stages, loop_tile, &flags)) return -1;
   return launch_for_head_dim(p, flags, warp, nullptr) ? -1 : programs;
 }

@@ -87,6 +87,24 @@ HAB_DEV void store_out(const HabDecodeParams& p, int64_t off, float val) {
   else static_cast<uint16_t*>(p.out)[off] = HabHalf::from_float(val);
 }
 
+// out[off .. off + 3] = v in the output dtype, one 8-byte (16-bit out) or 16-byte (fp32)
+// store: out's channels contiguous and `off` a multiple of 4 on an aligned base (Flags::o_vec)
+HAB_DEV void store_out4(const HabDecodeParams& p, int64_t off, const float (&v)[4]) {
+  if (p.out_dtype == HAB_F32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(p.out) + off) = make_float4(v[0], v[1], v[2], v[3]);
+    return;
+  }
+  uint2 w;
+  if (p.out_dtype == HAB_BF16) {
+    w.x = hab_pack2(HabBf16::from_float(v[0]), HabBf16::from_float(v[1]));
+    w.y = hab_pack2(HabBf16::from_float(v[2]), HabBf16::from_float(v[3]));
+  } else {
+    w.x = hab_pack2(HabHalf::from_float(v[0]), HabHalf::from_float(v[1]));
+    w.y = hab_pack2(HabHalf::from_float(v[2]), HabHalf::from_float(v[3]));
+  }
+  *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + off) = w;
+}
+
 // 8 KV elements (one chunk) as compute-dtype bits, from fp8 codes held in a uint2
 template <typename KIND, typename FMT>
 HAB_DEV uint4 fp8x8_to(uint2 codes) {
@@ -182,6 +200,7 @@ struct Flags {  // per launch, computed on the host
   int k_vec, v_vec;  // K / V rows read as 16-byte chunks
   int q_vec;         // Q rows read as 16-byte chunks
   int po_vec;        // the split workspace's partial rows written / read as 16-byte float4
+  int o_vec;         // out's rows written 4 channels a store (8 bytes at 16 bits, 16 at fp32)
   int split_n;  // mma.sync targets, <= 16 rows, head_dim <= 128: the split-N loop's tile (32 or 64 tokens), 0: off
   int stages;   // the split-N loop's cp.async stages, 2..MAX_SPLIT_N_STAGES (stages - 1 tiles in flight)
   int* programs_per_sm;  // host pointer: set, the launcher writes the occupancy there and launches nothing
@@ -425,7 +444,7 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
     if constexpr (SplitN<KIND, ROWS, HEAD_DIM_PAD, WARP>::value)
       decode_split_n<KIND, HEAD_DIM_PAD, SN>(p, part_end, loop_start, seq_len, rows, row0, group, kv_head, seq,
                                              part, head_dim, qk_scale, sm_scale, v_scale, use_cap, use_window, q_s,
-                                             smem + L::K_OFF, flags.stages, flags.po_vec != 0, geo, block_of,
+                                             smem + L::K_OFF, flags.stages, flags.po_vec != 0, flags.o_vec != 0, geo, block_of,
                                              load_q);
 #endif
     return;

@@ -71,7 +71,7 @@ template <typename KIND, int HEAD_DIM_PAD, int SN_TOKENS, typename BlockOf, type
 HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_start, int seq_len, int rows,
                             int row0, int group, int kv_head, int64_t seq, int part, int head_dim, float qk_scale,
                             float sm_scale, float v_scale, bool use_cap, bool use_window, const uint16_t* q_s,
-                            uint8_t* stage_smem, int stages, bool po_vec, const StageGeometry& geo,
+                            uint8_t* stage_smem, int stages, bool po_vec, bool o_vec, const StageGeometry& geo,
                             BlockOf& block_of, LoadQ& load_q) {
   typedef Layout<16, HEAD_DIM_PAD> L;
   typedef SplitNGeometry<HEAD_DIM_PAD, SN_TOKENS> G;
@@ -391,7 +391,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   }
   __syncthreads();
   // 4 adjacent channels a thread: sum_w weight_w O_w, one 16-byte store into the workspace
-  // where its rows allow it (po_vec)
+  // where its rows allow it (po_vec), one 8-byte store into a 16-bit out (o_vec)
   const bool vec = split && po_vec;
   constexpr int V4 = HEAD_DIM_PAD / 4;
   for (int i = tid; i < rows * V4; i += NUM_WARPS * 32) {
@@ -410,6 +410,8 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     } else if (split) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) p.partial_out[base + (d + e) * p.po_stride[2]] = acc[e];
+    } else if (o_vec) {
+      store_out4(p, base + d, acc);
     } else {
 #pragma unroll
       for (int e = 0; e < 4; ++e) store_out(p, base + (d + e) * p.o_stride[3], acc[e]);

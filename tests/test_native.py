@@ -90,6 +90,50 @@ def test_native_decode_layouts(layout, page_size, partition_size):
                  partition_size=partition_size)
 
 
+def _out_like(q, kind, dtype):
+    """An output for q of ``kind``: contiguous, rows padded (channels contiguous, 4-channel
+    stores), shifted by one element (misaligned: per-element stores) or channels strided."""
+    s, hq, d = q.shape
+    if kind == "contiguous":
+        return torch.empty(s, hq, d, dtype=dtype, device=q.device)
+    if kind == "padded_rows":
+        return torch.empty(s, hq, d + 8, dtype=dtype, device=q.device)[..., :d]
+    if kind == "shifted":
+        return torch.empty(s * hq * d + 1, dtype=dtype, device=q.device)[1:].view(s, hq, d)
+    return torch.empty(s, d, hq, dtype=dtype, device=q.device).transpose(1, 2)  # channels strided
+
+
+@gpu
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("kind", ["contiguous", "padded_rows", "shifted", "channels_strided"])
+@pytest.mark.parametrize("partition_size", [None, 256])
+def test_native_decode_output_layouts(kind, out_dtype, partition_size):
+    # the unsplit split-N loop stores 4 channels at once where out's rows allow it, element
+    # by element elsewhere; both must write exactly the answer, and nothing else
+    torch.manual_seed(3)
+    seq_lens, page, hkv, group, d = [900, 5, 300], 16, 4, 4, 128
+    nb = sum(-(-n // page) for n in seq_lens)
+    k, v = make_cache(nb, hkv, page, d, "bshd", torch.bfloat16, torch.device("cuda"))
+    table = make_table(seq_lens, page, nb, torch.device("cuda"))
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(len(seq_lens), hkv * group, d, dtype=torch.bfloat16, device="cuda")
+    out = _out_like(q, kind, out_dtype)
+    base = out._base if out._base is not None else out
+    base.fill_(float("nan"))
+    res = paged_decode_attention(q, k, v, table, lens, out=out, impl="native",
+                                 partition_size=partition_size)
+    assert res is out
+    ref64 = reference.paged_decode_attention(q, k, v, table, lens, compute_dtype=torch.float64)
+    ref_lp = reference.paged_decode_attention(q, k, v, table, lens, compute_dtype=torch.bfloat16)
+    assert_within_budget(out, ref64, ref_lp)
+    # the padding (and the element before a shifted view) is never written
+    written = torch.zeros(base.numel(), dtype=torch.bool, device="cuda")
+    idx = torch.arange(base.numel(), device="cuda").as_strided(
+        out.shape, out.stride(), out.storage_offset() - base.storage_offset())
+    written[idx.reshape(-1)] = True
+    assert torch.isnan(base.reshape(-1)[~written]).all()
+
+
 @gpu
 @pytest.mark.parametrize("split_n,stages,tile", [("0", "2", "64"), ("1", "2", "64"), ("1", "3", "64"),
                                                 ("1", "4", "64"), ("1", "2", "32"), ("1", "3", "32"),
