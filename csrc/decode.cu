@@ -11,16 +11,16 @@
 
 namespace {
 
-constexpr int kCombineThreads = 512;
+constexpr int kCombineMaxThreads = 512;
 constexpr int kCombineVec = 4;  // channels a thread sums (one 16-byte load a partition)
 
 // A block-wide max or sum of one float per thread: the warps reduce by shuffles, warp w
 // leaves its value in red[w], and after one barrier every thread reduces those
-// kCombineThreads / HAB_WARP_SIZE values itself (independent shared-memory reads). `red`
-// is free again after the next barrier.
-template <bool MAX>
+// THREADS / HAB_WARP_SIZE values itself (independent shared-memory reads). `red` is free
+// again after the next barrier.
+template <bool MAX, int THREADS>
 __device__ __forceinline__ float block_reduce(float v, float* red) {
-  constexpr int WARPS = kCombineThreads / HAB_WARP_SIZE;
+  constexpr int WARPS = THREADS / HAB_WARP_SIZE;
   v = MAX ? hab_group_max<HAB_WARP_SIZE>(v) : hab_group_sum<HAB_WARP_SIZE>(v);
   if (threadIdx.x % HAB_WARP_SIZE == 0) red[threadIdx.x / HAB_WARP_SIZE] = v;
   __syncthreads();
@@ -30,8 +30,9 @@ __device__ __forceinline__ float block_reduce(float v, float* red) {
   return r;
 }
 
-// One block per (sequence, row). The block's threads are `groups` groups of `dim_threads`
-// (cdiv(head_dim, 4) rounded up to a power of two: 16, 32 or 64); thread (g, c) sums
+// One block of THREADS per (sequence, row). The block's threads are `groups` groups of
+// `dim_threads` (cdiv(head_dim, 4) rounded up to a power of two: 16, 32 or 64), as many
+// groups as the launch's partitions need (combine_threads); thread (g, c) sums
 // channels 4c .. 4c + 3 over the partitions j with j % groups == g, one 16-byte load per
 // partition where the workspace rows allow it (po_vec, checked on the host), and the
 // groups' sums are added at the end.
@@ -45,10 +46,12 @@ __device__ __forceinline__ float block_reduce(float v, float* red) {
 // Launched as a programmatic dependent launch of the decode kernel (combine_pdl), a block
 // may start while the decode grid runs: everything before hab_gdc_wait() reads only what
 // the decode kernel does not write.
-__global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParams p, bool po_vec) {
-  __shared__ float w_s[kCombineThreads];  // weights of a chunk of partitions
-  __shared__ float red_s[2][kCombineThreads / 32];  // the warps' partial max / sums (two, alternating)
-  __shared__ __align__(16) float sum_s[kCombineThreads * kCombineVec];  // the groups' sums [groups][4 dim_threads]
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS) combine_kernel(HabDecodeParams p, bool po_vec) {
+  static_assert(THREADS % HAB_WARP_SIZE == 0 && THREADS <= kCombineMaxThreads, "whole warps");
+  __shared__ float w_s[THREADS];  // weights of a chunk of partitions
+  __shared__ float red_s[2][THREADS / 32];  // the warps' partial max / sums (two, alternating)
+  __shared__ __align__(16) float sum_s[THREADS * kCombineVec];  // the groups' sums [groups][4 dim_threads]
   const int64_t seq = blockIdx.x;
   const int64_t row = blockIdx.y;  // t * Hq + h
   const int64_t tok = row / p.num_q_heads, head = row % p.num_q_heads;
@@ -56,7 +59,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParam
   const int head_dim = int(p.head_dim);
   int dim_shift = 4;  // log2(dim_threads)
   while ((1 << dim_shift) * kCombineVec < head_dim) ++dim_shift;
-  const int dim_threads = 1 << dim_shift, groups = kCombineThreads >> dim_shift;
+  const int dim_threads = 1 << dim_shift, groups = THREADS >> dim_shift;
   const int group = tid >> dim_shift, d0 = kCombineVec * (tid & (dim_threads - 1));
   const bool has = d0 < head_dim;  // head_dim is a multiple of 8: all 4 channels or none
   const int64_t seq_len = hab_load_index(p.seq_lens, p.lens_is_int64, seq * p.lens_stride);
@@ -73,14 +76,14 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParam
     l_first = es[tid * p.ml_stride[0]];
   }
   float m = m_first;
-  for (int q = tid + kCombineThreads; q < parts; q += kCombineThreads) m = fmaxf(m, ml[q * p.ml_stride[0]]);
-  const float block_m = block_reduce<true>(m, red_s[0]);
+  for (int q = tid + THREADS; q < parts; q += THREADS) m = fmaxf(m, ml[q * p.ml_stride[0]]);
+  const float block_m = block_reduce<true, THREADS>(m, red_s[0]);
   const float big_m = block_m == -INFINITY ? 0.f : block_m;
-  // pass 2: chunks of kCombineThreads partitions: weights by one thread each, then every
+  // pass 2: chunks of THREADS partitions: weights by one thread each, then every
   // thread sums its channels over its group's partitions of the chunk
   float acc[kCombineVec] = {0.f, 0.f, 0.f, 0.f};
   float total = 0.f;
-  for (int c0 = 0, k = 1; c0 < parts; c0 += kCombineThreads, k ^= 1) {
+  for (int c0 = 0, k = 1; c0 < parts; c0 += THREADS, k ^= 1) {
     const int q = c0 + tid;
     float w = 0.f;
     if (q < parts) {
@@ -89,8 +92,8 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParam
       w = l > 0.f ? l * exp2f(mq - big_m) : 0.f;
     }
     w_s[tid] = w;  // the previous chunk's weights were read before its closing barrier
-    total += block_reduce<false>(w, red_s[k]);  // its barrier also publishes w_s
-    const int n = min(kCombineThreads, parts - c0);
+    total += block_reduce<false, THREADS>(w, red_s[k]);  // its barrier also publishes w_s
+    const int n = min(THREADS, parts - c0);
     if (has) {
 #pragma unroll 4
       for (int j = group; j < n; j += groups) {
@@ -123,15 +126,31 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(HabDecodeParam
   for (int e = 0; e < kCombineVec; ++e) hab_decode::store_out(p, o_base + (d0 + e) * p.o_stride[3], acc[e] * inv);
 }
 
-// The combine launch; with `pdl` (CUDA) a programmatic dependent launch: its blocks may be
-// scheduled while the decode grid's last programs run (the decode kernel calls
-// hab_gdc_launch_dependents first), and wait inside for the decode grid's writes.
-hab_error_t launch_combine(const HabDecodeParams& p, bool po_vec, dim3 grid, bool pdl, hab_stream_t stream) {
+// Threads of a combine block: `dim_threads` (a power of two >= head_dim / 4, at least 16)
+// per group of partitions, as many groups as the launch has partitions (rounded up to a
+// power of two), at least 64 and at most kCombineMaxThreads threads. A launch of few
+// partitions over many rows then runs small blocks, many an SM, in one wave (4,096 rows of
+// 2 partitions took 8 waves of 512-thread blocks at 4 an SM: docs/native.md, session 17);
+// many partitions keep the 512 threads that read them in one round.
+int combine_threads(int64_t num_partitions, int64_t head_dim) {
+  int dim_threads = 16;
+  while (dim_threads * kCombineVec < head_dim) dim_threads *= 2;
+  int threads = dim_threads;
+  while (threads < kCombineMaxThreads && threads < dim_threads * num_partitions) threads *= 2;
+  return threads < 64 ? 64 : threads;
+}
+
+// The combine launch of THREADS a block; with `pdl` (CUDA) a programmatic dependent
+// launch: its blocks may be scheduled while the decode grid's last programs run (the
+// decode kernel calls hab_gdc_launch_dependents first), and wait inside for the decode
+// grid's writes.
+template <int THREADS>
+hab_error_t launch_combine_t(const HabDecodeParams& p, bool po_vec, dim3 grid, bool pdl, hab_stream_t stream) {
 #if defined(HAB_CUDA)
   if (pdl) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
-    cfg.blockDim = dim3(kCombineThreads);
+    cfg.blockDim = dim3(THREADS);
     cfg.dynamicSmemBytes = 0;
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
@@ -139,13 +158,22 @@ hab_error_t launch_combine(const HabDecodeParams& p, bool po_vec, dim3 grid, boo
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, combine_kernel, p, po_vec);
+    return cudaLaunchKernelEx(&cfg, combine_kernel<THREADS>, p, po_vec);
   }
 #else
   (void)pdl;
 #endif
-  combine_kernel<<<grid, kCombineThreads, 0, stream>>>(p, po_vec);
+  combine_kernel<THREADS><<<grid, THREADS, 0, stream>>>(p, po_vec);
   return hab_get_last_error();
+}
+
+hab_error_t launch_combine(const HabDecodeParams& p, bool po_vec, dim3 grid, bool pdl, hab_stream_t stream) {
+  switch (combine_threads(p.num_partitions, p.head_dim)) {
+    case 64: return launch_combine_t<64>(p, po_vec, grid, pdl, stream);
+    case 128: return launch_combine_t<128>(p, po_vec, grid, pdl, stream);
+    case 256: return launch_combine_t<256>(p, po_vec, grid, pdl, stream);
+    default: return launch_combine_t<kCombineMaxThreads>(p, po_vec, grid, pdl, stream);
+  }
 }
 
 bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }

@@ -90,6 +90,19 @@ def test_native_decode_layouts(layout, page_size, partition_size):
                  partition_size=partition_size)
 
 
+@gpu
+@pytest.mark.parametrize("parts", [2, 3, 5, 8, 16, 40])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_native_decode_combine_block_sizes(parts, head_dim):
+    # the combine's block size follows the launch's partitions (64-512 threads: decode.cu,
+    # combine_threads); every size merges to the answer, ragged sequences included (a
+    # short one has fewer partitions than the launch)
+    ctx = 64 * parts * 4
+    _native_case(num_kv_heads=4, group=8, head_dim=head_dim, page_size=16,
+                 seq_lens=[ctx, ctx // 3, 1, ctx - 5], layout="bshd", dtype=torch.bfloat16,
+                 partition_size=ctx // parts)
+
+
 def _out_like(q, kind, dtype):
     """An output for q of ``kind``: contiguous, rows padded (channels contiguous, 4-channel
     stores), shifted by one element (misaligned: per-element stores) or channels strided."""
