@@ -585,8 +585,9 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 }
 
 // Programs per multiprocessor the register budget is sized for: 3-4 for the common 16-row
-// tile (12-16 warps in flight per SM to cover the memory latency; 3 at head_dim 128 keeps
-// the 64-token split-N accumulators out of local memory), fewer for the big tiles; the
+// tile (12-16 warps in flight per SM to cover the memory latency), fewer for the big
+// tiles; the 64-token split-N loop at head_dim 128 is sized for 2 (its 3 stages of shared
+// memory fit 2 programs; it holds Q's fragments in registers: 198 a thread); the
 // 32-token split-N loop holds half the accumulators (its shared memory fits 3 programs
 // with 3 stages at head_dim 128, 5 with 2).
 // On AMD/Hygon gfx9 a CU has 64 KB of LDS, so no more programs fit at once than
@@ -600,6 +601,7 @@ constexpr int HIP_LDS_BYTES = 64 * 1024;
 template <int ROWS, int HEAD_DIM_PAD, int SN>
 struct MinBlocks {
   static constexpr int nvidia = SN == 32 ? (HEAD_DIM_PAD <= 64 ? 6 : 5)
+                                : SN == 64 ? (HEAD_DIM_PAD <= 64 ? 4 : 2)
                                 : ROWS <= 16 ? (HEAD_DIM_PAD <= 64 ? 4 : (HEAD_DIM_PAD <= 128 ? 3 : 2))
                                              : (ROWS * HEAD_DIM_PAD <= 4096 ? 2 : 1);
 #if defined(HAB_DECODE_MIN_BLOCKS)

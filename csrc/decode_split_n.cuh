@@ -197,6 +197,20 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
       push_empty();
     }
   }
+  // Q's A fragments stay in registers for the whole loop with 64-token tiles (32 registers
+  // a thread at head_dim 128; 2 programs an SM leave them: MinBlocks) instead of 8
+  // ldmatrix a warp a tile, a third of the loop's shared-memory reads: 0.2-0.4% at the
+  // large grids on the H200 (docs/native.md, session 17). The 32-token tiles, sized for
+  // 5 programs an SM, keep reading them.
+  constexpr bool Q_REGS = SN_TOKENS == 64;
+  constexpr int KH = HEAD_DIM_PAD / 16 / (NUM_WARPS / SLICES);  // 16-channel steps a warp
+  static_assert(KH % 2 == 0, "two chains of whole steps");
+  const int kk0 = (warp / SLICES) * KH;
+  uint32_t qa[Q_REGS ? KH : 1][4];  // Q's A fragments of this warp's k-steps (Q_REGS)
+  if constexpr (Q_REGS) {  // Q is visible: the prologue's first barrier published it
+#pragma unroll
+    for (int i = 0; i < KH; ++i) Tile::ldsm_a(qa[i], q_s + (kk0 + i) * 16, L::LDK, lane);
+  }
   // stage indices advance by one per tile (a run-time modulo is a division)
   auto next_stage = [&](int s) { return s + 1 == stages ? 0 : s + 1; };
   int s = 0, s_ahead = stages - 1;  // stages of `tile` and of `tile + stages - 1`
@@ -237,13 +251,16 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     // is the row's place in its 8-row group, so the swizzle XORs with r
     const int lq = lane >> 3, lr = lane & 7;
     const int k_lrow = slice * 16 + (lq >> 1) * 8 + lr, v_lrow = slice * 16 + (lq & 1) * 8 + lr;
-    constexpr int KH = HEAD_DIM_PAD / 16 / (NUM_WARPS / SLICES);  // 16-channel steps a warp
-    static_assert(KH % 2 == 0, "two chains of whole steps");
-    const int kk0 = (warp / SLICES) * KH;
 #pragma unroll
-    for (int kk = kk0; kk < kk0 + KH; kk += 2) {
-      Tile::mma_ldsm_b(c, q_s + kk * 16, L::LDK, k_s + G::kv_off(k_lrow, 2 * kk + (lq & 1)), lane);
-      Tile::mma_ldsm_b(c_odd, q_s + (kk + 1) * 16, L::LDK, k_s + G::kv_off(k_lrow, 2 * (kk + 1) + (lq & 1)), lane);
+    for (int i = 0; i < KH; i += 2) {
+      const int kk = kk0 + i;
+      if constexpr (Q_REGS) {
+        Tile::mma_a_regs_ldsm_bk(c, qa[i], k_s + G::kv_off(k_lrow, 2 * kk + (lq & 1)));
+        Tile::mma_a_regs_ldsm_bk(c_odd, qa[i + 1], k_s + G::kv_off(k_lrow, 2 * (kk + 1) + (lq & 1)));
+      } else {
+        Tile::mma_ldsm_b(c, q_s + kk * 16, L::LDK, k_s + G::kv_off(k_lrow, 2 * kk + (lq & 1)), lane);
+        Tile::mma_ldsm_b(c_odd, q_s + (kk + 1) * 16, L::LDK, k_s + G::kv_off(k_lrow, 2 * (kk + 1) + (lq & 1)), lane);
+      }
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) c[e] += c_odd[e];

@@ -135,9 +135,18 @@ struct HabWarpTile<KIND, WARP, HAB_UNIT_MMA_SYNC> {
   // (m 0-7, k 8-15), (m 8-15, k 8-15) = a0..a3; B's are (n 0-7, k 0-7), (n 0-7, k 8-15),
   // (n 8-15, k 0-7), (n 8-15, k 8-15) = b0, b1 of n-half 0, then of n-half 1.
   HAB_DEV static void mma_ldsm_b(float (&c)[kElems], const uint16_t* A, int lda, const uint16_t* b_row, int lane) {
+    uint32_t a[4];
+    ldsm_a(a, A, lda, lane);
+    mma_a_regs_ldsm_bk(c, a, b_row);
+  }
+  // A's fragment of one k-step (the layout mma_ldsm_b reads), for a caller that keeps it
+  HAB_DEV static void ldsm_a(uint32_t (&a)[4], const uint16_t* A, int lda, int lane) {
     const int q = lane >> 3, r = lane & 7;
-    uint32_t a[4], b[4];
     ldsm_x4<false>(a, A + ((q & 1) * 8 + r) * lda + (q >> 1) * 8);
+  }
+  // mma_ldsm_b with A already in registers (ldsm_a)
+  HAB_DEV static void mma_a_regs_ldsm_bk(float (&c)[kElems], const uint32_t (&a)[4], const uint16_t* b_row) {
+    uint32_t b[4];
     ldsm_x4<false>(b, b_row);
     const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
     hab_mma_m16n8k16<KIND>(*reinterpret_cast<float(*)[4]>(c), a, b0);
