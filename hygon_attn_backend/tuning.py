@@ -132,7 +132,9 @@ def native_decode_stages() -> int:
     stages, i.e. 1-3 KV tiles in flight while one is computed.
 
     Reasoning: a stage is 32 KB at head_dim 128 (64 tokens of K and V), so 3 stages fit 2
-    programs an SM (~128 KB in flight an SM) and 2 stages 3 (~96 KB); 4 stages fit one.
+    programs an SM (~128 KB in flight an SM); 2 stages would fit 3 by shared memory, but
+    the loop's 198 registers (Q kept in registers since session 17) allow 2; 4 stages fit
+    one.
     Measurement (H200, bf16, D=128 and 64, page 16, graph replay with the L2 cleared,
     ``scripts/bench_native_decode.py --variants ...,native_s2,native_s3``, session 16,
     docs/native.md): since the stages hold whole swizzled rows (docs/notes-decode.md v18),
@@ -156,8 +158,8 @@ def native_decode_tile() -> int:
     32 or 64.
 
     Reasoning: with 64-token tiles each of the 4 warps owns 16 tokens and all of O (64
-    fp32 registers a thread at head_dim 128): 158 registers and 35 KB a stage, 2 programs
-    an SM with 3 stages. With 32-token tiles two warps share 16 tokens and split both
+    fp32 registers a thread at head_dim 128) and keeps Q's fragments (32 more): 198
+    registers and 35 KB a stage, 2 programs an SM with 3 stages. With 32-token tiles two warps share 16 tokens and split both
     QK^T's channels (the halves of S added through shared memory) and O's: 96 registers,
     17.5 KB a stage and 4 KB for the exchange, 3 programs an SM with 3 stages and 5 with 2,
     for twice the per-tile work (barriers, staging, softmax) per token.
