@@ -444,8 +444,8 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
     if constexpr (SplitN<KIND, ROWS, HEAD_DIM_PAD, WARP>::value)
       decode_split_n<KIND, HEAD_DIM_PAD, SN>(p, part_end, loop_start, seq_len, rows, row0, group, kv_head, seq,
                                              part, head_dim, qk_scale, sm_scale, v_scale, use_cap, use_window, q_s,
-                                             smem + L::K_OFF, flags.stages, flags.po_vec != 0, flags.o_vec != 0, geo, block_of,
-                                             load_q);
+                                             smem + L::K_OFF, flags.stages, flags.po_vec != 0, flags.o_vec != 0, geo,
+                                             block_of, load_q);
 #endif
     return;
   }
