@@ -159,10 +159,11 @@ def native_decode_tile() -> int:
 
     Reasoning: with 64-token tiles each of the 4 warps owns 16 tokens and all of O (64
     fp32 registers a thread at head_dim 128) and keeps Q's fragments (32 more): 198
-    registers and 35 KB a stage, 2 programs an SM with 3 stages. With 32-token tiles two warps share 16 tokens and split both
-    QK^T's channels (the halves of S added through shared memory) and O's: 96 registers,
-    17.5 KB a stage and 4 KB for the exchange, 3 programs an SM with 3 stages and 5 with 2,
-    for twice the per-tile work (barriers, staging, softmax) per token.
+    registers and 35 KB a stage, 2 programs an SM with 3 stages. With 32-token tiles two
+    warps share 16 tokens and split both QK^T's channels (the halves of S added through
+    shared memory) and O's: 96 registers, 17.5 KB a stage and 4 KB for the exchange, 3
+    programs an SM with 3 stages and 5 with 2, for twice the per-tile work (barriers,
+    staging, softmax) per token.
     Measurement (H200, bf16, D=128, page 16, graph replay with the L2 cleared,
     ``scripts/bench_native_decode.py``, docs/native.md session 10): the 32-token tile
     issued 1.6x the instructions of the 64-token one at (1, 32k) 32/8 (ncu) at 1.75x the

@@ -42,11 +42,11 @@ DEFAULT_CASES = ";".join(
 
 def kernel_times(graph, reps: int):
     """Mean device microseconds per replay of each kernel of ``graph`` (read flush first)."""
-    flush_buf = torch.ones(_timing.FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    flush = _timing.read_flush()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            torch.amax(flush_buf)
+            flush()
             graph.replay()
         torch.cuda.synchronize()
     times = {}

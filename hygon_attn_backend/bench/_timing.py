@@ -68,16 +68,24 @@ def median_ms(fn, rep_ms: float, *, device="cuda") -> float:
                                    return_mode="median")
 
 
-def _read_flush_median_ms(fn, *, warmup_ms: float, rep_ms: float) -> float:
-    """``do_bench``'s loop (estimate, warm up, time each call between two events) with the
-    L2 evicted by a read: a max over a 256 MB buffer written once, which leaves only
-    clean lines and one scalar behind."""
+def read_flush():
+    """The read flush as a callable: a max over a 256 MB buffer written once (made on
+    first use), which leaves only clean lines and one scalar in the L2."""
     import torch
 
     global _flush_buffer
     if _flush_buffer is None:
         _flush_buffer = torch.ones(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-    flush = lambda: torch.amax(_flush_buffer)
+    buf = _flush_buffer
+    return lambda: torch.amax(buf)
+
+
+def _read_flush_median_ms(fn, *, warmup_ms: float, rep_ms: float) -> float:
+    """``do_bench``'s loop (estimate, warm up, time each call between two events) with the
+    L2 evicted by a read (:func:`read_flush`)."""
+    import torch
+
+    flush = read_flush()
 
     def timed(n: int) -> list:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
