@@ -113,9 +113,8 @@ HAB_DEV uint4 fp8x8_to(uint2 codes) {
   for (int i = 0; i < 4; ++i) {
     const uint32_t src = i < 2 ? codes.x : codes.y;
     const int sh = 16 * (i & 1);
-    const uint16_t lo = KIND::from_float(hab_fp8_decode<FMT>(uint8_t(src >> sh)));
-    const uint16_t hi = KIND::from_float(hab_fp8_decode<FMT>(uint8_t(src >> (sh + 8))));
-    w[i] = hab_pack2(lo, hi);
+    // exact: every fp8 value is a 16-bit float of either kind
+    w[i] = KIND::pack2(hab_fp8_decode<FMT>(uint8_t(src >> sh)), hab_fp8_decode<FMT>(uint8_t(src >> (sh + 8))));
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }

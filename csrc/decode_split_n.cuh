@@ -2,6 +2,8 @@
 // pieces it shares with the shared-softmax loop (Layout, StageGeometry, SplitN, store_out).
 #pragma once
 
+#include <type_traits>
+
 #include "compat.h"
 #include "tile_mma.cuh"
 
@@ -97,7 +99,18 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   // token tid of tile `tile` (tid < BLOCK_N): its block id (-1: skip) and its slot
   auto block_of_tile = [&](int tile) { return block_of(loop_start + tile * BLOCK_N + tid); };
   auto slot_of_tile = [&](int tile) { return geo.slot_of(loop_start + tile * BLOCK_N + tid); };
-  auto store_rows = [&](int tile, int blk, int slot) { rows_s[(tile & 1) * BLOCK_N + tid] = make_int2(blk, slot); };
+  // K and V with the same block and slot strides (the engines' caches: one allocation
+  // split in two, or two of one shape; a warp-uniform fact): a V row is its K row plus one
+  // fixed distance, and the table holds each token's K row as a byte offset from k_base
+  // (-1: skip), computed once by the thread that read the block id instead of by each of
+  // the 8 threads that stage the row. Otherwise it holds (block, slot).
+  const bool kv_same = geo.k_block == geo.v_block && geo.k_slot == geo.v_slot;
+  int64_t* rows_off = reinterpret_cast<int64_t*>(rows_s);  // the same 8 bytes a token
+  auto store_rows = [&](int tile, int blk, int slot) {
+    const int i = (tile & 1) * BLOCK_N + tid;
+    if (kv_same) rows_off[i] = blk >= 0 ? 2 * geo.k_row(blk, slot) : int64_t(-1);
+    else rows_s[i] = make_int2(blk, slot);
+  };
   // K/V rows of a tile straight into shared memory (cp.async, no registers); bad tokens
   // are zero-filled without a read. TPT = 8 threads stage one token: thread u copies chunks
   // u, u + 8, ... (8 channels each), so each copy instruction of the warp moves whole
@@ -116,36 +129,62 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   for (int j = 0; j < CPT; ++j) chunk_in[j] = 8 * (u + TPT * j) < head_dim;
   // bit i: every token this thread staged for the i-th most recent tile was valid; the
   // barrier of a tile ANDs them over the block (a full tile needs no token mask)
+  // byte offset of chunk u + TPT j in a row; a chunk past head_dim copies nothing and
+  // addresses the row's start (inside the cache)
+  int chunk_off[CPT];
+#pragma unroll
+  for (int j = 0; j < CPT; ++j) chunk_off[j] = chunk_in[j] ? 16 * TPT * j : 0;
+  // where chunk u + TPT j of token tn0 + pass * TOKENS_PER_PASS lands in a stage: row n's
+  // swizzle is n % 8 = tn0 % 8 for every pass, so it is this offset plus constants
+  static_assert(TOKENS_PER_PASS % 8 == 0 && TPT == 8 && L::CH == TPT * CPT, "the swizzle repeats every pass");
+  const int dst0 = G::kv_off(tn0, u);
+  const int64_t kv_delta = int64_t(reinterpret_cast<uintptr_t>(geo.v_base)) -
+                           int64_t(reinterpret_cast<uintptr_t>(geo.k_base));
+  const uint8_t* k_thread = geo.k_base + 16 * u;  // this thread's chunk u of a row at offset 0
   uint32_t ok_hist = 0;
-  auto issue = [&](int tile, int s) {  // s: the stage it goes to, tile % stages
+  auto issue_rows = [&](int tile, int s, auto same) {  // s: the stage it goes to, tile % stages
+    constexpr bool SAME = decltype(same)::value;
     const int2* tile_rows = rows_s + (tile & 1) * BLOCK_N;
-    uint16_t* ks = k_stage(s);
-    uint16_t* vs = v_stage(s);
+    const int64_t* tile_off = rows_off + (tile & 1) * BLOCK_N;
+    uint16_t* ks = k_stage(s) + dst0;
+    uint16_t* vs = v_stage(s) + dst0;
     uint8_t* oks = ok_stage(s);
     bool all_ok = true;
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
       const int n = tn0 + pass * TOKENS_PER_PASS;
-      const int2 bs = tile_rows[n];
-      const bool tok_ok = bs.x >= 0;
-      all_ok = all_ok && tok_ok;
       // no branch: a skipped token addresses block 0, slot 0 of the head (inside the
       // cache; a zero-byte copy reads nothing)
-      const int blk = tok_ok ? bs.x : 0, slot = tok_ok ? bs.y : 0;
-      const uint8_t* k_row = geo.k_base + 2 * geo.k_row(blk, slot) + 16 * u;
-      const uint8_t* v_row = geo.v_base + 2 * geo.v_row(blk, slot) + 16 * u;
+      bool tok_ok;
+      const uint8_t *k_row, *v_row;
+      if constexpr (SAME) {
+        const int64_t off = tile_off[n];
+        tok_ok = off >= 0;
+        k_row = k_thread + (tok_ok ? off : 0);
+        v_row = k_row + kv_delta;
+      } else {
+        const int2 bs = tile_rows[n];
+        tok_ok = bs.x >= 0;
+        const int blk = tok_ok ? bs.x : 0, slot = tok_ok ? bs.y : 0;
+        k_row = k_thread + 2 * geo.k_row(blk, slot);
+        v_row = geo.v_base + 2 * geo.v_row(blk, slot) + 16 * u;
+      }
+      all_ok = all_ok && tok_ok;
 #pragma unroll
       for (int j = 0; j < CPT; ++j) {  // chunk u + TPT j: channels 8 (u + TPT j) ..
         const bool fill = tok_ok && chunk_in[j];
-        const int off = fill ? 16 * TPT * j : 0;  // a skipped chunk stays in the row
-        const int at = G::kv_off(n, u + TPT * j);
-        cp_async16(ks + at, k_row + off, fill);
-        cp_async16(vs + at, v_row + off, fill);
+        const int at = pass * TOKENS_PER_PASS * KV_LD + 64 * j;  // + dst0: G::kv_off(n, u + TPT j)
+        cp_async16(ks + at, k_row + chunk_off[j], fill);
+        cp_async16(vs + at, v_row + chunk_off[j], fill);
       }
       if (u == 0) oks[n] = tok_ok;
     }
     ok_hist = (ok_hist << 1) | (all_ok ? 1u : 0u);
     cp_async_commit();
+  };
+  auto issue = [&](int tile, int s) {
+    if (kv_same) issue_rows(tile, s, std::true_type{});
+    else issue_rows(tile, s, std::false_type{});
   };
   auto push_empty = [&]() {  // an empty group past the last tile
     ok_hist = (ok_hist << 1) | 1u;
@@ -325,17 +364,20 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
       m[k] = m_new;
       l[k] *= alpha[k];
     }
-    uint16_t pb[8];
+    float pf[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const int k = (e & 3) >> 1;
-      const float pv = hab_ex2_ftz(c[e] - mu[k]);
-      l[k] += pv;
-      pb[e] = KIND::from_float(pv);
+      pf[e] = hab_ex2_ftz(c[e] - mu[k]);
+      l[k] += pf[e];
     }
-    // P in the A layout: a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..)
-    const uint32_t a[4] = {hab_pack2(pb[0], pb[1]), hab_pack2(pb[2], pb[3]), hab_pack2(pb[4], pb[5]),
-                           hab_pack2(pb[6], pb[7])};
+    // P in the A layout: a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..),
+    // one conversion a pair (KIND::pack2)
+    uint32_t a[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      a[i] = KIND::pack2(pf[2 * i], pf[2 * i + 1]);
+    }
     // the accumulators change scale only when a row's running max moved (alpha != 1);
     // past the first tiles that is rare, so the warp skips the 8 x CTW multiplies together
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {

@@ -133,7 +133,7 @@ def native_decode_stages() -> int:
 
     Reasoning: a stage is 32 KB at head_dim 128 (64 tokens of K and V), so 3 stages fit 2
     programs an SM (~128 KB in flight an SM); 2 stages would fit 3 by shared memory, but
-    the loop's 198 registers (Q kept in registers since session 17) allow 2; 4 stages fit
+    the loop's 216 registers (Q kept in registers since session 17) allow 2; 4 stages fit
     one.
     Measurement (H200, bf16, D=128 and 64, page 16, graph replay with the L2 cleared,
     ``scripts/bench_native_decode.py --variants ...,native_s2,native_s3``, session 16,
@@ -158,7 +158,7 @@ def native_decode_tile() -> int:
     32 or 64.
 
     Reasoning: with 64-token tiles each of the 4 warps owns 16 tokens and all of O (64
-    fp32 registers a thread at head_dim 128) and keeps Q's fragments (32 more): 198
+    fp32 registers a thread at head_dim 128) and keeps Q's fragments (32 more): 216
     registers and 35 KB a stage, 2 programs an SM with 3 stages. With 32-token tiles two
     warps share 16 tokens and split both QK^T's channels (the halves of S added through
     shared memory) and O's: 96 registers, 17.5 KB a stage and 4 KB for the exchange, 3

@@ -23,14 +23,16 @@ DEV = torch.device("cuda")
 
 
 def decode_case(name, *, hkv, group, d, p, lens, layout="bshd", dtype=torch.bfloat16,
-                kv_dtype=None, tokens=1, partition_size=None, bad_ids=False, **opts):
+                kv_dtype=None, tokens=1, partition_size=None, bad_ids=False, v_layout=None,
+                **opts):
     gen = torch.Generator(device=DEV).manual_seed(0)
     need = sum(-(-s // p) for s in lens) + 2
     shape = {"bshd": (need, p, hkv, d), "bhsd": (need, hkv, p, d), "bhds": (need, hkv, d, p)}
     perm = {"bshd": (0, 2, 1, 3), "bhsd": (0, 1, 2, 3), "bhds": (0, 1, 3, 2)}
     kind = "bhsd" if layout == "split_x" else layout
     k = torch.randn(shape[kind], device=DEV, generator=gen).to(kv_dtype or dtype).permute(*perm[kind])
-    v = torch.randn(shape[kind], device=DEV, generator=gen).to(kv_dtype or dtype).permute(*perm[kind])
+    v_kind = v_layout or kind  # V in another layout: other block and slot strides than K's
+    v = torch.randn(shape[v_kind], device=DEV, generator=gen).to(kv_dtype or dtype).permute(*perm[v_kind])
     if layout == "split_x":
         x = 16 // k.element_size()
         k = k.reshape(need, hkv, p, d // x, x).permute(0, 1, 3, 2, 4).contiguous()
@@ -71,6 +73,9 @@ def main():
     del os.environ["HYGON_ATTN_NATIVE_TILE"], os.environ["HYGON_ATTN_NATIVE_STAGES"]
     decode_case("split-N swizzled rows, hostile ids, D128 G4 (the NVIDIA auto shape)", hkv=2,
                 group=4, d=128, p=16, lens=[700, 65, 0], bad_ids=True, partition_size=256)
+    decode_case("split-N, K bshd and V bhsd (V rows addressed on their own), hostile ids",
+                hkv=2, group=4, d=128, p=16, lens=[700, 65, 0], bad_ids=True,
+                partition_size=256, v_layout="bhsd")
     decode_case("bhds strided V, G1, P1", hkv=2, group=1, d=64, p=1, lens=[90, 3],
                 layout="bhds", partition_size=32)
     decode_case("split_x K fp16 D80", hkv=1, group=3, d=80, p=16, lens=[200], layout="split_x",

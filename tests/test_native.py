@@ -90,6 +90,46 @@ def test_native_decode_layouts(layout, page_size, partition_size):
                  partition_size=partition_size)
 
 
+
+@gpu
+@pytest.mark.parametrize("partition_size", [None, 128])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("kind", ["k_bshd_v_bhsd", "v_before_k"])
+def test_native_decode_k_and_v_strides(kind, head_dim, partition_size):
+    """The split-N loop addresses a V row as its K row plus one distance when the two caches
+    share block and slot strides, and on its own otherwise: K and V of different layouts
+    (the second way), and one allocation holding V before K (a negative distance), both
+    with a bad block id in the table. Every token must come from its own row."""
+    dev = torch.device("cuda")
+    nb, hkv, page, group = 48, 2, 16, 4  # 19 + 2 + 9 blocks used
+    if kind == "k_bshd_v_bhsd":
+        k = make_cache(nb, hkv, page, head_dim, "bshd", torch.bfloat16, dev)[0]
+        v = make_cache(nb, hkv, page, head_dim, "bhsd", torch.bfloat16, dev)[1]
+        assert k.stride() != v.stride()
+    else:
+        kv = torch.randn(2, nb, page, hkv, head_dim, device=dev).to(torch.bfloat16)
+        v, k = kv[0].permute(0, 2, 1, 3), kv[1].permute(0, 2, 1, 3)
+        assert v.data_ptr() < k.data_ptr() and k.stride() == v.stride()
+    seq_lens = [300, 17, 129]
+    table = make_table(seq_lens, page, nb, dev)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
+    q = torch.randn(len(seq_lens), hkv * group, head_dim, device=dev).to(torch.bfloat16)
+    out = paged_decode_attention(q, k, v, table, lens, partition_size=partition_size,
+                                 impl="native")
+    ref64 = reference.paged_decode_attention(q, k, v, table, lens, compute_dtype=torch.float64)
+    ref_lp = reference.paged_decode_attention(q, k, v, table, lens, compute_dtype=torch.bfloat16)
+    assert_within_budget(out, ref64, ref_lp)
+    # a bad id in the middle of sequence 0: its 16 keys are absent, the rest unchanged
+    bad = table.clone()
+    bad[0, 5] = -1
+    out_bad = paged_decode_attention(q, k, v, bad, lens, partition_size=partition_size,
+                                     impl="native")
+    ref_bad = reference.paged_decode_attention(q, k, v, bad, lens, compute_dtype=torch.float64)
+    ref_bad_lp = reference.paged_decode_attention(q, k, v, bad, lens,
+                                                  compute_dtype=torch.bfloat16)
+    assert_within_budget(out_bad, ref_bad, ref_bad_lp)
+    assert not torch.equal(out_bad[0], out[0]) and torch.equal(out_bad[1:], out[1:])
+
 @gpu
 @pytest.mark.parametrize("parts", [2, 3, 5, 8, 16, 40])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
