@@ -19,6 +19,7 @@
 #pragma once
 
 #include "compat.h"
+#include "decode_trace.cuh"
 #include "fastdiv.h"
 #include "fp8.cuh"
 #include "hab_ops.h"
@@ -620,6 +621,7 @@ paged_decode_kernel(HabDecodeParams p, Flags flags, int row_chunks) {
   // a split launch's combine kernel may be scheduled once every program is here (it waits
   // for this grid's writes itself: decode.cu, combine_kernel)
   hab_gdc_launch_dependents();
+  HAB_DTRACE(0);
   // the other warp size's instantiation (HIP builds both) compiles to an empty kernel
   if constexpr (WARP == HAB_WARP_SIZE) decode_body<KIND, ROWS, HEAD_DIM_PAD, WARP, SN>(p, flags, row_chunks);
 #endif

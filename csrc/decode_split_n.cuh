@@ -104,7 +104,10 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   // fixed distance, and the table holds each token's K row as a byte offset from k_base
   // (-1: skip), computed once by the thread that read the block id instead of by each of
   // the 8 threads that stage the row. Otherwise it holds (block, slot).
-  const bool kv_same = geo.k_block == geo.v_block && geo.k_slot == geo.v_slot;
+  // (The 32-token tiles at head_dim 128, 96 registers for 5 programs an SM, keep
+  // addressing V on its own: with the distance live their loop spilled 12 bytes.)
+  constexpr bool KV_SAME_PATH = SN_TOKENS == 64 || HEAD_DIM_PAD <= 64;
+  const bool kv_same = KV_SAME_PATH && geo.k_block == geo.v_block && geo.k_slot == geo.v_slot;
   int64_t* rows_off = reinterpret_cast<int64_t*>(rows_s);  // the same 8 bytes a token
   auto store_rows = [&](int tile, int blk, int slot) {
     const int i = (tile & 1) * BLOCK_N + tid;
@@ -183,8 +186,13 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     cp_async_commit();
   };
   auto issue = [&](int tile, int s) {
-    if (kv_same) issue_rows(tile, s, std::true_type{});
-    else issue_rows(tile, s, std::false_type{});
+    if constexpr (KV_SAME_PATH) {
+      if (kv_same) {
+        issue_rows(tile, s, std::true_type{});
+        return;
+      }
+    }
+    issue_rows(tile, s, std::false_type{});
   };
   auto push_empty = [&]() {  // an empty group past the last tile
     ok_hist = (ok_hist << 1) | 1u;
@@ -250,6 +258,9 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
 #pragma unroll
     for (int i = 0; i < KH; ++i) Tile::ldsm_a(qa[i], q_s + (kk0 + i) * 16, L::LDK, lane);
   }
+  HAB_DTRACE(1);
+  HAB_DTRACE_SM(5);
+  HAB_DTRACE_VALUE(6, num_tiles);
   // stage indices advance by one per tile (a run-time modulo is a division)
   auto next_stage = [&](int s) { return s + 1 == stages ? 0 : s + 1; };
   int s = 0, s_ahead = stages - 1;  // stages of `tile` and of `tile + stages - 1`
@@ -262,6 +273,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     // everyone's did, and every warp is done with tile - 1; and whether every token of the
     // tile is valid (this thread staged it stages - 1 issues ago)
     const bool tile_ok = __syncthreads_and(int((ok_hist >> (stages - 2)) & 1u)) != 0;
+    if (tile == 0) HAB_DTRACE(2);
     const int ahead = tile + stages - 1;
     int next_id = -1, next_slot = 0;  // token tid of tile ahead + 1, its rows stored after the math
     if (ahead < num_tiles) {
@@ -398,6 +410,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   // half-warp (a row stride of HEAD_DIM_PAD floats put the fragment's 8 rows on one bank).
   constexpr int LDO = HEAD_DIM_PAD + 8;
   static_assert(SLICES * 16 * (2 + LDO) * 4 + 16 * 8 <= 2 * STAGE_BYTES, "the merge fits in two stages");
+  HAB_DTRACE(3);
 #pragma unroll
   for (int k = 0; k < 2; ++k) l[k] = hab_group_sum<4>(l[k]);
   cp_async_wait_all();  // only empty groups can be pending here; the merge reuses the stages
@@ -476,6 +489,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
       for (int e = 0; e < 4; ++e) store_out(p, base + (d + e) * p.o_stride[3], acc[e]);
     }
   }
+  HAB_DTRACE(4);
 }
 #endif  // HAB_HAS_MMA_SYNC
 

@@ -70,6 +70,8 @@ def main():
         decode_case(f"split-N {tile}-token tiles, {stages} stages, hostile ids, D64 G4", hkv=2,
                     group=4, d=64, p=16, lens=[500, 33, 0], bad_ids=True, partition_size=128,
                     sinks=torch.randn(8, device=DEV), sliding_window=200)
+        decode_case(f"split-N {tile}-token tiles, {stages} stages, hostile ids, D128 G4", hkv=2,
+                    group=4, d=128, p=16, lens=[700, 65, 0], bad_ids=True, partition_size=256)
     del os.environ["HYGON_ATTN_NATIVE_TILE"], os.environ["HYGON_ATTN_NATIVE_STAGES"]
     decode_case("split-N swizzled rows, hostile ids, D128 G4 (the NVIDIA auto shape)", hkv=2,
                 group=4, d=128, p=16, lens=[700, 65, 0], bad_ids=True, partition_size=256)
