@@ -130,8 +130,6 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   bool chunk_in[CPT];  // chunk u + TPT j is inside head_dim (else it stays zero, never read)
 #pragma unroll
   for (int j = 0; j < CPT; ++j) chunk_in[j] = 8 * (u + TPT * j) < head_dim;
-  // bit i: every token this thread staged for the i-th most recent tile was valid; the
-  // barrier of a tile ANDs them over the block (a full tile needs no token mask)
   // byte offset of chunk u + TPT j in a row; a chunk past head_dim copies nothing and
   // addresses the row's start (inside the cache)
   int chunk_off[CPT];
@@ -144,6 +142,8 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   const int64_t kv_delta = int64_t(reinterpret_cast<uintptr_t>(geo.v_base)) -
                            int64_t(reinterpret_cast<uintptr_t>(geo.k_base));
   const uint8_t* k_thread = geo.k_base + 16 * u;  // this thread's chunk u of a row at offset 0
+  // bit i: every token this thread staged for the i-th most recent tile was valid; the
+  // barrier of a tile ANDs them over the block (a full tile needs no token mask)
   uint32_t ok_hist = 0;
   auto issue_rows = [&](int tile, int s, auto same) {  // s: the stage it goes to, tile % stages
     constexpr bool SAME = decltype(same)::value;
