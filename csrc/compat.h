@@ -180,29 +180,10 @@ HAB_DEV float hab_bits_to_float(uint32_t u) { return __uint_as_float(u); }
 HAB_DEV uint32_t hab_float_to_bits(float f) { return __float_as_uint(f); }
 
 // fp16 and bf16, both stored as raw uint16_t.
-HAB_DEV uint32_t hab_pack2(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
-
-// pack2(lo, hi): two floats rounded to nearest even into one word, lo in the low half. On
-// NVIDIA sm_80+ one cvt.rn.{f16,bf16}x2.f32 for the pair (the bf16 bit arithmetic of
-// from_float is ~6 instructions an element); the same bits as two from_float calls, except
-// that a NaN becomes the canonical quiet NaN.
-#if defined(HAB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define HAB_HW_PACK2 1
-#endif
-
 struct HabHalf {
   static constexpr int kCode = 0;
   HAB_DEV static float to_float(uint16_t b) { return __half2float(__ushort_as_half(b)); }
   HAB_DEV static uint16_t from_float(float f) { return __half_as_ushort(__float2half_rn(f)); }
-  HAB_DEV static uint32_t pack2(float lo, float hi) {
-#if defined(HAB_HW_PACK2)
-    uint32_t r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    return hab_pack2(from_float(lo), from_float(hi));
-#endif
-  }
 };
 
 struct HabBf16 {
@@ -214,16 +195,25 @@ struct HabBf16 {
     if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);
     return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
   }
-  HAB_DEV static uint32_t pack2(float lo, float hi) {
-#if defined(HAB_HW_PACK2)
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    return hab_pack2(from_float(lo), from_float(hi));
-#endif
-  }
 };
+
+HAB_DEV uint32_t hab_pack2(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
+
+// Two floats rounded to nearest even into one word of two KIND values, lo in the low half.
+// On NVIDIA sm_80+ one cvt.rn.{f16,bf16}x2.f32 for the pair (the bf16 bit arithmetic of
+// from_float is ~6 instructions an element); the same bits as two from_float calls, except
+// that a NaN becomes the canonical quiet NaN.
+template <typename KIND>
+HAB_DEV uint32_t hab_pack2f(float lo, float hi) {
+#if defined(HAB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  if (KIND::kCode == HabBf16::kCode) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return hab_pack2(KIND::from_float(lo), KIND::from_float(hi));
+#endif
+}
 
 HAB_HD int64_t hab_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

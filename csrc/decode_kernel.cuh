@@ -115,7 +115,7 @@ HAB_DEV uint4 fp8x8_to(uint2 codes) {
     const uint32_t src = i < 2 ? codes.x : codes.y;
     const int sh = 16 * (i & 1);
     // exact: every fp8 value is a 16-bit float of either kind
-    w[i] = KIND::pack2(hab_fp8_decode<FMT>(uint8_t(src >> sh)), hab_fp8_decode<FMT>(uint8_t(src >> (sh + 8))));
+    w[i] = hab_pack2f<KIND>(hab_fp8_decode<FMT>(uint8_t(src >> sh)), hab_fp8_decode<FMT>(uint8_t(src >> (sh + 8))));
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
@@ -587,7 +587,7 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 // Programs per multiprocessor the register budget is sized for: 3-4 for the common 16-row
 // tile (12-16 warps in flight per SM to cover the memory latency), fewer for the big
 // tiles; the 64-token split-N loop at head_dim 128 is sized for 2 (its 3 stages of shared
-// memory fit 2 programs; it holds Q's fragments in registers: 198 a thread); the
+// memory fit 2 programs; it holds Q's fragments in registers: 216 a thread); the
 // 32-token split-N loop holds half the accumulators (its shared memory fits 3 programs
 // with 3 stages at head_dim 128, 5 with 2).
 // On AMD/Hygon gfx9 a CU has 64 KB of LDS, so no more programs fit at once than

@@ -384,11 +384,11 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
       l[k] += pf[e];
     }
     // P in the A layout: a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..),
-    // one conversion a pair (KIND::pack2)
+    // one conversion a pair (hab_pack2f)
     uint32_t a[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      a[i] = KIND::pack2(pf[2 * i], pf[2 * i + 1]);
+      a[i] = hab_pack2f<KIND>(pf[2 * i], pf[2 * i + 1]);
     }
     // the accumulators change scale only when a row's running max moved (alpha != 1);
     // past the first tiles that is rare, so the warp skips the 8 x CTW multiplies together

@@ -210,18 +210,11 @@ HAB_DEV void wgmma_rs_m64n128k16_tb(float (&d)[64], const uint32_t (&a)[4], uint
 #endif
 }
 
-// Two floats -> one register of two 16-bit values (lo in the low half), round to nearest.
+// Two floats -> one register of two 16-bit values (lo in the low half), round to nearest
+// (compat.h's hab_pack2f: one cvt on sm_90a)
 template <bool IS_BF16>
 HAB_DEV uint32_t pack2(float lo, float hi) {
-  uint32_t r = 0;
-#if defined(HAB_SM90A)
-  if (IS_BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-  (void)lo;
-  (void)hi;
-#endif
-  return r;
+  return IS_BF16 ? hab_pack2f<HabBf16>(lo, hi) : hab_pack2f<HabHalf>(lo, hi);
 }
 
 }  // namespace hab_sm90
