@@ -24,6 +24,11 @@ case ${1:-} in
   build)
     shift
     NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+    # the static CUDA runtime next to nvcc (a toolkit whose lib/ the linker does not search)
+    LINK=()
+    for lib in "$(dirname "$(dirname "$NVCC")")"/lib "$(dirname "$(dirname "$NVCC")")"/lib64; do
+      [ -e "$lib/libcudart_static.a" ] && LINK+=("-L$lib")
+    done
     mkdir -p "$DIR"
     specs=("$@")
     [ ${#specs[@]} -gt 0 ] || specs=("${DEFAULT[@]}")
@@ -37,7 +42,7 @@ case ${1:-} in
       fi
       # shellcheck disable=SC2086
       "$NVCC" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -I csrc $defs \
-        scripts/prefill_harness.cu "$src" -o "$DIR/$name" >"$DIR/$name.ptxas" 2>&1 &
+        scripts/prefill_harness.cu "$src" "${LINK[@]}" -o "$DIR/$name" >"$DIR/$name.ptxas" 2>&1 &
       pids+=($!)
     done
     rc=0
