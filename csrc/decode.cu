@@ -41,7 +41,7 @@ __device__ __forceinline__ float block_reduce(float v, float* red) {
 // 11). The loads are unconditional (every partition below `parts` wrote its slot, an
 // empty one with l = 0 and o = 0; a select keeps a zero weight from touching its value).
 // The first form, a branch on the weight before each load, waited for each load before
-// the next: 16-28 us for 64 partitions on an H200 (ncu, docs/native.md). The max and the
+// the next: 16-28 us for 64 partitions on an H200 (ncu, docs/native-measurements.md). The max and the
 // weights' total are block reductions by warp shuffles, one barrier each.
 // Launched as a programmatic dependent launch of the decode kernel (combine_pdl), a block
 // may start while the decode grid runs: everything before hab_gdc_wait() reads only what
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(THREADS) combine_kernel(HabDecodeParams p, boo
 // per group of partitions, as many groups as the launch has partitions (rounded up to a
 // power of two), at least 64 and at most kCombineMaxThreads threads. A launch of few
 // partitions over many rows then runs small blocks, many an SM, in one wave (4,096 rows of
-// 2 partitions took 8 waves of 512-thread blocks at 4 an SM: docs/native.md, session 17);
+// 2 partitions took 8 waves of 512-thread blocks at 4 an SM: docs/native-measurements.md, session 17);
 // many partitions keep the 512 threads that read them in one round.
 int combine_threads(int64_t num_partitions, int64_t head_dim) {
   int dim_threads = 16;

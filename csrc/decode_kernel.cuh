@@ -594,7 +594,7 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 // 65,536 / Layout::BYTES (one at D >= 128: 46-58 KB a program): asking for more only cut the
 // registers (3 programs capped gfx906's 16-row D128 kernel at 84 VGPRs, which spilled 240-424
 // bytes a lane, most of it reloaded in the KV loop) for an occupancy the LDS never allows.
-// On HIP the rule is capped by that count (docs/native.md, session 15). HAB_DECODE_MIN_BLOCKS
+// On HIP the rule is capped by that count (docs/native-measurements.md, session 15). HAB_DECODE_MIN_BLOCKS
 // (a build-time switch for A/B runs) replaces the rule.
 constexpr int HIP_LDS_BYTES = 64 * 1024;
 

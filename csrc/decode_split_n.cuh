@@ -26,7 +26,7 @@ namespace hab_decode {
 // a 35 KB stage, so 2 programs (3 stages) fit an SM; the 32-token layout halves both (O 32
 // registers, a 17.5 KB stage, 4 KB for the S exchange), so 3 programs fit with 3 stages
 // and 5 with 2, for twice the per-tile work (barrier, staging, softmax) a token; see
-// tuning.native_decode_tile and docs/native.md (sessions 10-11) for what each measured.
+// tuning.native_decode_tile and docs/native-measurements.md (sessions 10-11) for what each measured.
 //
 // Pipeline: `stages` cp.async stages (a runtime value, 2..MAX_SPLIT_N_STAGES), one commit
 // group per tile. At the top of tile t the groups 0..t+stages-2 are committed; waiting
@@ -55,7 +55,7 @@ HAB_DEV void cp_async_wait_pending(int pending) {
 // 1/t)^16 at tile t, 88% at t = 8), 8 x CTW multiplies a thread each time; with a slack
 // of 8 it happens about once per partition, and P <= 256 stays exact to its 16-bit
 // rounding in either dtype (fp16 reaches 65504). l and O are relative to the same
-// reference, so the result is the same softmax (session 11, docs/native.md).
+// reference, so the result is the same softmax (session 11, docs/native-measurements.md).
 constexpr float RESCALE_SLACK = 8.f;
 
 // P = 2^x with x <= RESCALE_SLACK or -inf: hab_ex2_ftz (compat.h), one instruction.
@@ -247,7 +247,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   // Q's A fragments stay in registers for the whole loop with 64-token tiles (32 registers
   // a thread at head_dim 128; 2 programs an SM leave them: MinBlocks) instead of 8
   // ldmatrix a warp a tile, a third of the loop's shared-memory reads: 0.2-0.4% at the
-  // large grids on the H200 (docs/native.md, session 17). The 32-token tiles, sized for
+  // large grids on the H200 (docs/native-measurements.md, session 17). The 32-token tiles, sized for
   // 5 programs an SM, keep reading them.
   constexpr bool Q_REGS = SN_TOKENS == 64;
   constexpr int KH = HEAD_DIM_PAD / 16 / (NUM_WARPS / SLICES);  // 16-channel steps a warp

@@ -113,7 +113,7 @@ def native_decode_preferred_nvidia(*, group: int, head_dim: int, num_tokens: int
     16-row tiles one useful row; head_dim 64 and fp8 KV (the shared-softmax loop) were
     not faster.
     Measurement (H200, graph replay, L2 cleared by do_bench's write / by a read, page 16,
-    pages permuted, ``scripts/bench_native_decode.py``, session 16, docs/native.md),
+    pages permuted, ``scripts/bench_native_decode.py``, session 16, docs/native-measurements.md),
     native with 3 stages over Triton: G=2 (64, 4k) and (128, 2k) 1.04x / 1.04x; G=4 (32,
     4k) 1.02-1.03x, (64, 4k) 1.04-1.05x, (128, 2k) 1.04x, (128, 4k) 1.04x, (256, 2k)
     1.04-1.05x, (64, 16k) 1.05x; fp16 (64, 4k) and (256, 2k) 1.04x; G=8 (64, 4k) and (128,
@@ -137,8 +137,9 @@ def native_decode_stages() -> int:
     one.
     Measurement (H200, bf16, D=128 and 64, page 16, graph replay with the L2 cleared,
     ``scripts/bench_native_decode.py --variants ...,native_s2,native_s3``, session 16,
-    docs/native.md): since the stages hold whole swizzled rows (docs/notes-decode.md v18),
-    3 stages are as fast as 2 or faster at every grid measured, 8 to 2,048 programs:
+    docs/native-measurements.md): since the stages hold whole swizzled rows
+    (docs/notes-decode.md v18), 3 stages are as fast as 2 or faster at every grid measured,
+    8 to 2,048 programs:
     (256, 2k) G=4 524.0 -> 498.4 us, (128, 2k) 280.6 -> 260.7 us, (64, 4k) 284.1 -> 259.4
     us, (64, 4k) G=16 182.3 -> 141.2 us (write flush). (With the padded rows of sessions
     10-15, 2 stages had been 2-7% faster from 4 programs an SM up.) 4 stages lost 40-60%.
@@ -165,7 +166,7 @@ def native_decode_tile() -> int:
     programs an SM with 3 stages and 5 with 2, for twice the per-tile work (barriers,
     staging, softmax) per token.
     Measurement (H200, bf16, D=128, page 16, graph replay with the L2 cleared,
-    ``scripts/bench_native_decode.py``, docs/native.md session 10): the 32-token tile
+    ``scripts/bench_native_decode.py``, docs/native-measurements.md session 10): the 32-token tile
     issued 1.6x the instructions of the 64-token one at (1, 32k) 32/8 (ncu) at 1.75x the
     IPC; timed over 18 shapes it was the faster only at (256, 2k) G = 8 / 16 (1-2%, with 3
     stages) and at (8, 8k) (level), and 1-12% slower elsewhere. With the S exchange
@@ -208,7 +209,7 @@ def native_decode_partition_size(*, programs: int, max_context_len: int, block_n
     caller's workspace holds), if it saves ``NATIVE_MIN_SPLIT_GAIN`` of the unsplit cost.
     A grid of ``NATIVE_MAX_WAVES / 2`` waves or more unsplit is not split (its tail is a
     small share, and the programs of a real batch end at different times anyway).
-    Measurement: docs/native.md (2026-12-01, second run).
+    Measurement: docs/native-measurements.md (2026-12-01, second run).
     Override: ``HYGON_ATTN_PARTITION_SIZE`` / ``PA_PARTITION_SIZE`` (the plan checks them
     first) or ``partition_size=``.
     """
@@ -344,7 +345,7 @@ def decode_tile_config(*, block_m: int, head_dim_pad: int, page_size: int,
     more, BLOCK_N 32 with 3 stages: the same bytes in flight in two smaller loads, and
     100-102 registers instead of 128 (ptxas, Triton 3.6, sm_90), still 4 programs an SM, so
     the split rule's waves stay as they are. Measured (H200, bf16, page 16, graph replay
-    with the L2 cleared, % of the copy, `notes-decode.md` v14), G=4 (32/8 heads): B=64 ctx
+    with the L2 cleared, % of the copy, `notes-decode-v1-v14.md` v14), G=4 (32/8 heads): B=64 ctx
     4k 89.4-91.5 -> 92.3-94.2, B=64 ctx 16k 93.8-96.5 -> 97.1-99.2, B=256 ctx 2k 94.7-96.4
     -> 94.8-97.4, B=1 ctx 32k 61.4-62.1 -> 61.8-62.6, B=1 ctx 128k 89.6 -> 89.8, B=8 ctx 8k
     77.2 -> 77.1; G=1 (32/32): 97.0 / 97.7 / 100.7 -> 99.0 / 100.1-100.3 / 101.1-102.3 at
@@ -384,7 +385,7 @@ def decode_block_n(head_dim_pad: int) -> int:
     ``BLOCK_N = 8192 / D``: 128 at D=64, 64 at D=128, 32 at D=256. Below D=64 (not
     measured; the CPU tests' tiny dims) it stays 64.
     Measurement (H200, fp16, Hq/Hkv 16/4, page 16, graph replay with the L2 cleared,
-    % of copy, docs/notes-decode.md v8): D=64 with BLOCK_N 128 / 64 / 32 (4 warps):
+    % of copy, docs/notes-decode-v1-v14.md v8): D=64 with BLOCK_N 128 / 64 / 32 (4 warps):
     B=64 ctx 4k 76.0 / 65.5 / 50.7; B=32 ctx 4k 61.4 / 56.1 / 44.8; B=8 ctx 16k 61.7 /
     55.9 / 45.1; B=1 ctx 32k 29.8 / 28.9 / 25.6; 8 warps at 128 lost 10-30%. D=128:
     BLOCK_N 64 was best (sweep 3 above).
@@ -407,7 +408,7 @@ def decode_fused_combine(*, num_partitions: int) -> bool:
     one group runs in one program (a serial tail when a group has many partitions, where
     the second launch spreads it over every (sequence, row)).
     Measurement (H200, bf16, D=128, page 16, graph replay with the L2 cleared,
-    docs/notes-decode.md v5/v6): with the lean merge (16 values per thread per step, one
+    docs/notes-decode-v1-v14.md v5/v6): with the lean merge (16 values per thread per step, one
     stage), fused against two launches: 4 partitions ((64, 4k) G=16) 85.4 against 91.5 us
     (+7%); 8 partitions ((8, 8k)) 87.6 against 84.7 us (-3%); 64 partitions ((1, 32k))
     78.6 against 54.5 us (one program merging 64 partitions serially is the tail). Hence:
@@ -441,7 +442,7 @@ def decode_combine_pdl(device) -> bool:
     a programmatic edge. Needs an NVIDIA GPU of compute capability 9.0 or newer and a
     Triton with ``launch_pdl``; never on HIP or under the interpreter.
     Measurement (H200, bf16/fp16, page 16, graph replay with the L2 cleared, two runs
-    each way alternated, session 5 in docs/notes-decode.md v10): with PDL against without,
+    each way alternated, session 5 in docs/notes-decode-v1-v14.md v10): with PDL against without,
     D=128 32/8 heads: (1, 8k) 23.7 against 24.8-25.0 us, (1, 32k) 50.8-50.9 against
     51.1-51.2, (1, 128k) 142.3-142.7 against 143.1, (8, 8k) 82.3-82.5 against 82.7-82.8;
     D=64 16/4 heads: (1, 32k) 22.9-23.1 against 23.7-23.8, (8, 16k) equal (51.2-51.3):

@@ -13,7 +13,7 @@ warm-up), then once between ``cudaProfilerStart`` / ``cudaProfilerStop``, so wit
         --section InstructionStats --csv --page details \\
         python3 scripts/decode_ncu.py [--cases "1,32768,32,8,triton;..."] > ncu.csv
 
-(The run of 2026-12-01 in ``docs/native.md`` used the first five sections;
+(The run of 2026-12-01 in ``docs/native-measurements.md`` used the first five sections;
 ComputeWorkloadAnalysis and InstructionStats add the pipe utilization and the instruction
 mix that say which unit the native loop waits on.)
 """

@@ -8,7 +8,7 @@ One method for every implementation:
 * every timed call, replay or eager, is preceded by a pass over a 256 MB buffer that
   evicts the L2. By default that pass is ``triton.testing.do_bench``'s write (``L2_FLUSH
   = "write"``), which leaves the L2 full of dirty lines: the timed call then also pays
-  for writing them back, ~50 MB on an H200 (`docs/notes-decode.md` v13). ``"read"``
+  for writing them back, ~50 MB on an H200 (`docs/notes-decode-v1-v14.md` v13). ``"read"``
   evicts by reading a buffer written once, so the timed call starts on a clean L2, as a
   decode in an engine does (the kernels before it write a few MB at most);
 * the median of the timed calls is reported;
