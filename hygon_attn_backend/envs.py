@@ -33,10 +33,6 @@ VARIABLES = {
     "HYGON_ATTN_DECODE_PDL": "0: launch the split-KV combine (Triton and native) as a plain "
                              "launch instead of a programmatic dependent launch (default on "
                              "NVIDIA sm_90+)",
-    "HYGON_ATTN_DECODE_EARLY_COMBINE": "0: the Triton split-KV combine waits for the whole "
-                                       "decode grid; 1: it merges each (sequence, head group) "
-                                       "once its partitions' counter is complete, PDL or not "
-                                       "(default: tuning.decode_combine_early)",
     "HYGON_ATTN_WRITE_KV_BLOCK_H": "write_kv heads per program (a power of two)",
     "HYGON_ATTN_COPY_BLOCKS_BLOCK": "copy_blocks elements per program (a power of two)",
     "HYGON_SGLANG_CHECK_PAGES": "1: check page contiguity of every SGLang batch (debugging)",
@@ -156,11 +152,6 @@ def _switch(name: str) -> Optional[bool]:
 def decode_pdl() -> Optional[bool]:
     """``HYGON_ATTN_DECODE_PDL``: ``True``/``False`` forced, ``None`` unset."""
     return _switch("HYGON_ATTN_DECODE_PDL")
-
-
-def decode_early_combine() -> Optional[bool]:
-    """``HYGON_ATTN_DECODE_EARLY_COMBINE``: ``True``/``False`` forced, ``None`` unset."""
-    return _switch("HYGON_ATTN_DECODE_EARLY_COMBINE")
 
 
 def write_kv_block_h() -> Optional[int]:

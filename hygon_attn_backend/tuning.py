@@ -462,31 +462,6 @@ def decode_combine_pdl(device) -> bool:
     return _cuda_major(index) >= 9
 
 
-def decode_combine_early(*, pdl: bool) -> bool:
-    """Whether the Triton split decode's combine kernel merges each (sequence, head group)
-    as soon as that group's partitions are written, instead of after the whole decode grid.
-
-    Reasoning: launched as a programmatic dependent launch (:func:`decode_combine_pdl`),
-    the combine grid is resident while the decode grid's last programs run, but
-    ``griddepcontrol.wait`` holds every combine program until the whole decode grid has
-    finished and flushed; then all rows merge at once. The decode's programs end up to
-    ~10 us apart (docs/notes-decode.md v20), so most groups are complete long before the
-    last. Each decode program instead bumps its group's counter (``DecodeWorkspace.counters``)
-    with a release after its scratch stores; each combine program spins on its group's
-    counter with an acquire and merges when it holds all the sequence's partitions, so
-    only the last groups' merges follow the grid's last program. The counters are reset by
-    the combine (graph replays need no memset). Without PDL the combine starts after the
-    decode grid anyway (the counters are already complete): nothing to gain, so only with
-    PDL by default; ``HYGON_ATTN_DECODE_EARLY_COMBINE=1`` forces it (tests), ``=0`` turns it
-    off.
-    Measurement: docs/notes-decode.md v22.
-    """
-    forced = envs.decode_early_combine()
-    if forced is not None:
-        return forced
-    return bool(pdl)
-
-
 def decode_combine_chunk(*, rows_pad: int, head_dim_pad: int, num_warps: int,
                          fused: bool = True) -> int:
     """Partitions the merge reads per step, a ``[chunk, rows_pad, head_dim_pad]`` fp32 tile.

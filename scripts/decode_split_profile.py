@@ -11,7 +11,10 @@ measured in the same run (bytes read + written); the KV bytes are read once.
 
 Usage: python scripts/decode_split_profile.py [--rep-ms 100] [--profile 20] [--json out.json]
            [--cases "8,8192,32,8:triton:0;8,8192,32,8:native:4:64;..."]
-A case is B,ctx,Hq,Hkv:impl:partitions[:native tile]; partitions 0: the impl's own rule.
+A case is B,ctx,Hq,Hkv:impl:partitions[:native tile[:NAME=VALUE,...]]; partitions 0: the
+impl's own rule, tile 0 or empty: the default; the last field sets environment variables
+for that case only (e.g. ``HYGON_ATTN_DECODE_PDL=0``), read when it is planned;
+a name ``tuning.NAME`` sets that module constant of ``hygon_attn_backend.tuning`` instead.
 The case ``noop`` times a graph of one 4-byte kernel the same way: the floor of any call
 under this method (the graph's launch, the kernel's, the flush's write-back).
 """
@@ -25,6 +28,7 @@ import os
 import torch
 import triton
 
+from hygon_attn_backend import tuning
 from hygon_attn_backend.bench import _timing
 from hygon_attn_backend.bench._timing import copy_ceiling
 from hygon_attn_backend.ops.decode import allocate_decode_workspace, paged_decode_attention
@@ -60,7 +64,27 @@ def kernel_times(graph, reps: int):
     return times
 
 
-def run_case(shape, impl, parts, tile, rep_ms, prof_reps, copy):
+def run_case(shape, impl, parts, tile, rep_ms, prof_reps, copy, env=None):
+    env = dict(env or {})
+    consts = {k[len("tuning."):]: int(env.pop(k)) for k in list(env) if k.startswith("tuning.")}
+    saved = {name: os.environ.get(name) for name in env}
+    saved_consts = {name: getattr(tuning, name) for name in consts}
+    os.environ.update(env)
+    for name, value in consts.items():
+        setattr(tuning, name, value)
+    try:
+        return _run_case(shape, impl, parts, tile, rep_ms, prof_reps, copy)
+    finally:
+        for name, value in saved_consts.items():
+            setattr(tuning, name, value)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _run_case(shape, impl, parts, tile, rep_ms, prof_reps, copy):
     batch, ctx, hq, hkv = shape
     q, k, v, table, lens = build(batch, ctx, hq, hkv)
     nbytes = 2 * batch * ctx * hkv * q.shape[-1] * k.element_size()
@@ -123,11 +147,15 @@ def main():
                   flush=True)
             continue
         parts = case.split(":")
-        if len(parts) not in (3, 4):
-            parser.error(f"--cases: B,ctx,Hq,Hkv:impl:partitions[:tile], got {case!r}")
+        if len(parts) not in (3, 4, 5):
+            parser.error(f"--cases: B,ctx,Hq,Hkv:impl:partitions[:tile[:NAME=VALUE,...]], "
+                         f"got {case!r}")
         shape = tuple(int(x) for x in parts[0].split(","))
-        tile = int(parts[3]) if len(parts) == 4 else 0
-        row = run_case(shape, parts[1], int(parts[2]), tile, args.rep_ms, args.profile, copy)
+        tile = int(parts[3]) if len(parts) >= 4 and parts[3] else 0
+        env = dict(kv.split("=", 1) for kv in parts[4].split(",")) if len(parts) == 5 else {}
+        row = run_case(shape, parts[1], int(parts[2]), tile, args.rep_ms, args.profile, copy,
+                       env)
+        row["env"] = env
         rows.append(row)
         kern = ", ".join(f"{name[:40]} {us:.1f}" for name, us in sorted(
             row["kernels_us"].items(), key=lambda kv: -kv[1]))

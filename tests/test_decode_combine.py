@@ -1,7 +1,6 @@
 """The split-KV combine of paged decode: fused into the decode kernel (the last program of
-each (sequence, head group) merges it, counted by ``DecodeWorkspace.counters``), the
-two-launch form waiting for the whole decode grid, and the two-launch form that merges each
-group once its counter is complete (the early combine), all against reference.py.
+each (sequence, head group) merges it, counted by ``DecodeWorkspace.counters``) and the
+two-launch form, both against reference.py.
 
 CPU: the interpreter (programs run one after another, so the counter logic is exercised
 but not its concurrency). GPU: real sizes, many programs finishing in any order, and
@@ -89,10 +88,8 @@ CPU_CASES = [
 
 
 @pytest.mark.parametrize("case", CPU_CASES)
-@pytest.mark.parametrize("form", ["fused", "launch", "early"])
-def test_combine_forms_match_reference(case, form, monkeypatch):
-    fused = form == "fused"
-    monkeypatch.setenv("HYGON_ATTN_DECODE_EARLY_COMBINE", "1" if form == "early" else "0")
+@pytest.mark.parametrize("fused", [True, False])
+def test_combine_forms_match_reference(case, fused):
     hkv, group, hd, page, seq_lens, t, opts = case
     opts = dict(opts)
     q, k, v, table, lens, options = _problem(
@@ -102,11 +99,9 @@ def test_combine_forms_match_reference(case, form, monkeypatch):
     out, plan, ws = _run(q, k, v, table, lens, page=page, partition_size=16, fused=fused,
                          **options)
     assert plan.split and plan.fused_combine is fused
-    assert plan.early_combine is (form == "early")
     assert plan.num_launches == (1 if fused else 2)
     _check(out, q, k, v, table, lens, **options)
-    # the merging program (the last sharer of the early combine) left every counter at
-    # zero for the next launch
+    # the merging program left every counter at zero for the next launch
     assert int(ws.counters.abs().sum()) == 0
     if 0 in seq_lens:
         assert out[seq_lens.index(0)].abs().max().item() == 0.0
@@ -254,80 +249,6 @@ def test_gpu_pdl_combine_equals_plain_launch_eager_and_replayed(monkeypatch):
     torch.cuda.synchronize()
     assert torch.equal(eager, outs)
     _check(outs[7], qs[7], k, v, table, lens, **options)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability()[0] < 9,
-                    reason="programmatic dependent launch needs an NVIDIA GPU of sm_90+")
-@pytest.mark.parametrize("group,head_dim,num_tokens,parts", [
-    (4, 128, 1, 256), (1, 128, 1, 512), (16, 128, 1, 1024), (6, 96, 3, 256), (8, 64, 1, 64)])
-def test_gpu_early_combine_equals_grid_wait_eager_and_replayed(monkeypatch, group, head_dim,
-                                                                num_tokens, parts):
-    """The early combine (each group merged once its counter is complete, while the decode
-    grid still runs) against the combine that waits for the whole grid: the same bits,
-    eagerly and over 100 graph replays with new queries each time (a merge that read a
-    partition before its release, or a counter left non-zero, would differ), with many
-    programs finishing in any order and several rows sharing a counter."""
-    gen = torch.Generator().manual_seed(group * 7 + head_dim)
-    seq_lens = [int(x) for x in torch.randint(0, 9000, (29,), generator=gen)] + [0, 1, 32768]
-    q, k, v, table, lens, options = _problem(
-        hkv=max(1, 8 // group), group=group, head_dim=head_dim, page=16, seq_lens=seq_lens,
-        num_tokens=num_tokens, dtype=torch.bfloat16, device="cuda", layout="bshd",
-        sinks=True)
-    monkeypatch.setenv("HYGON_ATTN_DECODE_EARLY_COMBINE", "0")
-    waited, plan, ws = _run(q, k, v, table, lens, page=16, partition_size=parts,
-                            fused=False, **options)
-    assert plan.pdl and not plan.early_combine
-    monkeypatch.delenv("HYGON_ATTN_DECODE_EARLY_COMBINE")
-    out, eplan, _ = _run(q, k, v, table, lens, page=16, partition_size=parts, fused=False,
-                         workspace=ws, **options)
-    assert eplan.pdl and eplan.early_combine and eplan.num_launches == 2
-    torch.cuda.synchronize()
-    assert torch.equal(out, waited)
-    _check(out, q, k, v, table, lens, **options)
-    qs, outs = _replays(q, k, v, table, lens, out, eplan, 100, **options)
-    eager = torch.stack([paged_decode_attention(qs[i], k, v, table, lens, plan=plan, **options)
-                         for i in range(qs.shape[0])])
-    torch.cuda.synchronize()
-    assert torch.equal(eager, outs)
-    assert int(ws.counters.abs().sum()) == 0
-
-
-def test_early_combine_rule_and_env(monkeypatch):
-    """On exactly where the combine is a programmatic dependent launch; the variable forces
-    it either way; a bad value is named."""
-    monkeypatch.delenv("HYGON_ATTN_DECODE_EARLY_COMBINE", raising=False)
-    assert tuning.decode_combine_early(pdl=True) is True
-    assert tuning.decode_combine_early(pdl=False) is False
-    monkeypatch.setenv("HYGON_ATTN_DECODE_EARLY_COMBINE", "0")
-    assert tuning.decode_combine_early(pdl=True) is False
-    monkeypatch.setenv("HYGON_ATTN_DECODE_EARLY_COMBINE", "1")
-    assert tuning.decode_combine_early(pdl=False) is True
-    monkeypatch.setenv("HYGON_ATTN_DECODE_EARLY_COMBINE", "on")
-    with pytest.raises(ValueError, match="HYGON_ATTN_DECODE_EARLY_COMBINE"):
-        tuning.decode_combine_early(pdl=True)
-
-
-def test_early_combine_needs_counters_for_every_group(monkeypatch):
-    """A workspace without counters (or too few) keeps the grid-wide wait, never a counter
-    read out of bounds."""
-    monkeypatch.setenv("HYGON_ATTN_DECODE_EARLY_COMBINE", "1")
-    q, k, v, table, lens, _ = _problem(hkv=2, group=4, head_dim=64, page=16,
-                                       seq_lens=[60, 33, 17], num_tokens=1, dtype=CPU_DTYPE,
-                                       device=DEV)
-    ws = allocate_decode_workspace(max_num_seqs=3, num_q_heads=8, num_kv_heads=2,
-                                   head_dim=64, max_context_len=table.shape[1] * 16, device=DEV,
-                                   partition_size=16)
-    kw = dict(num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=16, q_dtype=q.dtype,
-              kv_dtype=v.dtype, partition_size=16, fused_combine=False, impl="triton")
-    assert plan_paged_decode(table, lens, workspace=ws, **kw).early_combine
-    ws.counters = ws.counters[:5]  # 3 sequences x 2 groups need 6
-    plan = plan_paged_decode(table, lens, workspace=ws, **kw)
-    assert not plan.early_combine and plan.num_launches == 2
-    out = paged_decode_attention(q, k, v, table, lens, plan=plan)
-    _check(out, q, k, v, table, lens)
-    ws.counters = None
-    assert not plan_paged_decode(table, lens, workspace=ws, **kw).early_combine
 
 
 def test_pdl_rule_env_and_devices(monkeypatch):

@@ -14,10 +14,7 @@ whose partitions are all empty (``l_p = 0``) gets zeros.
   (sequence, head group) to finish merges the group's rows, so a split launch is one
   kernel;
 - :func:`combine_partitions_kernel`, a second launch over (sequence, row): the
-  two-launch form. Launched early (sm_90 PDL), it either waits for the whole decode grid
-  (``WAIT_PRIOR``) or, with ``WAIT_COUNTER``, only for the partitions of its own
-  (sequence, head group), counted on the workspace's counters by the decode programs
-  (``SIGNAL_DONE``): groups merge while the decode grid's last programs still run.
+  two-launch form, kept as the baseline and for workspaces without counters.
 """
 
 import triton
@@ -109,7 +106,7 @@ def merge_partitions(out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
 
 @triton.jit(do_not_specialize=["partition_size", "num_partitions"])
 def combine_partitions_kernel(
-    out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr, seq_lens_ptr, counters_ptr,
+    out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr, seq_lens_ptr,
     partition_size, num_partitions, num_q_heads,
     stride_o_seq, stride_o_tok, stride_o_head, stride_o_dim,
     stride_ml_slot, stride_ml_row,
@@ -121,9 +118,6 @@ def combine_partitions_kernel(
     ALIGN: tl.constexpr,
     STAGES: tl.constexpr = 1,  # loads of partition chunks in flight
     WAIT_PRIOR: tl.constexpr = False,  # launched early (sm_90 PDL): wait for the decode grid
-    WAIT_COUNTER: tl.constexpr = False,  # ... or only for this row's head group (below)
-    HEADS_PER_PROG: tl.constexpr = 1,  # WAIT_COUNTER: the decode grid's heads a program
-    SHARERS: tl.constexpr = 1,         # WAIT_COUNTER: rows a counter serves (T x heads)
 ):
     seq = tl.program_id(0).to(tl.int64)
     row = tl.program_id(1)  # t * num_q_heads + h
@@ -132,16 +126,6 @@ def combine_partitions_kernel(
     if WAIT_PRIOR:
         # every write of the decode grid before it is visible after this (griddepcontrol)
         tl.extra.cuda.gdc_wait()
-    if WAIT_COUNTER:
-        # the early combine: each decode program of this (sequence, head group) bumped the
-        # group's counter with a release after its scratch stores (SIGNAL_DONE); once the
-        # count holds all ``parts``, this acquire makes them visible, and the row merges
-        # while other groups still stream KV instead of after the whole grid has drained
-        counter = (counters_ptr + seq * (num_q_heads // HEADS_PER_PROG)
-                   + (row % num_q_heads) // HEADS_PER_PROG)
-        done = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
-        while done < parts:
-            done = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
     merge_partitions(out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
                      seq, parts, num_partitions, num_q_heads,
                      row // num_q_heads, row % num_q_heads,
@@ -149,9 +133,3 @@ def combine_partitions_kernel(
                      stride_ml_slot, stride_ml_row, stride_po_slot, stride_po_row,
                      stride_po_dim, ROWS=1, ROWS_PAD=1, HEADS=1, HEAD_DIM=HEAD_DIM,
                      HEAD_DIM_PAD=HEAD_DIM_PAD, PART_CHUNK=PART_CHUNK, STAGES=STAGES)
-    if WAIT_COUNTER:
-        # the counter's SHARERS rows each add one more after their merge; the last resets
-        # it to 0 for the next launch (no memset between CUDA-graph replays)
-        seen = tl.atomic_add(counter, 1, sem="relaxed", scope="gpu")
-        if seen == parts + SHARERS - 1:
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")

@@ -22,9 +22,7 @@ partitions that start past ``seq_len`` exit at once. Then either a second launch
 the partitions (``kernels/combine.py``), or, with FUSED_COMBINE, the kernel does: each
 program bumps the counter of its (sequence, head group) after its scratch is written; the
 one that sees ``num_parts - 1`` (the last to finish) resets the counter to 0 for the next
-launch and merges the group's rows (``merge_partitions``). With SIGNAL_DONE (the two-launch form
-launched early, sm_90 PDL) each program bumps the same counter with a release instead,
-and the combine merges a group as soon as its counter is complete. Partition 0 always runs, so a
+launch and merges the group's rows (``merge_partitions``). Partition 0 always runs, so a
 sequence of length 0 still gets its (zero) output written.
 """
 
@@ -71,7 +69,6 @@ def paged_decode_kernel(
     COMBINE_ROWS_PAD: tl.constexpr,  # next power of two of NUM_TOKENS * HEADS_PER_PROG
     COMBINE_CHUNK: tl.constexpr,    # partitions the merge reads per step
     LAUNCH_DEPENDENTS: tl.constexpr = False,  # let the combine launch start (sm_90 PDL)
-    SIGNAL_DONE: tl.constexpr = False,  # SPLIT, two launches: count this partition done
 ):
     if LAUNCH_DEPENDENTS:
         # programmatic dependent launch: the combine grid may be scheduled once every
@@ -210,13 +207,6 @@ def paged_decode_kernel(
         po_offs = (slot_id * stride_po_slot + row[:, None] * stride_po_row
                    + offs_d[None, :].to(tl.int64) * stride_po_dim)
         tl.store(partial_out_ptr + po_offs, result, mask=row_ok[:, None] & d_ok[None, :])
-        if SIGNAL_DONE:
-            # the early combine (combine_partitions_kernel, WAIT_COUNTER) merges this
-            # (sequence, head group) once its counter holds every partition: the CTA
-            # barrier orders all threads' scratch stores before the gpu-scope release
-            tl.debug_barrier()
-            counter = counters_ptr + seq * tl.num_programs(0) + head_prog
-            tl.atomic_add(counter, 1, sem="release", scope="gpu")
         if FUSED_COMBINE:
             # every thread's scratch stores precede the counter bump (CTA barrier, then a
             # gpu-scope acq_rel atomic); the last program's reads follow its acquire

@@ -326,9 +326,6 @@ class DecodePlan:
     kv_head_grid: bool = True
     fused_combine: bool = False
     pdl: bool = False  # the combine launch is a programmatic dependent launch (sm_90+)
-    # ... that merges each (sequence, head group) once its counter holds every partition,
-    # instead of after the whole decode grid (tuning.decode_combine_early; Triton only)
-    early_combine: bool = False
     native_stages: int = 0  # impl "native": its loop (tuning.native_decode_stages)
     native_tile: int = 64   # and the split-N loop's tile (tuning.native_decode_tile)
     native_max_rows: int = 0  # rows a native program takes at most (0: fit to the device)
@@ -465,12 +462,11 @@ class DecodePlan:
         head_dim_pad = next_pow2(max(self.head_dim, 16))
         ws = self.workspace
         fused = split and self.fused_combine
-        early = split and self.early_combine
         rows_pad = next_pow2(self.num_tokens * heads_per_prog)
         if split:
             scratch = dict(max_logits_ptr=ws.max_logits, exp_sums_ptr=ws.exp_sums,
                            partial_out_ptr=ws.partial_out,
-                           counters_ptr=ws.counters if fused or early else self.seq_lens,
+                           counters_ptr=ws.counters if fused else self.seq_lens,
                            stride_ml_slot=ws.max_logits.stride(0),
                            stride_ml_row=ws.max_logits.stride(1),
                            stride_po_slot=ws.partial_out.stride(0),
@@ -502,7 +498,7 @@ class DecodePlan:
             COMBINE_CHUNK=tuning.decode_combine_chunk(rows_pad=rows_pad,
                                                       head_dim_pad=head_dim_pad,
                                                       num_warps=cfg.num_warps),
-            LAUNCH_DEPENDENTS=self.pdl, SIGNAL_DONE=early, **scratch)
+            LAUNCH_DEPENDENTS=self.pdl, **scratch)
         grid = (self.num_q_heads // heads_per_prog, self.num_seqs, cfg.num_partitions)
         decode = Launch(paged_decode_kernel, grid, fixed, _DECODE_PER_CALL,
                         per_layer=_DECODE_PER_LAYER, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -513,7 +509,6 @@ class DecodePlan:
             cfixed = dict(
                 max_logits_ptr=ws.max_logits, exp_sums_ptr=ws.exp_sums,
                 partial_out_ptr=ws.partial_out, seq_lens_ptr=self.seq_lens,
-                counters_ptr=ws.counters if early else self.seq_lens,
                 partition_size=kernel_partition_size(cfg),
                 num_partitions=cfg.num_partitions,
                 num_q_heads=self.num_q_heads,
@@ -523,9 +518,7 @@ class DecodePlan:
                 HEAD_DIM=self.head_dim, HEAD_DIM_PAD=head_dim_pad,
                 PART_CHUNK=tuning.decode_combine_chunk(rows_pad=1, head_dim_pad=head_dim_pad,
                                                        num_warps=combine_warps, fused=False),
-                SEQ_SPLIT=cfg.seq_split, ALIGN=cfg.block_n, STAGES=1,
-                WAIT_PRIOR=self.pdl and not early, WAIT_COUNTER=early,
-                HEADS_PER_PROG=heads_per_prog, SHARERS=self.num_tokens * heads_per_prog)
+                SEQ_SPLIT=cfg.seq_split, ALIGN=cfg.block_n, STAGES=1, WAIT_PRIOR=self.pdl)
             combine = Launch(combine_partitions_kernel, (self.num_seqs, rows, 1), cfixed,
                              _COMBINE_PER_CALL, num_warps=combine_warps, num_stages=1,
                              launch_pdl=self.pdl)
@@ -609,7 +602,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
     max_blocks = block_table.shape[1]
     sm_scale = float(scale) if scale is not None else head_dim ** -0.5
     config = None
-    fused = pdl = early = False
+    fused = False
     native_stages, native_tile = 0, 64
     if chosen == "native":
         native_tile = tuning.native_decode_tile()
@@ -645,13 +638,8 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                 fused_combine if fused_combine is not None
                 else tuning.decode_fused_combine(num_partitions=config.num_partitions))
             groups = num_kv_heads if kv_head_grid else num_q_heads  # the grid's first axis
-            pdl = chosen in ("triton", "native") and not fused and \
-                tuning.decode_combine_pdl(device)
-            early = chosen == "triton" and not fused and workspace.counters is not None and \
-                workspace.counters.numel() >= num_seqs * groups and \
-                tuning.decode_combine_early(pdl=pdl)
             check_workspace(workspace, slots, rows, head_dim, device,
-                            counters=num_seqs * groups if fused or early else 0)
+                            counters=num_seqs * groups if fused else 0)
     return DecodePlan(
         impl=chosen, block_table=block_table, seq_lens=seq_lens, num_seqs=num_seqs,
         num_tokens=num_tokens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
@@ -660,7 +648,8 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         max_seq_len=max_seq_len if max_seq_len is not None else max_blocks * page_size,
         scale=sm_scale, config=config, workspace=workspace, kv_head_grid=kv_head_grid,
         native_stages=native_stages, native_tile=native_tile,
-        fused_combine=fused, pdl=pdl, early_combine=early)
+        fused_combine=fused, pdl=chosen in ("triton", "native") and config is not None
+        and config.num_partitions > 1 and not fused and tuning.decode_combine_pdl(device))
 
 
 def _native_partition_size(*, programs, rows, head_dim, q_dtype, kv_dtype, max_context,
