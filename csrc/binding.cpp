@@ -16,6 +16,15 @@
 
 namespace {
 
+// The decode loop's plan (HabDecodeParams::loop_stages / loop_tile): stages 0 (the
+// shared-softmax loop), 2 or 3 (the split-N loop's cp.async stages); tile 64 (the split-N
+// loop's KV tile, the only one built).
+void check_decode_loop(int64_t loop_stages, int64_t loop_tile, const char* op) {
+  TORCH_CHECK(loop_stages == 0 || loop_stages == 2 || loop_stages == 3, op,
+              ": loop_stages must be 0 (shared-softmax loop), 2 or 3 (split-N loop stages), got ", loop_stages);
+  TORCH_CHECK(loop_tile == 64, op, ": loop_tile must be 64 (the split-N loop's only KV tile), got ", loop_tile);
+}
+
 void* stream_of(const at::Tensor& t) {
   const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(t.device().type());
   return impl->getStream(t.device()).native_handle();
@@ -137,6 +146,7 @@ void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
   TORCH_CHECK(q.dim() == 4 && out.sizes() == q.sizes(), "paged_decode: q, out must be [S, T, Hq, D]");
   TORCH_CHECK(v_cache.dim() == 4 && (k_cache.dim() == 4 || k_cache.dim() == 5), "paged_decode: cache ranks");
   TORCH_CHECK(partition_size > 0 && num_partitions >= 1, "paged_decode: partitions");
+  check_decode_loop(loop_stages, loop_tile, "paged_decode");
   c10::OptionalDeviceGuard guard(q.device());
   HabDecodeParams p{};
   p.out = out.data_ptr();
@@ -294,6 +304,7 @@ int64_t warp_size() { return hab_runtime_warp_size(); }
 
 int64_t decode_programs_per_sm(at::ScalarType q_dtype, at::ScalarType kv_dtype, int64_t head_dim, int64_t rows,
                                int64_t loop_stages, int64_t loop_tile) {
+  check_decode_loop(loop_stages, loop_tile, "decode_programs_per_sm");
   return hab_decode_programs_per_sm(dtype_code(q_dtype, "q_dtype"), dtype_code(kv_dtype, "kv_dtype"), int(head_dim),
                                     int(rows), int(loop_stages), int(loop_tile));
 }

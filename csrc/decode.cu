@@ -37,11 +37,10 @@ __device__ __forceinline__ float block_reduce(float v, float* red) {
 // partition where the workspace rows allow it (po_vec, checked on the host), and the
 // groups' sums are added at the end.
 // At head_dim 128 that is 16 groups, so 64 partitions are 4 independent loads a thread:
-// one round of L2 latency instead of the 4 of one channel a thread in 4 groups (session
-// 11). The loads are unconditional (every partition below `parts` wrote its slot, an
+// one round of L2 latency instead of the 4 of one channel a thread in 4 groups. The loads are unconditional (every partition below `parts` wrote its slot, an
 // empty one with l = 0 and o = 0; a select keeps a zero weight from touching its value).
 // The first form, a branch on the weight before each load, waited for each load before
-// the next: 16-28 us for 64 partitions on an H200 (ncu, docs/native-measurements.md). The max and the
+// the next: 16-28 us for 64 partitions on an H200 (docs/history.md). The max and the
 // weights' total are block reductions by warp shuffles, one barrier each.
 // Launched as a programmatic dependent launch of the decode kernel (combine_pdl), a block
 // may start while the decode grid runs: everything before hab_gdc_wait() reads only what
@@ -130,7 +129,7 @@ __global__ void __launch_bounds__(THREADS) combine_kernel(HabDecodeParams p, boo
 // per group of partitions, as many groups as the launch has partitions (rounded up to a
 // power of two), at least 64 and at most kCombineMaxThreads threads. A launch of few
 // partitions over many rows then runs small blocks, many an SM, in one wave (4,096 rows of
-// 2 partitions took 8 waves of 512-thread blocks at 4 an SM: docs/native-measurements.md, session 17);
+// 2 partitions took 8 waves of 512-thread blocks at 4 an SM: docs/history.md);
 // many partitions keep the 512 threads that read them in one round.
 int combine_threads(int64_t num_partitions, int64_t head_dim) {
   int dim_threads = 16;
@@ -193,15 +192,14 @@ int chunks_are_vectors(const void* base, int elem_bytes, int64_t d_stride, int64
 bool fits_int32(int64_t x) { return x >= 0 && x <= 2147483647LL; }
 
 // The loop choice of HabDecodeParams::loop_stages / loop_tile: stages 0, the shared-softmax
-// loop; 2..MAX, the split-N loop where it applies, with that many cp.async stages (two keep
-// one tile in flight while a tile is computed, three keep two) and KV tiles of loop_tile
-// tokens (32 or 64; at head_dim 128 a stage is 17.5 or 35 KB). The caller plans both
-// (tuning.native_decode_stages / native_decode_tile); false for any other value. A device
-// without mma.sync runs the shared-softmax loop whatever was planned.
+// loop; 2 or 3, the split-N loop where it applies, with that many cp.async stages (two keep
+// one tile in flight while a tile is computed, three keep two); loop_tile is its KV tile
+// and must be 64 (decode_kernel.cuh, SPLIT_N_TOKENS). The caller plans both; false for any
+// other value. A device without mma.sync runs the shared-softmax loop whatever was planned.
 bool loop_flags(int64_t loop_stages, int64_t loop_tile, hab_decode::Flags* flags) {
-  if (loop_stages != 0 && (loop_stages < 2 || loop_stages > hab_decode::MAX_SPLIT_N_STAGES)) return false;
-  if (loop_stages != 0 && loop_tile != 32 && loop_tile != 64) return false;
-  flags->split_n = loop_stages != 0 && hab_device_has_mma_sync() ? int(loop_tile) : 0;
+  if (loop_stages != 0 && loop_stages != 2 && loop_stages != 3) return false;
+  if (loop_tile != hab_decode::SPLIT_N_TOKENS) return false;
+  flags->split_n = loop_stages != 0 && hab_device_has_mma_sync() ? 1 : 0;
   flags->stages = loop_stages != 0 ? int(loop_stages) : 2;
   return true;
 }
@@ -272,7 +270,7 @@ extern "C" const char* hab_paged_decode(const HabDecodeParams* pp, void* stream)
   const int o_vec = chunks_are_vectors(p.out, out_bytes, p.o_stride[3], p.head_dim, p.o_stride, 3, 4);
   hab_decode::Flags flags{k_vec, v_vec, q_vec, po_vec, o_vec, 0, 2, nullptr};
   if (!loop_flags(p.loop_stages, p.loop_tile, &flags))
-    return "paged_decode: loop_stages must be 0, 2, 3 or 4 and loop_tile 32 or 64";
+    return "paged_decode: loop_stages must be 0, 2 or 3 and loop_tile 64";
   const char* err = launch_for_head_dim(p, flags, warp, stream);
   if (err) return err;
   if (p.num_partitions > 1) {

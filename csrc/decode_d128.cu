@@ -2,4 +2,3 @@
 #include "decode_kernel.cuh"
 
 HAB_DEFINE_DECODE_LAUNCH(128)
-HAB_DECODE_TRACE_SETTER

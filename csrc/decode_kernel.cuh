@@ -19,7 +19,6 @@
 #pragma once
 
 #include "compat.h"
-#include "decode_trace.cuh"
 #include "fastdiv.h"
 #include "fp8.cuh"
 #include "hab_ops.h"
@@ -28,7 +27,8 @@
 namespace hab_decode {
 
 constexpr int NUM_WARPS = 4;
-constexpr int MAX_SPLIT_N_STAGES = 4;
+constexpr int MAX_SPLIT_N_STAGES = 4;  // what the loop's code handles; the entry takes 2 and 3 (decode.cu)
+constexpr int SPLIT_N_TOKENS = 64;      // the split-N loop's KV tile
 constexpr float LOG2E = 1.4426950408889634f;
 
 template <int HEAD_DIM_PAD> struct TileN { static constexpr int value = HEAD_DIM_PAD > 128 ? 32 : 64; };
@@ -54,11 +54,12 @@ struct Layout {
   static_assert(HEAD_DIM_PAD % 16 == 0, "head_dim must be a multiple of 16");
 };
 
-// The split-N loop's shared memory for KV tiles of SN_TOKENS tokens (decode_split_n.cuh):
+// The split-N loop's shared memory for KV tiles of SPLIT_N_TOKENS tokens (decode_split_n.cuh):
 // Q (16 rows), then 2..MAX_SPLIT_N_STAGES cp.async stages of (K, V, token flags), then two
 // tiles' (block, slot) per token; the slices' merge (decode_split_n.cuh) reuses the stages.
-template <int HEAD_DIM_PAD, int SN_TOKENS>
+template <int HEAD_DIM_PAD>
 struct SplitNGeometry {
+  static constexpr int SN_TOKENS = SPLIT_N_TOKENS;
   typedef Layout<16, HEAD_DIM_PAD> L;
   static constexpr int SLICES = SN_TOKENS / 16;                 // 16-token slices of a tile
   static constexpr int CTW = HEAD_DIM_PAD / 16 / (NUM_WARPS / SLICES);  // O column tiles a warp
@@ -66,17 +67,13 @@ struct SplitNGeometry {
   // stored at chunk c ^ (row % 8): each 128-byte line of the cache lands in one aligned
   // 128-byte segment of shared memory, and the 8 rows of an ldmatrix matrix read 8
   // different bank groups. (Rows padded by 16 bytes, conflict-free as well, streamed 6-8%
-  // slower on the H200: docs/notes-decode.md v18.)
+  // slower on the H200: docs/history.md.)
   static_assert(HEAD_DIM_PAD % 64 == 0, "the swizzle permutes 8 chunks of 16 bytes");
   static constexpr int KV_LD = HEAD_DIM_PAD;  // elements a staged row
   HAB_DEV static int kv_off(int row, int chunk) { return row * KV_LD + 8 * (chunk ^ (row & 7)); }
   static constexpr int STAGE_BYTES = 2 * SN_TOKENS * KV_LD * 2 + SN_TOKENS;  // K, V, token flags (bytes)
-  // after the stages: two tiles' (block, slot) per token, int2 [2][SN_TOKENS]; with
-  // 32-token tiles then the warp pairs' S halves, float4 [SLICES][2][2][32]
-  static constexpr int XCH_BYTES = SLICES < NUM_WARPS ? SLICES * 2 * 2 * 32 * 16 : 0;
-  static constexpr int bytes(int stages) {
-    return L::K_OFF + stages * STAGE_BYTES + 2 * SN_TOKENS * 8 + XCH_BYTES;
-  }
+  // after the stages: two tiles' (block, slot) per token, int2 [2][SN_TOKENS]
+  static constexpr int bytes(int stages) { return L::K_OFF + stages * STAGE_BYTES + 2 * SN_TOKENS * 8; }
   static_assert(NUM_WARPS % SLICES == 0 && CTW * (NUM_WARPS / SLICES) * 16 == HEAD_DIM_PAD,
                 "the warps split a tile's tokens and O's channels evenly");
 };
@@ -201,7 +198,7 @@ struct Flags {  // per launch, computed on the host
   int q_vec;         // Q rows read as 16-byte chunks
   int po_vec;        // the split workspace's partial rows written / read as 16-byte float4
   int o_vec;         // out's rows written 4 channels a store (8 bytes at 16 bits, 16 at fp32)
-  int split_n;  // mma.sync targets, <= 16 rows, head_dim <= 128: the split-N loop's tile (32 or 64 tokens), 0: off
+  int split_n;  // mma.sync targets, <= 16 rows, head_dim <= 128: 1, the split-N loop where it applies; 0: off
   int stages;   // the split-N loop's cp.async stages, 2..MAX_SPLIT_N_STAGES (stages - 1 tiles in flight)
   int* programs_per_sm;  // host pointer: set, the launcher writes the occupancy there and launches nothing
 };
@@ -227,8 +224,8 @@ struct SplitN {
 namespace hab_decode {
 
 
-// SN: 0, the shared-softmax loop; 32 or 64, the split-N loop with tiles of that many tokens
-// (one kernel each, so that each loop gets the registers it needs and no more).
+// SN: 0, the shared-softmax loop; SPLIT_N_TOKENS, the split-N loop (one kernel each, so
+// that each loop gets the registers it needs and no more).
 template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP, int SN>
 HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) {
   typedef Layout<ROWS, HEAD_DIM_PAD> L;
@@ -442,7 +439,7 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
     // (a device pass without mma.sync compiles an empty body: the host never launches it there)
 #if defined(HAB_HAS_MMA_SYNC)
     if constexpr (SplitN<KIND, ROWS, HEAD_DIM_PAD, WARP>::value)
-      decode_split_n<KIND, HEAD_DIM_PAD, SN>(p, part_end, loop_start, seq_len, rows, row0, group, kv_head, seq,
+      decode_split_n<KIND, HEAD_DIM_PAD>(p, part_end, loop_start, seq_len, rows, row0, group, kv_head, seq,
                                              part, head_dim, qk_scale, sm_scale, v_scale, use_cap, use_window, q_s,
                                              smem + L::K_OFF, flags.stages, flags.po_vec != 0, flags.o_vec != 0, geo,
                                              block_of, load_q);
@@ -587,26 +584,20 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 // Programs per multiprocessor the register budget is sized for: 3-4 for the common 16-row
 // tile (12-16 warps in flight per SM to cover the memory latency), fewer for the big
 // tiles; the 64-token split-N loop at head_dim 128 is sized for 2 (its 3 stages of shared
-// memory fit 2 programs; it holds Q's fragments in registers: 216 a thread); the
-// 32-token split-N loop holds half the accumulators (its shared memory fits 3 programs
-// with 3 stages at head_dim 128, 5 with 2).
+// memory fit 2 programs; it holds Q's fragments in registers: 216 a thread).
 // On AMD/Hygon gfx9 a CU has 64 KB of LDS, so no more programs fit at once than
 // 65,536 / Layout::BYTES (one at D >= 128: 46-58 KB a program): asking for more only cut the
 // registers (3 programs capped gfx906's 16-row D128 kernel at 84 VGPRs, which spilled 240-424
 // bytes a lane, most of it reloaded in the KV loop) for an occupancy the LDS never allows.
-// On HIP the rule is capped by that count (docs/native-measurements.md, session 15). HAB_DECODE_MIN_BLOCKS
-// (a build-time switch for A/B runs) replaces the rule.
+// On HIP the rule is capped by that count (docs/history.md).
 constexpr int HIP_LDS_BYTES = 64 * 1024;
 
 template <int ROWS, int HEAD_DIM_PAD, int SN>
 struct MinBlocks {
-  static constexpr int nvidia = SN == 32 ? (HEAD_DIM_PAD <= 64 ? 6 : 5)
-                                : SN == 64 ? (HEAD_DIM_PAD <= 64 ? 4 : 2)
+  static constexpr int nvidia = SN == SPLIT_N_TOKENS ? (HEAD_DIM_PAD <= 64 ? 4 : 2)
                                 : ROWS <= 16 ? (HEAD_DIM_PAD <= 64 ? 4 : (HEAD_DIM_PAD <= 128 ? 3 : 2))
                                              : (ROWS * HEAD_DIM_PAD <= 4096 ? 2 : 1);
-#if defined(HAB_DECODE_MIN_BLOCKS)
-  static constexpr int value = HAB_DECODE_MIN_BLOCKS;
-#elif defined(HAB_HIP)
+#if defined(HAB_HIP)
   static constexpr int lds_fit = HIP_LDS_BYTES / Layout<ROWS, HEAD_DIM_PAD>::BYTES;
   static constexpr int value = lds_fit < 1 ? 1 : (lds_fit < nvidia ? lds_fit : nvidia);
 #else
@@ -621,7 +612,6 @@ paged_decode_kernel(HabDecodeParams p, Flags flags, int row_chunks) {
   // a split launch's combine kernel may be scheduled once every program is here (it waits
   // for this grid's writes itself: decode.cu, combine_kernel)
   hab_gdc_launch_dependents();
-  HAB_DTRACE(0);
   // the other warp size's instantiation (HIP builds both) compiles to an empty kernel
   if constexpr (WARP == HAB_WARP_SIZE) decode_body<KIND, ROWS, HEAD_DIM_PAD, WARP, SN>(p, flags, row_chunks);
 #endif
@@ -659,8 +649,8 @@ const char* launch_kernel(const HabDecodeParams& p, Flags flags, int bytes, hab_
   return nullptr;
 }
 
-// One instantiation: the split-N kernel of flags.split_n's tile where it applies, else the
-// shared-softmax one.
+// One instantiation: the split-N kernel where flags.split_n asks for it and it applies, else
+// the shared-softmax one.
 template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP>
 const char* launch(const HabDecodeParams& p, Flags flags, hab_stream_t stream) {
   typedef Layout<ROWS, HEAD_DIM_PAD> L;
@@ -670,14 +660,9 @@ const char* launch(const HabDecodeParams& p, Flags flags, hab_stream_t stream) {
   if constexpr (SPLIT_N_SHAPE) {
     const bool split_n = flags.split_n && flags.k_vec && flags.v_vec && p.kv_dtype == p.q_dtype &&
                          p.k_split_x == 0;
-    if (split_n && flags.split_n == 32) {
-      typedef SplitNGeometry<HEAD_DIM_PAD, 32> G;
-      return launch_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP, 32, G::bytes(MAX_SPLIT_N_STAGES)>(
-          p, flags, G::bytes(flags.stages), stream);
-    }
     if (split_n) {
-      typedef SplitNGeometry<HEAD_DIM_PAD, 64> G;
-      return launch_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP, 64, G::bytes(MAX_SPLIT_N_STAGES)>(
+      typedef SplitNGeometry<HEAD_DIM_PAD> G;
+      return launch_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP, SPLIT_N_TOKENS, G::bytes(MAX_SPLIT_N_STAGES)>(
           p, flags, G::bytes(flags.stages), stream);
     }
   }

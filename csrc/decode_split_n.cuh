@@ -10,23 +10,16 @@
 namespace hab_decode {
 
 #if defined(HAB_HAS_MMA_SYNC)
-// Split-N decode loop (mma.sync, one 16-row tile), in one of two warp layouts chosen by
-// SN_TOKENS, the tokens of a KV tile:
-//   64: warp w owns tokens [16 w, 16 w + 16) of every tile and all head_dim channels of O;
-//   32: warps w and w + 2 own tokens [16 (w % 2), 16 (w % 2) + 16), warp w the channel
-//       half w / 2 of Q K^T and of O: each computes half of S's products, the pair adds
-//       the halves through shared memory (a named barrier of the two warps), each does
-//       its half of P V.
+// Split-N decode loop (mma.sync, one 16-row tile): warp w owns tokens [16 w, 16 w + 16) of
+// every KV tile of SPLIT_N_TOKENS (64) tokens and all head_dim channels of O.
 // A warp keeps its own online-softmax state (m, l) and O accumulator for its tokens, all
 // in registers: S = Q K^T of its 16 tokens is one 16x16 fragment, P is built from it in
 // the A layout of the P V product, so a tile needs no shared-memory round trip and no
 // barrier beyond the staging ones. The token slices' (m, l, O) are merged once at the end,
 // through shared memory (the K/V staging area, free by then).
-// Why two layouts: at head_dim 128 the 64-token layout holds a 64-register O a thread and
-// a 35 KB stage, so 2 programs (3 stages) fit an SM; the 32-token layout halves both (O 32
-// registers, a 17.5 KB stage, 4 KB for the S exchange), so 3 programs fit with 3 stages
-// and 5 with 2, for twice the per-tile work (barrier, staging, softmax) a token; see
-// tuning.native_decode_tile and docs/native-measurements.md (sessions 10-11) for what each measured.
+// At head_dim 128 a thread holds a 64-register O and a stage is 35 KB, so 2 programs (3
+// stages) fit an SM. (A 32-token layout, two warps a slice, half the O and the stage,
+// measured 1-12% slower at 16 of 18 shapes and was dropped: docs/history.md.)
 //
 // Pipeline: `stages` cp.async stages (a runtime value, 2..MAX_SPLIT_N_STAGES), one commit
 // group per tile. At the top of tile t the groups 0..t+stages-2 are committed; waiting
@@ -42,6 +35,7 @@ HAB_DEV void cp_async16(void* smem_dst, const void* gmem_src, bool fill) {
 HAB_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 HAB_DEV void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 // wait until at most `pending` (0..MAX_SPLIT_N_STAGES - 2) of this thread's groups are in flight
+// (the entry runs 2 or 3 stages: pending 0 or 1)
 HAB_DEV void cp_async_wait_pending(int pending) {
   static_assert(MAX_SPLIT_N_STAGES == 4, "one case per pending count");
   if (pending >= 2) asm volatile("cp.async.wait_group 2;\n" ::);
@@ -55,7 +49,7 @@ HAB_DEV void cp_async_wait_pending(int pending) {
 // 1/t)^16 at tile t, 88% at t = 8), 8 x CTW multiplies a thread each time; with a slack
 // of 8 it happens about once per partition, and P <= 256 stays exact to its 16-bit
 // rounding in either dtype (fp16 reaches 65504). l and O are relative to the same
-// reference, so the result is the same softmax (session 11, docs/native-measurements.md).
+// reference, so the result is the same softmax.
 constexpr float RESCALE_SLACK = 8.f;
 
 // P = 2^x with x <= RESCALE_SLACK or -inf: hab_ex2_ftz (compat.h), one instruction.
@@ -69,16 +63,16 @@ constexpr float RESCALE_SLACK = 8.f;
 // publishes it. The buffer A + 1 & 1 was last read by issue(A - 1), before that barrier.
 // load_q() stores the Q tile into q_s; it runs after the first tile's block ids are read,
 // so the two latencies overlap (the prologue's first barrier publishes both).
-template <typename KIND, int HEAD_DIM_PAD, int SN_TOKENS, typename BlockOf, typename LoadQ>
+template <typename KIND, int HEAD_DIM_PAD, typename BlockOf, typename LoadQ>
 HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_start, int seq_len, int rows,
                             int row0, int group, int kv_head, int64_t seq, int part, int head_dim, float qk_scale,
                             float sm_scale, float v_scale, bool use_cap, bool use_window, const uint16_t* q_s,
                             uint8_t* stage_smem, int stages, bool po_vec, bool o_vec, const StageGeometry& geo,
                             BlockOf& block_of, LoadQ& load_q) {
   typedef Layout<16, HEAD_DIM_PAD> L;
-  typedef SplitNGeometry<HEAD_DIM_PAD, SN_TOKENS> G;
+  typedef SplitNGeometry<HEAD_DIM_PAD> G;
   typedef HabWarpTile<KIND, 32> Tile;
-  constexpr int BLOCK_N = SN_TOKENS;
+  constexpr int BLOCK_N = SPLIT_N_TOKENS;
   constexpr int SLICES = G::SLICES, CTW = G::CTW;  // token slices of a tile; O column tiles of a warp
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int slice = warp % SLICES, ct0 = (warp / SLICES) * CTW;  // this warp's tokens and channels
@@ -95,7 +89,6 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   auto v_stage = [&](int s) { return k_stage(s) + BLOCK_N * KV_LD; };
   auto ok_stage = [&](int s) { return stage_smem + s * STAGE_BYTES + 2 * BLOCK_N * KV_LD * 2; };  // [BLOCK_N] bytes
   int2* rows_s = reinterpret_cast<int2*>(stage_smem + stages * STAGE_BYTES);  // [2][BLOCK_N] (block, slot)
-  float4* xch = reinterpret_cast<float4*>(rows_s + 2 * BLOCK_N);  // 32-token tiles: the pairs' S halves
   // token tid of tile `tile` (tid < BLOCK_N): its block id (-1: skip) and its slot
   auto block_of_tile = [&](int tile) { return block_of(loop_start + tile * BLOCK_N + tid); };
   auto slot_of_tile = [&](int tile) { return geo.slot_of(loop_start + tile * BLOCK_N + tid); };
@@ -104,10 +97,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   // fixed distance, and the table holds each token's K row as a byte offset from k_base
   // (-1: skip), computed once by the thread that read the block id instead of by each of
   // the 8 threads that stage the row. Otherwise it holds (block, slot).
-  // (The 32-token tiles at head_dim 128, 96 registers for 5 programs an SM, keep
-  // addressing V on its own: with the distance live their loop spilled 12 bytes.)
-  constexpr bool KV_SAME_PATH = SN_TOKENS == 64 || HEAD_DIM_PAD <= 64;
-  const bool kv_same = KV_SAME_PATH && geo.k_block == geo.v_block && geo.k_slot == geo.v_slot;
+  const bool kv_same = geo.k_block == geo.v_block && geo.k_slot == geo.v_slot;
   int64_t* rows_off = reinterpret_cast<int64_t*>(rows_s);  // the same 8 bytes a token
   auto store_rows = [&](int tile, int blk, int slot) {
     const int i = (tile & 1) * BLOCK_N + tid;
@@ -186,11 +176,9 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     cp_async_commit();
   };
   auto issue = [&](int tile, int s) {
-    if constexpr (KV_SAME_PATH) {
-      if (kv_same) {
-        issue_rows(tile, s, std::true_type{});
-        return;
-      }
+    if (kv_same) {
+      issue_rows(tile, s, std::true_type{});
+      return;
     }
     issue_rows(tile, s, std::false_type{});
   };
@@ -244,23 +232,16 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
       push_empty();
     }
   }
-  // Q's A fragments stay in registers for the whole loop with 64-token tiles (32 registers
-  // a thread at head_dim 128; 2 programs an SM leave them: MinBlocks) instead of 8
-  // ldmatrix a warp a tile, a third of the loop's shared-memory reads: 0.2-0.4% at the
-  // large grids on the H200 (docs/native-measurements.md, session 17). The 32-token tiles, sized for
-  // 5 programs an SM, keep reading them.
-  constexpr bool Q_REGS = SN_TOKENS == 64;
+  // Q's A fragments stay in registers for the whole loop (32 registers a thread at head_dim
+  // 128; 2 programs an SM leave them: MinBlocks) instead of 8 ldmatrix a warp a tile, a
+  // third of the loop's shared-memory reads: 0.2-0.4% at the large grids on the H200.
   constexpr int KH = HEAD_DIM_PAD / 16 / (NUM_WARPS / SLICES);  // 16-channel steps a warp
   static_assert(KH % 2 == 0, "two chains of whole steps");
   const int kk0 = (warp / SLICES) * KH;
-  uint32_t qa[Q_REGS ? KH : 1][4];  // Q's A fragments of this warp's k-steps (Q_REGS)
-  if constexpr (Q_REGS) {  // Q is visible: the prologue's first barrier published it
+  uint32_t qa[KH][4];  // Q's A fragments of this warp's k-steps
+  // Q is visible: the prologue's first barrier published it
 #pragma unroll
-    for (int i = 0; i < KH; ++i) Tile::ldsm_a(qa[i], q_s + (kk0 + i) * 16, L::LDK, lane);
-  }
-  HAB_DTRACE(1);
-  HAB_DTRACE_SM(5);
-  HAB_DTRACE_VALUE(6, num_tiles);
+  for (int i = 0; i < KH; ++i) Tile::ldsm_a(qa[i], q_s + (kk0 + i) * 16, L::LDK, lane);
   // stage indices advance by one per tile (a run-time modulo is a division)
   auto next_stage = [&](int s) { return s + 1 == stages ? 0 : s + 1; };
   int s = 0, s_ahead = stages - 1;  // stages of `tile` and of `tile + stages - 1`
@@ -273,7 +254,6 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     // everyone's did, and every warp is done with tile - 1; and whether every token of the
     // tile is valid (this thread staged it stages - 1 issues ago)
     const bool tile_ok = __syncthreads_and(int((ok_hist >> (stages - 2)) & 1u)) != 0;
-    if (tile == 0) HAB_DTRACE(2);
     const int ahead = tile + stages - 1;
     int next_id = -1, next_slot = 0;  // token tid of tile ahead + 1, its rows stored after the math
     if (ahead < num_tiles) {
@@ -291,9 +271,6 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     // Two accumulator chains over the even and odd 16-channel steps, added at the end: each
     // mma waits for the one before it on its accumulator, so one chain of HEAD_DIM_PAD / 16
     // products is twice as long a dependency as two of half the length.
-    // With 32-token tiles the pair of warps sharing a slice splits the product over the
-    // channel halves (warp w: steps [KH half, KH half + KH)) and adds the partner's half
-    // through shared memory; both then hold the same S (a + b = b + a exactly).
     float c[8], c_odd[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) c[e] = c_odd[e] = 0.f;
@@ -305,30 +282,11 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
 #pragma unroll
     for (int i = 0; i < KH; i += 2) {
       const int kk = kk0 + i;
-      if constexpr (Q_REGS) {
-        Tile::mma_a_regs_ldsm_bk(c, qa[i], k_s + G::kv_off(k_lrow, 2 * kk + (lq & 1)));
-        Tile::mma_a_regs_ldsm_bk(c_odd, qa[i + 1], k_s + G::kv_off(k_lrow, 2 * (kk + 1) + (lq & 1)));
-      } else {
-        Tile::mma_ldsm_b(c, q_s + kk * 16, L::LDK, k_s + G::kv_off(k_lrow, 2 * kk + (lq & 1)), lane);
-        Tile::mma_ldsm_b(c_odd, q_s + (kk + 1) * 16, L::LDK, k_s + G::kv_off(k_lrow, 2 * (kk + 1) + (lq & 1)), lane);
-      }
+      Tile::mma_a_regs_ldsm_bk(c, qa[i], k_s + G::kv_off(k_lrow, 2 * kk + (lq & 1)));
+      Tile::mma_a_regs_ldsm_bk(c_odd, qa[i + 1], k_s + G::kv_off(k_lrow, 2 * (kk + 1) + (lq & 1)));
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) c[e] += c_odd[e];
-    if constexpr (SLICES < NUM_WARPS) {
-      static_assert(NUM_WARPS == 2 * SLICES, "a pair of warps a slice");
-      // xch [slice][half][2][32 lanes] float4: consecutive lanes, consecutive 16 bytes. The
-      // partner reads my half before it reaches the next tile's block barrier, which I pass
-      // before writing here again.
-      float4* mine = xch + ((slice * 2 + warp / SLICES) * 2) * 32 + lane;
-      const float4* other = xch + ((slice * 2 + 1 - warp / SLICES) * 2) * 32 + lane;
-      mine[0] = make_float4(c[0], c[1], c[2], c[3]);
-      mine[32] = make_float4(c[4], c[5], c[6], c[7]);
-      asm volatile("bar.sync %0, 64;\n" ::"r"(1 + slice) : "memory");  // the pair's named barrier
-      const float4 x0 = other[0], x1 = other[32];
-      c[0] += x0.x, c[1] += x0.y, c[2] += x0.z, c[3] += x0.w;
-      c[4] += x1.x, c[5] += x1.y, c[6] += x1.z, c[7] += x1.w;
-    }
     // logits in log2 units (the soft cap is a warp-uniform branch around all 8), then the
     // mask as selects: no per-element branch
     if (use_cap) {
@@ -410,7 +368,6 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   // half-warp (a row stride of HEAD_DIM_PAD floats put the fragment's 8 rows on one bank).
   constexpr int LDO = HEAD_DIM_PAD + 8;
   static_assert(SLICES * 16 * (2 + LDO) * 4 + 16 * 8 <= 2 * STAGE_BYTES, "the merge fits in two stages");
-  HAB_DTRACE(3);
 #pragma unroll
   for (int k = 0; k < 2; ++k) l[k] = hab_group_sum<4>(l[k]);
   cp_async_wait_all();  // only empty groups can be pending here; the merge reuses the stages
@@ -489,7 +446,6 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
       for (int e = 0; e < 4; ++e) store_out(p, base + (d + e) * p.o_stride[3], acc[e]);
     }
   }
-  HAB_DTRACE(4);
 }
 #endif  // HAB_HAS_MMA_SYNC
 

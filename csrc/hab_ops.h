@@ -88,12 +88,12 @@ typedef struct HabDecodeParams {
   int64_t num_seqs, num_tokens, num_q_heads, num_kv_heads, head_dim;
   int64_t page_size, num_blocks, max_blocks_per_seq, k_split_x;
   int64_t sliding_window, partition_size, num_partitions;
-  // 0: the shared-softmax loop; 2..4: the split-N loop (where it applies) with that many
-  // cp.async stages and KV tiles of loop_tile tokens (32 or 64). Planned by the caller
-  // (tuning.native_decode_stages, tuning.native_decode_tile).
+  // 0: the shared-softmax loop; 2 or 3: the split-N loop (where it applies) with that many
+  // cp.async stages. loop_tile: the split-N loop's KV tile, 64 (the only one built).
+  // Planned by the caller (the decode op's tuning).
   int64_t loop_stages, loop_tile;
   // 1: a split launch starts its combine kernel as a programmatic dependent launch of the
-  // decode kernel (NVIDIA sm_90+; tuning.decode_combine_pdl), 0: a plain launch. Ignored
+  // decode kernel (NVIDIA sm_90+; planned by the decode op's tuning), 0: a plain launch. Ignored
   // on HIP and without a split.
   int64_t combine_pdl;
   // Query rows a program takes at most: 0 lets the launch decide (64, or 32 where a 64-row

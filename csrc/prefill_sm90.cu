@@ -1,6 +1,6 @@
 // Prefix-prefill ("extend") attention on Hopper: wgmma, a producer warpgroup, two consumer
-// warpgroups (FlashAttention-3's structure over a paged cache). Design and measurements:
-// docs/native-prefill.md.
+// warpgroups (FlashAttention-3's structure over a paged cache). Design: docs/native.md;
+// what was measured and dropped: docs/history.md.
 //
 // Work items: one (request, m_block) tile of the plan's tile map x one KV head. Its
 // BLOCK_M = 128 query rows pack the GQA group: row r is token m_block * TOK_M + r / G and
@@ -165,7 +165,7 @@ struct Consumer {
       // column c of the tile is visible to row h when its key bit is set and, causal,
       // lo[h] < c <= hi[h] (the diagonal, the window's far edge): compares and selects.
       // (A branch an element made a masked tile ~1,000 instructions longer; the selects
-      // were 1-8% faster overall, 22% with 3 key tiles an item: docs/native-prefill.md.)
+      // were 1-8% faster overall, 22% with 3 key tiles an item.)
       int hi[2], lo[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -251,7 +251,7 @@ struct Consumer {
   // Intra-warpgroup overlap: S of tile j is issued with P V of tile j - 1, so the tensor
   // cores get both back to back. The source puts tile j's softmax between the two waits,
   // but ptxas hoists the P V wait above its max and exps (only the mask runs under the
-  // P V); forcing the softmax under it measured level (docs/native-prefill.md, session 14).
+  // P V); forcing the softmax under it measured level.
   // pa (P of tile j - 1) and o stay pinned in their registers until that product is waited.
   HAB_DEV void run_overlap() {
     if (ti.n_tiles == 0) {
@@ -266,7 +266,6 @@ struct Consumer {
     pass_turn();
     hab_sm90::wgmma_wait<0>();
     hab_sm90::fence_regs(sc);
-    HAB_TRACE(ti.item, 1, wg == 0 && (threadIdx.x & 127) == 0);
     release_k(0);
     if (ti.n_tiles == 1) release_q();
     softmax(sc, bits, 0, alpha);
@@ -309,9 +308,6 @@ struct Consumer {
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
       const int64_t tok_g = ti.q_start + tok[h];
       uint16_t* out = static_cast<uint16_t*>(p.out) + tok_g * p.o_stride[0] + int64_t(head[h]) * p.o_stride[1];
-#if defined(HAB_PREFILL_DIAG_NOSTORE)  // diagnostic build: the epilogue without its stores
-      if (inv != 12345.f) continue;  // (a run-time test, so the normalization stays live)
-#endif
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
         *reinterpret_cast<uint32_t*>(out + 8 * i + 2 * t) =
@@ -364,7 +360,6 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
   // 4 x 32 x 64 + 8 x 32 x 216 = 63,488 <= 384 x 168 = 64,512. The consumers get what the
   // producers leave, in steps of 8 (no spills at 64 / 216).
   constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
-  constexpr int PRODUCER_REGS = HAB_PREFILL_PRODUCER_REGS;
   constexpr int CONSUMER_REGS =
       (THREADS * LAUNCH_REGS - PRODUCER_WARPS * 32 * PRODUCER_REGS) / (CONSUMER_WARPS * 32) / 8 * 8;
   static_assert(PRODUCER_WARPS * 32 * PRODUCER_REGS + CONSUMER_WARPS * 32 * CONSUMER_REGS <=
@@ -382,21 +377,10 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
       TileInfo ti;
       if (*reinterpret_cast<volatile int32_t*>(b.work) < 0) break;
       load_info(p, b.info, ti);
-      HAB_TRACE(ti.item, 0, warp == 0 && lane == 0);
       Consumer<IS_BF16, SOFT_CAP> c(p, ti, b, smem, warp, lane, jg);
       if (p.overlap) c.run_overlap();
       else c.run_serial();
-      HAB_TRACE(ti.item, 2, warp == 0 && lane == 0);
       c.finish();
-      HAB_TRACE(ti.item, 3, warp == 0 && lane == 0);
-      HAB_TRACE(ti.item, 4, warp == 4 && lane == 0);
-#if defined(HAB_PREFILL_TRACE)
-      if (warp == 0 && lane == 0 && g_trace != nullptr) {
-        uint32_t sm;
-        asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
-        g_trace[int64_t(ti.item) * TRACE_SLOTS + 7] = (int64_t(sm) << 32) | uint32_t(ti.n_tiles);
-      }
-#endif
       jg += ti.n_tiles;
     }
   }
@@ -430,13 +414,6 @@ const char* launch(const HabPrefillParams& p, cudaStream_t stream) {
 
 }  // namespace hab_prefill
 #endif  // HAB_CUDA
-
-#if defined(HAB_PREFILL_TRACE) && defined(HAB_CUDA)
-extern "C" const char* hab_prefill_trace_set(long long* buf) {
-  const cudaError_t e = cudaMemcpyToSymbol(hab_prefill::g_trace, &buf, sizeof(buf));
-  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
-}
-#endif
 
 extern "C" const char* hab_prefix_prefill(const HabPrefillParams* p, void* stream) {
 #if defined(HAB_CUDA)

@@ -16,17 +16,11 @@ namespace hab_prefill {
 constexpr int BLOCK_M = 128;  // query rows of a program: two consumer warpgroups x 64
 constexpr int BLOCK_N = 128;  // keys per K/V tile
 constexpr int HEAD_DIM = 128;
-// Build-time switches for A/B runs of the kernel's variants (scripts/prefill_harness.cu);
-// the defaults are the measured best.
-// (docs/native-prefill.md, session 13: 3 stages +1-6% over 2; 64 producer registers, so
-// 216 a consumer, +2-7% over 56 / 224; 80 / 208 and beyond lose 1-4%)
-#ifndef HAB_PREFILL_STAGES  // K/V ring stages (3 x 64 KB + Q fit in 227 KB)
-#define HAB_PREFILL_STAGES 3
-#endif
-#ifndef HAB_PREFILL_PRODUCER_REGS  // registers a producer thread keeps (setmaxnreg)
-#define HAB_PREFILL_PRODUCER_REGS 64
-#endif
-constexpr int STAGES = HAB_PREFILL_STAGES;
+// K/V ring stages (3 x 64 KB + Q fit in 227 KB) and the registers a producer thread keeps
+// (setmaxnreg), so 216 a consumer: the measured best (3 stages +1-6% over 2; 64 producer
+// registers +2-7% over 56 / 224, 80 / 208 and beyond lose 1-4%; docs/history.md).
+constexpr int STAGES = 3;
+constexpr int PRODUCER_REGS = 64;
 constexpr int CONSUMER_WARPS = 8;
 constexpr int PRODUCER_WARPS = 4;
 constexpr int THREADS = (CONSUMER_WARPS + PRODUCER_WARPS) * 32;
@@ -44,21 +38,6 @@ constexpr int INFO_WORDS = 8;
 constexpr int SMEM_USED = INFO_OFF + 4 * INFO_WORDS;
 constexpr int SMEM_BYTES = SMEM_USED + 1024;  // slack: the tiles start on a 1024-byte boundary
 static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 program may have");
-
-#if defined(HAB_PREFILL_TRACE)
-// Diagnostic build only (scripts/prefill_harness.cu): clock64 stamps per work item,
-// TRACE_SLOTS an item, written by one lane of a role (never in the library's build).
-constexpr int TRACE_SLOTS = 8;
-__device__ long long* g_trace;
-#define HAB_TRACE(w, slot, cond)                                         \
-  do {                                                                   \
-    if ((cond) && g_trace != nullptr) g_trace[int64_t(w) * TRACE_SLOTS + (slot)] = clock64(); \
-  } while (0)
-#else
-#define HAB_TRACE(w, slot, cond) \
-  do {                           \
-  } while (0)
-#endif
 
 // What every role of a program derives from its tile: the request's lengths, the rows'
 // tokens and the key range walked.

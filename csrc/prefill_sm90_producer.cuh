@@ -77,7 +77,6 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
     const int32_t w = b.fetch[round & 1];
     TileInfo ti;
     const bool has = tile_info(p, w, ti);
-    HAB_TRACE(w, 5, has && pw == 0 && lane == 0);
     // Q row r = (token m_tok0 + r / G, head kv_head * G + r % G), null: past the item
     auto q_row_of = [&]() -> const uint16_t* {
       const int tok = ti.m_tok0 + r / ti.group;
@@ -106,7 +105,6 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
       hab_sm90::mbar_arrive_cp_async(b.full_v + s);
     };
     hab_sm90::mbar_wait(b.empty_q, (round & 1) ^ 1);
-    HAB_TRACE(w, 6, has && pw == 0 && lane == 0);
     if (pw == 0 && lane == 0) {
       *b.work = has ? w : -1;
       if (has) store_info(b.info, ti);

@@ -128,23 +128,17 @@ struct HabWarpTile<KIND, WARP, HAB_UNIT_MMA_SYNC> {
   // col l/4). Every row address must be 16-byte aligned (row strides and column offsets
   // multiples of 8 elements).
   //
-  // mma_ldsm_b: A(m, k) = A[m * lda + k]; B(k, n) with k contiguous (as K rows), read
-  // from the row address `b_row` this lane gives: row n = 8 (q >> 1) + r, channels
-  // 8 (q & 1) .. 8 (q & 1) + 7 (the caller computes it, so B may be swizzled:
-  // decode_split_n.cuh). A's matrices in register order are (m 0-7, k 0-7), (m 8-15, k 0-7),
-  // (m 0-7, k 8-15), (m 8-15, k 8-15) = a0..a3; B's are (n 0-7, k 0-7), (n 0-7, k 8-15),
-  // (n 8-15, k 0-7), (n 8-15, k 8-15) = b0, b1 of n-half 0, then of n-half 1.
-  HAB_DEV static void mma_ldsm_b(float (&c)[kElems], const uint16_t* A, int lda, const uint16_t* b_row, int lane) {
-    uint32_t a[4];
-    ldsm_a(a, A, lda, lane);
-    mma_a_regs_ldsm_bk(c, a, b_row);
-  }
-  // A's fragment of one k-step (the layout mma_ldsm_b reads), for a caller that keeps it
+  // ldsm_a: A's fragment of one k-step, A(m, k) = A[m * lda + k]; its matrices in register
+  // order are (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15) = a0..a3.
   HAB_DEV static void ldsm_a(uint32_t (&a)[4], const uint16_t* A, int lda, int lane) {
     const int q = lane >> 3, r = lane & 7;
     ldsm_x4<false>(a, A + ((q & 1) * 8 + r) * lda + (q >> 1) * 8);
   }
-  // mma_ldsm_b with A already in registers (ldsm_a)
+  // mma_a_regs_ldsm_bk: A in registers (ldsm_a); B(k, n) with k contiguous (as K rows), read
+  // from the row address `b_row` this lane gives: row n = 8 (q >> 1) + r, channels
+  // 8 (q & 1) .. 8 (q & 1) + 7 (the caller computes it, so B may be swizzled:
+  // decode_split_n.cuh). B's matrices are (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
+  // (n 8-15, k 8-15) = b0, b1 of n-half 0, then of n-half 1.
   HAB_DEV static void mma_a_regs_ldsm_bk(float (&c)[kElems], const uint32_t (&a)[4], const uint16_t* b_row) {
     uint32_t b[4];
     ldsm_x4<false>(b, b_row);
