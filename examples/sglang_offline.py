@@ -105,7 +105,7 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="hygon-sglang-") as tmp:
         if args.model is None:
-            from hygon_attn_backend.demo import build_tiny_llama
+            from hygon_attn_backend.tools.demo.engine import build_tiny_llama
 
             args.model = build_tiny_llama(os.path.join(tmp, "model"))
         ours = _run_in_process(args, "hygon")

@@ -27,7 +27,7 @@ MODEL=${1:-}
 shift || true
 if [[ -z "$MODEL" ]]; then
   MODEL="$WORK/model"
-  "$PYTHON" -c "from hygon_attn_backend.demo import build_tiny_llama; build_tiny_llama('$MODEL')" >/dev/null
+  "$PYTHON" -c "from hygon_attn_backend.tools.demo.engine import build_tiny_llama; build_tiny_llama('$MODEL')" >/dev/null
 fi
 
 DEVICE_FLAGS=()

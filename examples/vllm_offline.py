@@ -29,7 +29,7 @@ def main():
         model = args.model
         prompts = ["The capital of France is", "Attention kernels on a DCU"]
         if model is None:
-            from hygon_attn_backend.demo import build_tiny_llama
+            from hygon_attn_backend.tools.demo.engine import build_tiny_llama
 
             model = build_tiny_llama(os.path.join(tmp, "tiny-llama"))
             prompts = ["w1 w2 w3 w4 w5", "w10 w20 w30"]  # its WordLevel vocabulary

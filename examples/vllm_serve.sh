@@ -12,7 +12,7 @@ MODEL="${1:-}"
 if [[ $# -gt 0 ]]; then shift; fi
 if [[ -z "${MODEL}" ]]; then
   MODEL="$(mktemp -d)/tiny-llama"
-  python -c "from hygon_attn_backend.demo import build_tiny_llama; build_tiny_llama('${MODEL}')"
+  python -c "from hygon_attn_backend.tools.demo.engine import build_tiny_llama; build_tiny_llama('${MODEL}')"
 fi
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"  # GiB of KV cache on CPU
 

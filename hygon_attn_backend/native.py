@@ -186,20 +186,3 @@ def status() -> str:
     if lib.exists():
         return f"built ({lib}); loads on first use"
     return "not built yet: builds on first use, or now with `hygon-attn build-native`"
-
-
-def cmd_build_native(args) -> int:
-    """``hygon-attn build-native``: build (or rebuild) the extension now."""
-    try:
-        load(verbose=bool(getattr(args, "verbose", False)))
-    except NativeUnavailable as exc:
-        print(str(exc), file=sys.stderr)
-        return 1
-    print(f"native kernels built and loaded: {build_dir()}")
-    return 0
-
-
-def add_build_native_parser(sub) -> None:
-    p = sub.add_parser("build-native", help="build the native CUDA/HIP kernels now (GPU torch)")
-    p.add_argument("--verbose", action="store_true", help="show the compiler commands")
-    p.set_defaults(func=cmd_build_native)

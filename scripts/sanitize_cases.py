@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from hygon_attn_backend import (copy_blocks, paged_decode_attention,  # noqa: E402
                                 prefix_prefill_attention, reference, write_kv)
-from hygon_attn_backend.fuzz import problems as pb  # noqa: E402
-from hygon_attn_backend.fuzz.budget import budget_error  # noqa: E402
+from hygon_attn_backend.tools.fuzz import problems as pb  # noqa: E402
+from hygon_attn_backend.tools.fuzz.budget import budget_error  # noqa: E402
 
 DEV = torch.device("cuda")
 LAUNCHES = []

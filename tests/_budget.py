@@ -1,4 +1,4 @@
-"""Error budgets for kernel tests (shared with the fuzzer: ``hygon_attn_backend.fuzz.budget``).
+"""Error budgets for kernel tests (shared with the fuzzer: ``hygon_attn_backend.tools.fuzz.budget``).
 
 A kernel output ``out`` passes when ``max|out - ref64| <= MULT * max|ref_lowp - ref64| + FLOOR``
 where ``ref64`` is :mod:`hygon_attn_backend.reference` in float64 and ``ref_lowp`` the same
@@ -8,7 +8,7 @@ poisoned with NaN before a run, so an unwritten element fails here).
 
 import torch
 
-from hygon_attn_backend.fuzz.budget import FLOOR, MULT, budget_error
+from hygon_attn_backend.tools.fuzz.budget import FLOOR, MULT, budget_error
 
 __all__ = ["FLOOR", "MULT", "assert_within_budget"]
 

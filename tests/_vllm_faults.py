@@ -49,7 +49,7 @@ def main(model_dir: str, backend: str, result: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from hygon_attn_backend import demo
+    from hygon_attn_backend.tools.demo import engine as demo
 
     prompts = demo.demo_prompts()[0]  # 70, 9, 41 and 1 tokens
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,

@@ -8,8 +8,8 @@ import csv
 import pytest
 import torch
 
-from hygon_attn_backend import __main__ as cli
-from hygon_attn_backend.bench import _harness, output, peers, problems
+from hygon_attn_backend.tools import cli
+from hygon_attn_backend.tools.bench import _harness, output, peers, problems
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="CPU wiring tests (the GPU run is in docs/benchmarks.md)")
@@ -177,7 +177,7 @@ def test_l2_flush_choice_reaches_the_timer_and_the_report(tmp_path, capsys):
     run without the flag is back on do_bench's write; a bad choice is a usage error."""
     import json
 
-    from hygon_attn_backend.bench import _timing
+    from hygon_attn_backend.tools.bench import _timing
     out = tmp_path / "d.json"
     argv = ["bench", "decode", "--shapes", "2,40", "--groups", "", "--per-head-groups", "",
             "--partitions", "auto", "--no-same-bytes-copy", "--json", str(out)] + TINY

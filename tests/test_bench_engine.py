@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from hygon_attn_backend.__main__ import build_parser
-from hygon_attn_backend.bench import _engine_child as child
-from hygon_attn_backend.bench import _engine_report as report
-from hygon_attn_backend.bench import engine
+from hygon_attn_backend.tools.cli import build_parser
+from hygon_attn_backend.tools.bench import _engine_child as child
+from hygon_attn_backend.tools.bench import _engine_report as report
+from hygon_attn_backend.tools.bench import engine
 
 
 def _args(*argv):
@@ -151,7 +151,7 @@ def test_launcher_serializes_gpu_work_after_every_start(tmp_path):
     script.write_text(
         "import json, sys, time\n"
         f"sys.path.insert(0, {os.getcwd()!r})\n"
-        "from hygon_attn_backend.bench._engine_child import Gate\n"
+        "from hygon_attn_backend.tools.bench._engine_child import Gate\n"
         "spec = json.load(open(sys.argv[1]))\n"
         "time.sleep(spec['startup'])\n"
         "Gate(spec['ready_path'], spec['lock_path'])()\n"
@@ -320,7 +320,7 @@ def test_entry_point_dist_info(tmp_path, monkeypatch):
 
 
 def test_breakdown_classes_kernels_of_both_backends():
-    from hygon_attn_backend.bench import _engine_breakdown as bd
+    from hygon_attn_backend.tools.bench import _engine_breakdown as bd
 
     assert bd.kernel_class("paged_decode_kernel") == "attention"
     assert bd.kernel_class("combine_partitions_kernel") == "attention"
@@ -357,7 +357,7 @@ def test_breakdown_classes_kernels_of_both_backends():
 
 
 def test_hook_timers_split_host_time_by_phase():
-    from hygon_attn_backend.bench import _engine_breakdown as bd
+    from hygon_attn_backend.tools.bench import _engine_breakdown as bd
 
     class Backend:
         def __init__(self):

@@ -3,7 +3,7 @@ GPU run times, with the decode plan's two combine forms side by side in the same
 
 import torch
 
-from hygon_attn_backend.bench import _overhead_cases
+from hygon_attn_backend.tools.bench import _overhead_cases
 
 
 def test_op_rows_time_both_combine_forms_of_the_split_decode(monkeypatch):

@@ -6,8 +6,8 @@ import torch
 
 from _budget import assert_within_budget
 from hygon_attn_backend import layouts, reference
-from hygon_attn_backend.__main__ import build_parser
-from hygon_attn_backend.bench import step as bench_step
+from hygon_attn_backend.tools.cli import build_parser
+from hygon_attn_backend.tools.bench import step as bench_step
 
 
 def test_kinds_put_decodes_first():

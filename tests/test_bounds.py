@@ -106,9 +106,10 @@ def test_reference_absent_keys_equal_compacted_table():
 @pytest.mark.parametrize("page", [16, 4])
 @pytest.mark.parametrize("bad", [-5, 1000])
 def test_prefill_bad_ids_equal_compacted_table(page, bad, two_walks, monkeypatch):
-    """Also with the unmasked walk compiled twice (HYGON_ATTN_PREFILL_TWO_WALKS=1): a row
+    """Also with the unmasked walk compiled twice (tuning.two_walks forced): a row
     with a bad id must take the checked copy."""
-    monkeypatch.setenv("HYGON_ATTN_PREFILL_TWO_WALKS", two_walks)
+    from hygon_attn_backend.ops.prefill import tuning
+    monkeypatch.setattr(tuning, "two_walks", lambda **kw: two_walks == "1")
     gen = torch.Generator().manual_seed(page)
     k = torch.randn(12, 2, page, 64, generator=gen).half()
     v = torch.randn(12, 2, page, 64, generator=gen).half()
@@ -133,7 +134,8 @@ def test_prefill_two_walks_clean_and_hostile_rows_in_one_batch(k_new, causal, mo
     """TWO_WALKS: in one batch, rows whose ids are all present take the unchecked walk and
     a row with a bad id the checked one; both equal the reference (page 4 < BLOCK_N, so a
     tile spans pages)."""
-    monkeypatch.setenv("HYGON_ATTN_PREFILL_TWO_WALKS", "1")
+    from hygon_attn_backend.ops.prefill import tuning
+    monkeypatch.setattr(tuning, "two_walks", lambda **kw: True)
     gen = torch.Generator().manual_seed(11)
     page, d = 4, 64
     k = torch.randn(40, 2, page, d, generator=gen).half()

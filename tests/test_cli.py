@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from hygon_attn_backend import __main__ as cli
+from hygon_attn_backend.tools import cli, doctor
 
 
 def test_doctor_reports_versions_and_implementations(capsys):
@@ -22,21 +22,21 @@ def test_native_decode_status_names_the_rule(monkeypatch):
     with this GPU's program count: 1.5 an SM of 132 SMs is 198)."""
     import torch
 
-    from hygon_attn_backend import tuning
+    from hygon_attn_backend.ops import _device
 
-    assert cli._native_decode_status(False).startswith("no")
-    monkeypatch.setattr(tuning, "gpu_is_hip", lambda: True)
-    assert "every call" in cli._native_decode_status(True)
-    monkeypatch.setattr(tuning, "gpu_is_hip", lambda: False)
+    assert doctor._native_decode_status(False).startswith("no")
+    monkeypatch.setattr(_device, "gpu_is_hip", lambda: True)
+    assert "every call" in doctor._native_decode_status(True)
+    monkeypatch.setattr(_device, "gpu_is_hip", lambda: False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda index: type("P", (), {"multi_processor_count": 132})())
-    line = cli._native_decode_status(True)
+    line = doctor._native_decode_status(True)
     assert ">= 198 sequences x KV heads (132 SMs)" in line, line
 
 
 def test_entry_point_status_detects_a_missing_plugin():
-    status = cli._entry_point_status("no.such.group", "x:y")
+    status = doctor._entry_point_status("no.such.group", "x:y")
     assert status.startswith("missing")
 
 

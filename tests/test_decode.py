@@ -11,9 +11,10 @@ import math
 import pytest
 import torch
 
-from hygon_attn_backend import reference, tuning
+from hygon_attn_backend import reference
+from hygon_attn_backend.ops.decode import tuning
 from hygon_attn_backend.ops.decode import (allocate_decode_workspace, decode_launch_config,
-                                           paged_decode_attention)
+                                           paged_decode_attention, plan_paged_decode)
 from tests._budget import assert_within_budget
 
 HAS_CUDA = torch.cuda.is_available()
@@ -110,8 +111,16 @@ def run_case(*, num_kv_heads, group, head_dim, page_size, seq_lens, layout, dtyp
     if kv_dtype in reference.FP8_DTYPES:
         kw.update(k_scale=scales[0], v_scale=scales[1])
     out = torch.full_like(q, float("nan"))
+    grid = kw.pop("kv_head_grid", None)
+    if grid is not None:  # the per-query-head baseline: a plan option, not an op option
+        kw["plan"] = plan_paged_decode(
+            table, lens, num_q_heads=q.shape[-2], num_kv_heads=v.shape[1],
+            head_dim=q.shape[-1], page_size=v.shape[2], q_dtype=q.dtype, kv_dtype=v.dtype,
+            num_tokens=1 if q.dim() == 3 else q.shape[1], partition_size=partition_size,
+            kv_head_grid=grid, impl=impl)
     res = paged_decode_attention(q, k, v, table, lens, out=out, partition_size=partition_size,
                                  impl=impl, **kw)
+    kw.pop("plan", None)
     assert res is out
     ref_kw = {key: val for key, val in kw.items() if key not in ("kv_head_grid", "workspace")}
     ref64 = reference.paged_decode_attention(q, k, v, table, lens, **ref_kw,
@@ -137,8 +146,9 @@ def test_decode_matrix(case, partition_size):
 @pytest.mark.parametrize("prefetch", ["0", "1"])
 @pytest.mark.parametrize("page_size,block_n", [(16, 16), (16, 32), (16, 64), (1, 16), (32, 16)])
 def test_page_prefetch_both_ways(monkeypatch, prefetch, page_size, block_n):
-    monkeypatch.setenv("HYGON_ATTN_DECODE_PREFETCH", prefetch)
-    monkeypatch.setenv("HYGON_ATTN_DECODE_BLOCK_N", str(block_n))
+    rule = tuning.tile_config
+    monkeypatch.setattr(tuning, "tile_config", lambda **kw: rule(
+        **{**kw, "tile": (block_n, None, None, prefetch == "1")}))
     run_case(num_kv_heads=1, group=4, head_dim=64, page_size=page_size, seq_lens=[77, 5, 33],
              layout="bshd", dtype=CPU_DTYPE, device=DEV, partition_size=32)
 
@@ -293,17 +303,17 @@ def test_debug_mode_raises_on_bad_block_id(monkeypatch):
 
 
 def test_partition_rule_dcu_baseline_and_env(monkeypatch):
-    assert tuning.decode_partition_size_dcu(8) == 512
-    assert tuning.decode_partition_size_dcu(16) == 256
+    assert tuning.partition_size_dcu(8) == 512
+    assert tuning.partition_size_dcu(16) == 256
     kw = dict(num_seqs=1, num_kv_heads=8, group=4, max_context_len=32768, num_sms=132)
-    assert tuning.decode_partition_size(**kw, rule="dcu") == 512
+    assert tuning.triton_partition_size(**kw, rule="dcu") == 512
     monkeypatch.setenv("PA_PARTITION_SIZE", "1024")
-    assert tuning.decode_partition_size(**kw) == 1024
+    assert tuning.triton_partition_size(**kw) == 1024
     monkeypatch.setenv("HYGON_ATTN_PARTITION_SIZE", "2048")
-    assert tuning.decode_partition_size(**kw) == 2048
+    assert tuning.triton_partition_size(**kw) == 2048
     monkeypatch.setenv("HYGON_ATTN_PARTITION_SIZE", "100")
     with pytest.raises(ValueError, match="HYGON_ATTN_PARTITION_SIZE"):
-        tuning.decode_partition_size(**kw)
+        tuning.triton_partition_size(**kw)
 
 
 @pytest.mark.parametrize("num_seqs,ctx,num_kv_heads,expect_parts", [
@@ -438,12 +448,11 @@ def test_gpu_cuda_graph_capture_with_workspace():
 def test_decode_tile_keeps_the_bytes_in_flight_per_head_dim():
     """``BLOCK_N x D`` ~ 8K elements from D=64 up (measured at D=64 and D=128); the CPU
     tests' tiny dims keep 64; env and explicit tiles still override."""
-    from hygon_attn_backend import tuning
 
-    assert [tuning.decode_block_n(d) for d in (16, 32, 64, 128, 256)] == [64, 64, 128, 64, 32]
-    cfg = tuning.decode_tile_config(block_m=16, head_dim_pad=64, page_size=16, kv_elem_size=2)
+    assert [tuning.block_n_for(d) for d in (16, 32, 64, 128, 256)] == [64, 64, 128, 64, 32]
+    cfg = tuning.tile_config(block_m=16, head_dim_pad=64, page_size=16, kv_elem_size=2)
     assert cfg == (128, 4, 2, True)
-    cfg = tuning.decode_tile_config(block_m=16, head_dim_pad=64, page_size=16, kv_elem_size=2,
+    cfg = tuning.tile_config(block_m=16, head_dim_pad=64, page_size=16, kv_elem_size=2,
                                     tile=(64, None, None, None))
     assert cfg[0] == 64
 
@@ -451,11 +460,10 @@ def test_decode_tile_keeps_the_bytes_in_flight_per_head_dim():
 def test_decode_tile_is_short_for_few_rows_at_head_dim_128():
     """Up to 4 query rows at D=128 on pages of 16+ tokens: BLOCK_N 32 with 3 stages
     (measured); 8 rows, other head_dims, page 1 and an explicit tile keep their own."""
-    from hygon_attn_backend import tuning
-    from hygon_attn_backend.ops.decode_plan import decode_launch_config
+    from hygon_attn_backend.ops.decode import decode_launch_config
 
     def cfg(page_size=16, **kw):
-        return tuning.decode_tile_config(block_m=16, page_size=page_size, kv_elem_size=2, **kw)
+        return tuning.tile_config(block_m=16, page_size=page_size, kv_elem_size=2, **kw)
 
     assert cfg(head_dim_pad=128, rows=4) == (32, 4, 3, True)
     assert cfg(head_dim_pad=128, rows=1) == (32, 4, 3, True)

@@ -10,7 +10,9 @@ CUDA-graph replays that reuse the counters without a memset.
 import pytest
 import torch
 
-from hygon_attn_backend import reference, tuning
+from hygon_attn_backend import reference
+from hygon_attn_backend.ops import _device
+from hygon_attn_backend.ops.decode import tuning
 from hygon_attn_backend.ops.decode import (allocate_decode_workspace, paged_decode_attention,
                                            plan_paged_decode)
 from tests._budget import assert_within_budget
@@ -125,11 +127,11 @@ def test_fused_combine_default_and_fallbacks():
                                        device=DEV)
     kw = dict(num_q_heads=4, num_kv_heads=1, head_dim=64, page_size=16, q_dtype=q.dtype,
               kv_dtype=v.dtype, impl="triton")
-    assert tuning.decode_fused_combine(num_partitions=tuning.DECODE_FUSED_MAX_PARTITIONS)
-    assert not tuning.decode_fused_combine(num_partitions=64)
-    assert not tuning.decode_fused_combine(num_partitions=1)
+    assert tuning.use_fused_combine(num_partitions=tuning.DECODE_FUSED_MAX_PARTITIONS)
+    assert not tuning.use_fused_combine(num_partitions=64)
+    assert not tuning.use_fused_combine(num_partitions=1)
     plan = plan_paged_decode(table, lens, partition_size=16, **kw)
-    assert plan.fused_combine is tuning.decode_fused_combine(
+    assert plan.fused_combine is tuning.use_fused_combine(
         num_partitions=plan.config.num_partitions)
     plan = plan_paged_decode(table, lens, partition_size=32, **kw)  # 3 partitions
     assert plan.config.num_partitions == 3 and plan.fused_combine
@@ -168,13 +170,13 @@ def test_fused_combine_counters_too_small_is_an_error():
 def test_combine_chunk_rule_bounds_registers():
     for rows_pad in (1, 2, 4, 8, 16, 32, 64):
         for d in (64, 128, 256):
-            c = tuning.decode_combine_chunk(rows_pad=rows_pad, head_dim_pad=d, num_warps=4)
+            c = tuning.combine_chunk(rows_pad=rows_pad, head_dim_pad=d, num_warps=4)
             assert 1 <= c <= 16
             assert c == 1 or c * rows_pad * d <= 16 * 32 * 4
             if rows_pad >= 8:  # one partition a step (registers: see the rule's docstring)
                 assert c == 1
     for d in (64, 128, 256):  # the combine kernel alone: 64 values per thread, <= 64
-        c = tuning.decode_combine_chunk(rows_pad=1, head_dim_pad=d, num_warps=4, fused=False)
+        c = tuning.combine_chunk(rows_pad=1, head_dim_pad=d, num_warps=4, fused=False)
         assert c == min(64, 64 * 32 * 4 // d)
 
 
@@ -254,16 +256,16 @@ def test_gpu_pdl_combine_equals_plain_launch_eager_and_replayed(monkeypatch):
 def test_pdl_rule_env_and_devices(monkeypatch):
     """Never on a CPU tensor's plan, off with HYGON_ATTN_DECODE_PDL=0, a bad value named."""
     monkeypatch.setenv("HYGON_ATTN_DECODE_PDL", "1")
-    assert tuning.decode_combine_pdl(torch.device("cpu")) is False
+    assert tuning.combine_pdl(torch.device("cpu")) is False
     monkeypatch.setenv("HYGON_ATTN_DECODE_PDL", "0")
-    assert tuning.decode_combine_pdl(torch.device("cuda")) is False
+    assert tuning.combine_pdl(torch.device("cuda")) is False
     if HAS_CUDA:  # the default: on where the GPU has it
         monkeypatch.delenv("HYGON_ATTN_DECODE_PDL")
-        want = torch.cuda.get_device_capability()[0] >= 9 and not tuning.gpu_is_hip()
-        assert tuning.decode_combine_pdl(torch.device("cuda")) is want
+        want = torch.cuda.get_device_capability()[0] >= 9 and not _device.gpu_is_hip()
+        assert tuning.combine_pdl(torch.device("cuda")) is want
     monkeypatch.setenv("HYGON_ATTN_DECODE_PDL", "yes")
     with pytest.raises(ValueError, match="HYGON_ATTN_DECODE_PDL"):
-        tuning.decode_combine_pdl(torch.device("cuda"))
+        tuning.combine_pdl(torch.device("cuda"))
 
 
 # ----------------------------------------------------------------------------- per-sequence split
@@ -275,7 +277,7 @@ def test_per_sequence_split_spreads_short_sequences(monkeypatch, fused):
     sequence then splits its own length: a short sequence in a grid sized for a long one
     (a CUDA graph sized for the cache) still uses several partitions. Checked through the
     scratch each partition writes, against the host mirror, and against the reference."""
-    from hygon_attn_backend.ops.decode_plan import seq_partitions
+    from hygon_attn_backend.ops.decode.tuning import seq_partitions
 
     monkeypatch.setattr(tuning, "DECODE_MIN_PARTITION", 16)
     monkeypatch.delenv("HYGON_ATTN_PARTITION_SIZE", raising=False)

@@ -37,7 +37,7 @@ def _vllm_run(model_dir, backend, tmp_path):
 @pytest.mark.slow
 def test_vllm_preemption_and_abort_match_default_backend(tmp_path):
     pytest.importorskip("vllm")
-    from hygon_attn_backend import demo
+    from hygon_attn_backend.tools.demo import engine as demo
 
     model_dir = demo.build_tiny_llama(str(tmp_path / "model"))
     ours = _vllm_run(model_dir, "hygon", tmp_path)

@@ -34,12 +34,7 @@ def test_no_other_module_reads_the_environment_for_our_variables():
     ("HYGON_ATTN_IMPL", "cuda", envs.impl),
     ("HYGON_ATTN_PARTITION_SIZE", "100", envs.decode_partition_size),
     ("PA_PARTITION_SIZE", "x", envs.decode_partition_size),
-    ("HYGON_ATTN_DECODE_BLOCK_N", "48", envs.decode_tile),
-    ("HYGON_ATTN_PREFILL_TILE", "64,32,4", envs.prefill_tile),
-    ("HYGON_ATTN_WRITE_KV_BLOCK_H", "3", envs.write_kv_block_h),
-    ("HYGON_ATTN_NATIVE_STAGES", "5", envs.native_stages),
-    ("HYGON_ATTN_NATIVE_SPLIT_N", "2", envs.native_split_n),
-    ("HYGON_ATTN_NATIVE_TILE", "48", envs.native_tile),
+    ("HYGON_ATTN_DECODE_PDL", "yes", envs.decode_pdl),
 ])
 def test_bad_values_name_the_variable(name, value, accessor, monkeypatch):
     monkeypatch.setenv(name, value)
@@ -50,10 +45,8 @@ def test_bad_values_name_the_variable(name, value, accessor, monkeypatch):
 def test_values_parse(monkeypatch):
     monkeypatch.setenv("HYGON_ATTN_PARTITION_SIZE", "2048")
     monkeypatch.setenv("PA_PARTITION_SIZE", "512")
-    monkeypatch.setenv("HYGON_ATTN_DECODE_PREFETCH", "0")
-    monkeypatch.setenv("HYGON_ATTN_PREFILL_TILE", "128,64,8,3")
+    monkeypatch.setenv("HYGON_ATTN_DECODE_PDL", "0")
     assert envs.decode_partition_size() == 2048
-    assert envs.decode_tile()[3] is False
-    assert envs.prefill_tile() == (128, 64, 8, 3)
+    assert envs.decode_pdl() is False
     monkeypatch.delenv("HYGON_ATTN_PARTITION_SIZE")
     assert envs.decode_partition_size() == 512

@@ -9,8 +9,8 @@ import io
 import pytest
 import torch
 
-from hygon_attn_backend import fuzz
-from hygon_attn_backend.__main__ import build_parser
+from hygon_attn_backend.tools import fuzz
+from hygon_attn_backend.tools.cli import build_parser
 
 CPU = torch.device("cpu")
 SLICE = {"decode": 24, "prefill": 24, "write_kv": 32, "copy_blocks": 24}
@@ -36,7 +36,7 @@ def test_a_case_is_a_function_of_seed_and_index(op):
 
 def test_a_failure_prints_seed_case_and_rerun_line(monkeypatch):
     """A case that raises is a failure: reported with the line that reruns it alone."""
-    from hygon_attn_backend.fuzz import cache
+    from hygon_attn_backend.tools.fuzz import cache
 
     def broken(rng, prof, device, tiny):
         raise RuntimeError("planted")
@@ -58,7 +58,7 @@ def test_shards_partition_the_cases():
 
 def test_skip_resumes_a_shard_after_its_first_cases(monkeypatch):
     """--skip N leaves out exactly the shard's first N cases (the ones a stopped run did)."""
-    from hygon_attn_backend.fuzz import cache
+    from hygon_attn_backend.tools.fuzz import cache
     seen = []
 
     def record(rng, prof, device, tiny):
@@ -155,7 +155,7 @@ def test_a_gpu_run_compiles_a_bounded_number_of_kernels(op):
     """The GPU-sized cases (4 per profile here) launch at most KEYS_PER_PROFILE distinct
     Triton specialisations per profile: a case that changes a stride's class, a dtype or
     a constexpr would make a 10,000-case run compile-bound again."""
-    from hygon_attn_backend.fuzz import speckeys
+    from hygon_attn_backend.tools.fuzz import speckeys
 
     cases = 4 * fuzz.NUM_PROFILES[op]
     res = speckeys.count_keys(op, cases=cases, seed=20261130, shards=8)
@@ -168,7 +168,7 @@ def test_a_gpu_run_compiles_a_bounded_number_of_kernels(op):
 def test_table_width_keeps_its_class():
     import random
 
-    from hygon_attn_backend.fuzz.problems import table_width
+    from hygon_attn_backend.tools.fuzz.problems import table_width
 
     rng = random.Random(0)
     for needed in (0, 1, 2, 15, 16, 17, 31, 32, 100):
@@ -185,7 +185,7 @@ def test_speckeys_follow_tritons_specialisation():
     import triton
     import triton.language as tl
 
-    from hygon_attn_backend.fuzz.speckeys import launch_key
+    from hygon_attn_backend.tools.fuzz.speckeys import launch_key
 
     @triton.jit(do_not_specialize=["n"])
     def kern(x_ptr, stride, n, BLOCK: tl.constexpr):
@@ -208,7 +208,7 @@ def test_speckeys_follow_tritons_specialisation():
 def test_profiles_cover_every_listed_value():
     """Over one seed's profiles (GPU sizes) every layout, page size, group, head_dim, cache
     dtype and flag of the issue's list appears."""
-    from hygon_attn_backend.fuzz import problems as pb
+    from hygon_attn_backend.tools.fuzz import problems as pb
 
     for op, layouts in (("decode", pb.ALL_LAYOUTS), ("prefill", pb.ATTN_LAYOUTS)):
         profs = fuzz.profiles_for(op, 3, tiny=False)
@@ -239,7 +239,7 @@ def test_profile_writes_a_readable_profile(tmp_path):
 
 
 def test_budget_floor_is_two_ulps_at_the_outputs_magnitude():
-    from hygon_attn_backend.fuzz.budget import FLOOR, budget_error, output_floor
+    from hygon_attn_backend.tools.fuzz.budget import FLOOR, budget_error, output_floor
 
     bf16 = torch.bfloat16
     assert output_floor(bf16, 0.5, FLOOR[bf16]) == FLOOR[bf16]  # small outputs: the floor

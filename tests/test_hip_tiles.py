@@ -1,9 +1,9 @@
-"""The Triton kernels' tiles fit AMD/Hygon GPUs: every tile ``tuning.prefill_tile_config_hip``
-can return, and the decode tiles of ``tuning.decode_tile_config`` at the head dims and
+"""The Triton kernels' tiles fit AMD/Hygon GPUs: every tile ``tuning.tile_config_hip``
+can return, and the decode tiles of ``ops.decode.tuning.tile_config`` at the head dims and
 groups that change them, compiled for gfx90a by the installed Triton's AMD backend (no GPU
 needed), use at most the 64 KB of LDS a workgroup gets and spill no VGPR. (The NVIDIA
 prefill tiles do not: 128 x 128 / 8 warps / 3 stages needs 96 KB, and Triton refuses to
-launch it there; docs/notes-prefill.md v9.)"""
+launch it there; docs/history.md.)"""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from hygon_attn_backend import tuning
+from hygon_attn_backend.ops.prefill import tuning
 
 SCRIPTS = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "scripts"))
 
@@ -26,7 +26,7 @@ def _hip_tiles():
         for group_pow2 in (1, 2, 4, 8, 16, 32, 64, 128, 256):
             for fills in (False, True):
                 try:
-                    tile = tuning.prefill_tile_config_hip(head_dim_pad=head_dim,
+                    tile = tuning.tile_config_hip(head_dim_pad=head_dim,
                                                           group_pow2=group_pow2,
                                                           fills_sms=fills)
                 except ValueError:
@@ -92,11 +92,11 @@ def gfx90a_decode_resources():
         f"sys.path.insert(0, {SCRIPTS!r})\n"
         "from decode_ptxas import compile_config\n"
         "from prefill_ptxas import amdgcn_resources\n"
-        "from hygon_attn_backend import tuning\n"
+        "from hygon_attn_backend.ops.decode import tuning\n"
         "out = []\n"
         "for head_dim, group, split in json.loads(sys.argv[1]):\n"
         "    rows = 1 << max(0, (group - 1).bit_length())\n"
-        "    tile = tuning.decode_tile_config(block_m=max(16, rows), head_dim_pad=head_dim,\n"
+        "    tile = tuning.tile_config(block_m=max(16, rows), head_dim_pad=head_dim,\n"
         "                                     page_size=16, kv_elem_size=2, rows=group)\n"
         "    c, _ = compile_config(group, tile[0], tile[2], split, warps=tile[1],\n"
         "                          head_dim=head_dim, target=('hip', 'gfx90a', 64))\n"

@@ -210,7 +210,7 @@ def test_layer_binding_serves_every_step_and_equals_run(device):
 
 
 def test_vllm_layer_keeps_its_binding_until_the_cache_changes():
-    from hygon_attn_backend.integrations.vllm import _core
+    from hygon_attn_backend.integrations.vllm import step as _core
 
     spec = _core.LayerSpec(num_heads=8, num_kv_heads=2, head_size=64, scale=0.125)
     kv = torch.zeros(4, 16, 2, 128, dtype=torch.float16)

@@ -19,10 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from hygon_attn_backend import native, reference, tuning
+from hygon_attn_backend import native, reference
+from hygon_attn_backend.ops.cache import tuning as cache_tuning
+from hygon_attn_backend.ops.decode import tuning
+from hygon_attn_backend.ops.prefill import tuning as prefill_tuning
 from hygon_attn_backend.ops._dispatch import select_impl
 from hygon_attn_backend.ops.decode import allocate_decode_workspace, paged_decode_attention
-from hygon_attn_backend.ops.decode_plan import plan_paged_decode
+from hygon_attn_backend.ops.decode import plan_paged_decode
 from tests._budget import assert_within_budget
 from tests.test_cache_ops import LAYOUT_NAMES, _run_copy_case, _run_write_case, _seed
 from tests.test_decode import make_cache, make_table, run_case
@@ -52,9 +55,8 @@ def test_native_decode_groups(group, partition_size):
 @pytest.mark.skipif(HAS_CUDA and bool(torch.version.hip), reason="the NVIDIA rule (HIP: native always)")
 def test_auto_decode_on_nvidia_follows_the_grid(monkeypatch):
     """impl="auto" on NVIDIA: the native decode for a grid of >= 1.5 (sequence, KV head)
-    programs an SM (tuning.native_decode_preferred_nvidia), Triton for a small batch; the
+    programs an SM (tuning.native_preferred_nvidia), Triton for a small batch; the
     large-grid answer is right by the reference (run_case), ragged lengths included."""
-    monkeypatch.delenv("HYGON_ATTN_NATIVE_AUTO", raising=False)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     hkv, group = 8, 4
     big = -(-int(tuning.NATIVE_DECODE_MIN_PROGRAMS_PER_SM * sms) // hkv) + 1
@@ -188,37 +190,29 @@ def test_native_decode_output_layouts(kind, out_dtype, partition_size):
 
 
 @gpu
-@pytest.mark.parametrize("split_n,stages,tile", [("0", "2", "64"), ("1", "2", "64"), ("1", "3", "64"),
-                                                ("1", "4", "64"), ("1", "2", "32"), ("1", "3", "32"),
-                                                ("1", "4", "32")])
+@pytest.mark.parametrize("split_n,stages", [("0", "2"), ("1", "2"), ("1", "3")])
 @pytest.mark.parametrize("partition_size", [None, 256])
 @pytest.mark.parametrize("head_dim,group", [(64, 1), (128, 8), (96, 16)])
-def test_native_decode_both_loops(monkeypatch, split_n, stages, tile, partition_size, head_dim,
+def test_native_decode_both_loops(monkeypatch, split_n, stages, partition_size, head_dim,
                                   group):
-    """Groups up to 16 at head_dim <= 128 run the split-N loop on mma.sync GPUs, with 2-4
-    cp.async stages (HYGON_ATTN_NATIVE_STAGES; partitions of 256 tokens are 4-8 tiles,
-    fewer than some prologues, and 1000 tokens unsplit are 16-32) and 32- or 64-token tiles
-    (HYGON_ATTN_NATIVE_TILE; at 32 two warps share a token slice and split O's channels);
-    HYGON_ATTN_NATIVE_SPLIT_N=0 runs the shared-softmax loop on the same cases."""
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_SPLIT_N", split_n)
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_STAGES", stages)
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_TILE", tile)
+    """Groups up to 16 at head_dim <= 128 run the split-N loop on mma.sync GPUs, with 2 or 3
+    cp.async stages of 64-token tiles (partitions of 256 tokens are 4 tiles, 1000 tokens
+    unsplit 16); the shared-softmax loop (loop_stages 0) runs the same cases."""
+    monkeypatch.setattr(tuning, "native_loop_stages",
+                        lambda split_n=True: int(stages) if split_n and split_n_on else 0)
+    split_n_on = split_n == "1"
     _native_case(num_kv_heads=2, group=group, head_dim=head_dim, page_size=16,
                  seq_lens=[1000, 1, 77, 0], layout="bshd", dtype=torch.bfloat16,
                  partition_size=partition_size, sinks=torch.randn(2 * group, device="cuda"),
                  sliding_window=500)
 
 
-def test_native_stage_rule(monkeypatch):
-    """tuning.native_decode_stages: 3 stages (every grid measured), the split-N switch,
-    the override."""
-    monkeypatch.delenv("HYGON_ATTN_NATIVE_STAGES", raising=False)
-    monkeypatch.delenv("HYGON_ATTN_NATIVE_SPLIT_N", raising=False)
-    assert tuning.native_decode_stages() == 3
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_STAGES", "4")
-    assert tuning.native_decode_stages() == 4
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_SPLIT_N", "0")
-    assert tuning.native_decode_stages() == 0
+def test_native_stage_rule():
+    """tuning.native_loop_stages: 3 stages of 64-token tiles (every grid measured), 0 (the
+    shared-softmax loop) when the split-N loop is turned off."""
+    assert tuning.native_loop_stages() == 3
+    assert tuning.native_loop_stages(split_n=False) == 0
+    assert tuning.NATIVE_LOOP_TILE == 64
 
 
 @gpu
@@ -263,8 +257,7 @@ def test_native_decode_call_args_resolved_once(monkeypatch):
     window) and the plan's side (workspace, partitions, loop, combine launch, L2 policy)
     are built once and reach the op in its schema's order; per call only q and out change.
     CPU: the op is a recorder standing in for torch.ops.hygon_attn."""
-    from hygon_attn_backend.ops import _native
-    from hygon_attn_backend.ops.decode_plan import DecodeLayer, plan_paged_decode
+    from hygon_attn_backend.ops.decode import DecodeLayer, plan_paged_decode
 
     calls = []
 
@@ -273,7 +266,7 @@ def test_native_decode_call_args_resolved_once(monkeypatch):
         def paged_decode(*args):
             calls.append(args)
 
-    monkeypatch.setattr(_native, "_ops", lambda: Ops)
+    monkeypatch.setattr(native, "load", lambda: Ops)
     B, hq, hkv, d, page, ctx = 2, 8, 2, 64, 16, 512
     k = torch.zeros(B * ctx // page, hkv, page, d, dtype=torch.bfloat16)
     table = torch.arange(k.shape[0], dtype=torch.int32).view(B, -1)
@@ -309,13 +302,13 @@ def test_native_decode_call_args_resolved_once(monkeypatch):
 def test_native_decode_rows_per_program():
     """The partition rule counts the programs the launch makes: 64-row programs, 32-row
     ones on HIP past head_dim 64 (dispatch_rows: the 64-row layout is past 64 KB there)."""
-    from hygon_attn_backend.ops import _native
+    from hygon_attn_backend.ops.decode import native as _native
 
-    assert _native.decode_rows_per_program(128, is_hip=False) == 64
-    assert _native.decode_rows_per_program(128, is_hip=True) == 32
-    assert _native.decode_rows_per_program(256, is_hip=True) == 32
-    assert _native.decode_rows_per_program(64, is_hip=True) == 64
-    progs = functools.partial(_native.decode_grid_programs, num_seqs=2, num_kv_heads=4)
+    assert _native.rows_per_program(128, is_hip=False) == 64
+    assert _native.rows_per_program(128, is_hip=True) == 32
+    assert _native.rows_per_program(256, is_hip=True) == 32
+    assert _native.rows_per_program(64, is_hip=True) == 64
+    progs = functools.partial(_native.grid_programs, num_seqs=2, num_kv_heads=4)
     assert progs(rows=64, head_dim=128, is_hip=False) == 8
     assert progs(rows=64, head_dim=128, is_hip=True) == 16
     assert progs(rows=33, head_dim=256, is_hip=True) == 16
@@ -323,28 +316,16 @@ def test_native_decode_rows_per_program():
     assert progs(rows=130, head_dim=64, is_hip=True) == 24
 
 
-def test_native_tile_rule(monkeypatch):
-    """tuning.native_decode_tile: the measured default, the override, a bad value named."""
-    monkeypatch.delenv("HYGON_ATTN_NATIVE_TILE", raising=False)
-    assert tuning.native_decode_tile() in (32, 64)
-    for forced in ("32", "64"):
-        monkeypatch.setenv("HYGON_ATTN_NATIVE_TILE", forced)
-        assert tuning.native_decode_tile() == int(forced)
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_TILE", "48")
-    with pytest.raises(ValueError, match="HYGON_ATTN_NATIVE_TILE must be 32 or 64"):
-        tuning.native_decode_tile()
-
-
 @pytest.mark.parametrize("programs,ctx", [(8, 32768), (8, 131072), (32, 32768), (512, 4096),
                                           (512, 16384), (8192, 2048), (64, 8192), (1, 300)])
 @pytest.mark.parametrize("per_sm", [2, 3])
 def test_native_partition_rule(programs, ctx, per_sm):
-    """tuning.native_decode_partition_size: whole tiles of at least 256 tokens (or the
+    """tuning.native_partition_size: whole tiles of at least 256 tokens (or the
     whole context), and a grid that is never worse, by the rule's own cost, than unsplit
     or than the Triton rule's partition count."""
     sms, block_n = 132, 64
     slots = per_sm * sms
-    size = tuning.native_decode_partition_size(programs=programs, max_context_len=ctx,
+    size = tuning.native_partition_size(programs=programs, max_context_len=ctx,
                                                block_n=block_n, programs_per_sm=per_sm,
                                                num_sms=sms)
     tiles = -(-ctx // block_n)
@@ -358,12 +339,12 @@ def test_native_partition_rule(programs, ctx, per_sm):
 
     parts = -(-ctx // size)
     assert cost(parts) <= cost(1)
-    triton_size = tuning.decode_partition_size(num_seqs=programs, num_kv_heads=1, group=1,
+    triton_size = tuning.triton_partition_size(num_seqs=programs, num_kv_heads=1, group=1,
                                                max_context_len=ctx, num_sms=sms)
     assert cost(parts) <= cost(-(-ctx // triton_size))
     if 2 * programs >= tuning.NATIVE_MAX_WAVES * slots:  # many waves already: no split
         assert parts == 1
-    capped = tuning.native_decode_partition_size(
+    capped = tuning.native_partition_size(
         programs=programs, max_context_len=ctx, block_n=block_n, programs_per_sm=per_sm,
         num_sms=sms, max_partitions=2)
     assert -(-ctx // capped) <= 2
@@ -406,42 +387,32 @@ def test_native_combine_more_partitions_than_one_block(head_dim):
 
 
 @gpu
-def test_native_decode_bad_stages(monkeypatch):
-    """A bad stage count is refused when the call is planned (the variable named), and the
-    native op itself refuses a loop it has no code for."""
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_STAGES", "5")
-    with pytest.raises(ValueError, match="HYGON_ATTN_NATIVE_STAGES must be 2, 3 or 4"):
-        _native_case(num_kv_heads=2, group=4, head_dim=128, page_size=16, seq_lens=[100],
-                     layout="bshd", dtype=torch.bfloat16, partition_size=None)
-    monkeypatch.delenv("HYGON_ATTN_NATIVE_STAGES")
+def test_native_decode_bad_loop():
+    """The native op refuses a loop it has no code for (stages other than 0, 2, 3; a tile
+    other than 64), in the launch and in the occupancy query."""
     q = torch.randn(1, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(2, 2, 16, 128, dtype=torch.bfloat16, device="cuda")
     table = torch.zeros(1, 1, dtype=torch.int32, device="cuda")
     lens = torch.full((1,), 5, dtype=torch.int32, device="cuda")
-    with pytest.raises(RuntimeError, match="loop_stages must be 0, 2, 3 or 4"):
-        native.load().paged_decode(torch.empty_like(q), q, k, k, table, lens, None, None, None,
-                                   q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, 5, 64, False, 0)
-    with pytest.raises(RuntimeError, match="loop_tile 32 or 64"):
-        native.load().paged_decode(torch.empty_like(q), q, k, k, table, lens, None, None, None,
-                                   q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, 3, 48, False, 0)
+    for stages, tile in ((4, 64), (5, 64), (3, 32)):
+        with pytest.raises(RuntimeError, match="loop_stages must be 0|loop_tile must be 64"):
+            native.load().paged_decode(torch.empty_like(q), q, k, k, table, lens, None, None,
+                                       None, q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, stages,
+                                       tile, False, 0)
+        with pytest.raises(RuntimeError, match="loop_stages must be 0|loop_tile must be 64"):
+            native.load().decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16,
+                                                 stages, tile)
 
 
 @gpu
 def test_native_decode_occupancy_query():
-    """The occupancy the partition rule plans with: at least one program an SM, fewer as
-    the split-N loop's stages (35 KB each at head_dim 128, 17.5 KB with 32-token tiles)
-    grow, more with the smaller tile, and -1 for a loop the kernel has no code for."""
+    """The occupancy the partition rule plans with: at least one program an SM, no more
+    with 3 stages of 35 KB than with 2."""
     ops = native.load()
-    for tile in (32, 64):
-        per = {s: ops.decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16, s, tile)
-               for s in (0, 2, 3, 4)}
-        assert min(per.values()) >= 1, per
-        assert per[2] >= per[3] >= per[4] and per[2] > per[4], per
-    small = ops.decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16, 3, 32)
-    big = ops.decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16, 3, 64)
-    assert small > big, (small, big)
-    assert ops.decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16, 5, 64) == -1
-    assert ops.decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16, 3, 16) == -1
+    per = {s: ops.decode_programs_per_sm(torch.bfloat16, torch.bfloat16, 128, 16, s, 64)
+           for s in (0, 2, 3)}
+    assert min(per.values()) >= 1, per
+    assert per[2] >= per[3], per
 
 
 @gpu
@@ -649,29 +620,25 @@ def test_native_choice_on_cpu():
     assert select_impl("auto", cpu, native_preferred=True) in ("triton", "reference")
 
 
-def test_native_preferred_rule(monkeypatch):
-    monkeypatch.delenv("HYGON_ATTN_NATIVE_AUTO", raising=False)
-    for op in ("decode", "write_kv", "copy_blocks"):
-        assert tuning.native_preferred(op, is_hip=True)
-        assert not tuning.native_preferred(op, is_hip=False, group=8)  # no decode shape given
-    assert tuning.native_preferred("prefill", is_hip=False)
-    assert not tuning.native_preferred("prefill", is_hip=True)
-    # NVIDIA decode: native on the measured domain only (tuning.native_decode_preferred_nvidia)
-    step = dict(is_hip=False, group=4, head_dim=128, num_tokens=1, programs=64 * 8, num_sms=132)
-    assert tuning.native_preferred("decode", **step)
+def test_native_preferred_rule():
+    for rule in (tuning.native_preferred, cache_tuning.native_preferred):
+        assert rule(is_hip=True, **({} if rule is cache_tuning.native_preferred else dict(
+            group=8, head_dim=64, num_tokens=1, programs=1, num_sms=132, same_kv_dtype=True)))
+    assert not cache_tuning.native_preferred(is_hip=False)
+    assert prefill_tuning.native_preferred(is_hip=False)
+    assert not prefill_tuning.native_preferred(is_hip=True)
+    # NVIDIA decode: native on the measured domain only (tuning.native_preferred_nvidia)
+    step = dict(is_hip=False, group=4, head_dim=128, num_tokens=1, programs=64 * 8, num_sms=132,
+                same_kv_dtype=True)
+    assert tuning.native_preferred(**step)
     edge = int(tuning.NATIVE_DECODE_MIN_PROGRAMS_PER_SM * 132)
-    assert tuning.native_preferred("decode", **{**step, "programs": edge + 1})
-    assert not tuning.native_preferred("decode", **{**step, "programs": edge - 1})  # splits
+    assert tuning.native_preferred(**{**step, "programs": edge + 1})
+    assert not tuning.native_preferred(**{**step, "programs": edge - 1})  # splits
     for change in ({"group": 1}, {"group": 32}, {"head_dim": 64}, {"head_dim": 256},
                    {"num_tokens": 2}, {"same_kv_dtype": False}, {"programs": 8 * 8}):
-        assert not tuning.native_preferred("decode", **{**step, **change}), change
+        assert not tuning.native_preferred(**{**step, **change}), change
     for group in (2, 8, 16):
-        assert tuning.native_preferred("decode", **{**step, "group": group})
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_AUTO", "1")
-    assert tuning.native_preferred("decode", is_hip=False)
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_AUTO", "yes")
-    with pytest.raises(ValueError, match="HYGON_ATTN_NATIVE_AUTO"):
-        tuning.native_preferred("decode", is_hip=False)
+        assert tuning.native_preferred(**{**step, "group": group})
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the CPU-torch message is checked on CPU torch only")

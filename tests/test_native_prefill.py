@@ -13,8 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hygon_attn_backend import reference, tuning
-from hygon_attn_backend.ops import _native
+from hygon_attn_backend import reference
+from hygon_attn_backend.ops.prefill import tuning
+from hygon_attn_backend.ops.prefill import native as _native
 from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
 from tests._budget import assert_within_budget
 from tests.test_prefill import GPU_CASES, Case, make_inputs, run_case
@@ -108,7 +109,7 @@ def test_native_prefill_graph_replay():
     plan = plan_prefix_prefill(cu, lens, total_q=q.shape[0], num_q_heads=q.shape[1],
                                num_kv_heads=k_cache.shape[1], head_dim=128,
                                host_cu_seqlens_q=cu.cpu(), q_dtype=q.dtype, impl="native")
-    assert plan.impl == "native" and plan.block_m == _native.PREFILL_BLOCK_M
+    assert plan.impl == "native" and plan.block_m == _native.BLOCK_M
     out = torch.empty_like(q)
     static_q = q.clone()
     run = lambda: prefix_prefill_attention(static_q, k_cache, v_cache, table, cu, lens,
@@ -133,15 +134,10 @@ def test_native_prefill_graph_replay():
 
 
 @gpu
-@pytest.mark.parametrize("persistent", ["0", "1"])
-@pytest.mark.parametrize("knobs", [("0", "0"), ("1", "1")])
-def test_native_prefill_launch_variants(persistent, knobs, monkeypatch):
-    """One program per work item or persistent programs; with and without the ping-pong
-    turns and the intra-warpgroup overlap: the same results."""
+def test_native_prefill_ragged_batch_with_new_keys():
+    """The persistent launch over a ragged batch with empty and one-token requests and
+    dense new keys: the same results as the reference."""
     _need_sm90()
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_PREFILL_PERSISTENT", persistent)
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_PREFILL_PINGPONG", knobs[0])
-    monkeypatch.setenv("HYGON_ATTN_NATIVE_PREFILL_OVERLAP", knobs[1])
     case = Case("n_variants", (0, 700, 33, 0), (900, 130, 1, 2), group=4, kv_heads=2, page=16,
                 head_dim=128, dtype=torch.bfloat16, k_new=True)
     run_case(case, torch.device("cuda"), impl="native")
@@ -177,40 +173,40 @@ def test_native_prefill_needs_a_gpu():
 
 def test_native_prefill_reasons():
     cpu = torch.device("cpu")
-    assert "sm_90" in _native.prefill_device_unsupported(cpu)
+    assert "sm_90" in _native.device_unsupported(cpu)
     shape = dict(head_dim=128, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, group=4)
-    assert _native.prefill_shape_unsupported(**shape) is None
-    assert "head_dim 64" in _native.prefill_shape_unsupported(**dict(shape, head_dim=64))
-    assert "fp8" in _native.prefill_shape_unsupported(
+    assert _native.shape_unsupported(**shape) is None
+    assert "head_dim 64" in _native.shape_unsupported(**dict(shape, head_dim=64))
+    assert "fp8" in _native.shape_unsupported(
         **dict(shape, kv_dtype=torch.float8_e5m2))
-    assert "group 256" in _native.prefill_shape_unsupported(**dict(shape, group=256))
+    assert "group 256" in _native.shape_unsupported(**dict(shape, group=256))
     k = torch.zeros(4, 2, 16, 128, dtype=torch.float8_e4m3fn)
-    assert "fp8" in _native.prefill_layer_unsupported(k, k)
+    assert "fp8" in _native.layer_unsupported(k, k)
     k16 = torch.zeros(4, 2, 16, 128, dtype=torch.bfloat16)
-    assert _native.prefill_layer_unsupported(k16, k16) is None
+    assert _native.layer_unsupported(k16, k16) is None
     # a view whose rows start 2 elements apart is not 16-byte aligned
     odd = torch.zeros(4, 2, 16, 130, dtype=torch.bfloat16)[..., 2:]
-    assert "aligned" in _native.prefill_layer_unsupported(odd, odd)
+    assert "aligned" in _native.layer_unsupported(odd, odd)
     q = torch.zeros(6, 8, 128, dtype=torch.bfloat16)
-    assert _native.prefill_call_unsupported(q, q, None, None) is None
-    assert "q" in _native.prefill_call_unsupported(q[..., ::2].expand(6, 8, 64), q, None, None)
+    assert _native.call_unsupported(q, q, None, None) is None
+    assert "q" in _native.call_unsupported(q[..., ::2].expand(6, 8, 64), q, None, None)
     # q's base 4 elements past an aligned one: 8 bytes, not 16; out needs only 4 bytes
     flat = torch.zeros(6 * 8 * 128 + 4, dtype=torch.bfloat16)
     shifted = flat[4:].view(6, 8, 128)
-    assert "q rows not 16-byte" in _native.prefill_call_unsupported(shifted, q, None, None)
-    assert _native.prefill_call_unsupported(q, shifted, None, None) is None
+    assert "q rows not 16-byte" in _native.call_unsupported(shifted, q, None, None)
+    assert _native.call_unsupported(q, shifted, None, None) is None
     # a stride that breaks the alignment counts only on an axis longer than 1
     rows = torch.zeros(1, 8, 130, dtype=torch.bfloat16)[..., :128]  # head stride 130
-    assert _native.prefill_call_unsupported(rows[:, :1], rows[:, :1], None, None) is None
-    assert "q" in _native.prefill_call_unsupported(rows, q[:1], None, None)
-    assert "k_new" in _native.prefill_call_unsupported(q, q, rows.expand(6, 8, 128), q)
+    assert _native.call_unsupported(rows[:, :1], rows[:, :1], None, None) is None
+    assert "q" in _native.call_unsupported(rows, q[:1], None, None)
+    assert "k_new" in _native.call_unsupported(q, q, rows.expand(6, 8, 128), q)
 
 
 def test_native_prefill_auto_rule():
     """NVIDIA takes the native prefill (the plan keeps GPUs without it on Triton); HIP has
     no native prefill."""
-    assert tuning.native_preferred("prefill", is_hip=False) is True
-    assert tuning.native_preferred("prefill", is_hip=True) is False
+    assert tuning.native_preferred(is_hip=False) is True
+    assert tuning.native_preferred(is_hip=True) is False
 
 
 @gpu

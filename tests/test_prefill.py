@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from hygon_attn_backend import reference, tuning
-from hygon_attn_backend.ops import prefill_plan
+from hygon_attn_backend import reference
+from hygon_attn_backend.ops.prefill import tuning
+from hygon_attn_backend.ops.prefill import plan as prefill_plan
 from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
 
 try:
@@ -27,6 +28,12 @@ except ImportError:  # imported as a module by scripts/prefill_gpu.py
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
+
+def force_tile(monkeypatch, tile: str) -> None:
+    """Force the prefill tile "BLOCK_M,BLOCK_N,warps,stages" for the plans the op builds."""
+    value = tuple(int(x) for x in tile.split(","))
+    monkeypatch.setattr(tuning, "tile_config", lambda **kw: value)
+
 
 
 @dataclass(frozen=True)
@@ -218,12 +225,12 @@ def test_prefill_gpu_cache_over_2g_elements():
     ("128,64,8,2", 128, 4), ("64,64,4,2", 128, 4), ("256,16,16,2", 128, 256),
     ("64,32,4,2", 256, 4), ("128,16,8,2", 256, 128)])
 def test_prefill_gpu_hip_tiles(tile, head_dim, group, monkeypatch):
-    """The tiles AMD/Hygon GPUs get (tuning.prefill_tile_config_hip), checked for numbers on
+    """The tiles AMD/Hygon GPUs get (tuning.tile_config_hip), checked for numbers on
     the CUDA GPU (the kernel is the same source; the tiles are its constexprs): paged and
     dense keys, page 16 and 1, odd lengths."""
     if not HAS_CUDA:
         pytest.skip("needs a CUDA GPU")
-    monkeypatch.setenv("HYGON_ATTN_PREFILL_TILE", tile)
+    force_tile(monkeypatch, tile)
     kv = 1 if group > 64 else 2
     run_case(Case("hip_" + tile, (0, 333, 1000), (300, 17, 129), group=group, kv_heads=kv,
                   page=16, head_dim=head_dim, dtype=torch.bfloat16), torch.device("cuda"))
@@ -234,7 +241,7 @@ def test_prefill_gpu_hip_tiles(tile, head_dim, group, monkeypatch):
 @pytest.mark.parametrize("tile", ["32,16,4,1", "64,32,4,1"])
 def test_prefill_larger_tiles(tile, device, monkeypatch):
     """Several tokens per M tile (GQA rows packed) and several pages per N tile."""
-    monkeypatch.setenv("HYGON_ATTN_PREFILL_TILE", tile)
+    force_tile(monkeypatch, tile)
     run_case(Case("tile_" + tile, (0, 21, 40, 5), (17, 9, 1, 33), group=5, page=16), device)
     run_case(Case("tile_knew_" + tile, (0, 21, 40, 5), (17, 9, 1, 33), group=4, page=1,
                   k_new=True, causal=False), device)
@@ -282,32 +289,31 @@ def test_prefill_host_tile_map_equals_device(lens, tok_m):
     assert int((host[0] >= 0).sum()) == sum(-(-n // tok_m) for n in lens)
 
 
-def test_prefill_tile_config_pinned(monkeypatch):
-    monkeypatch.delenv("HYGON_ATTN_PREFILL_TILE", raising=False)
-    nv = functools.partial(tuning.prefill_tile_config, is_hip=False)
+def test_prefill_tile_config_pinned():
+    nv = functools.partial(tuning.tile_config, is_hip=False)
     assert nv(head_dim_pad=128, group=4, total_q=8192, num_kv_heads=8) == (256, 64, 16, 3)
     assert nv(head_dim_pad=128, group=4, total_q=4096, num_kv_heads=8,
               num_seqs=32) == (256, 64, 16, 3)
     assert nv(head_dim_pad=128, group=4, total_q=256, num_kv_heads=8,
               num_seqs=2) == (64, 64, 4, 3)
     assert nv(head_dim_pad=256, group=4, total_q=8192, num_kv_heads=8) == (64, 64, 4, 2)
-    assert tuning.prefill_tile_config(head_dim_pad=128, group=16, total_q=8, num_kv_heads=1,
+    assert tuning.tile_config(head_dim_pad=128, group=16, total_q=8, num_kv_heads=1,
                                       interpreter=True)[0] == 16
-    monkeypatch.setenv("HYGON_ATTN_PREFILL_TILE", "64,32,4,2")
-    assert tuning.prefill_tile_config(head_dim_pad=128, group=4, total_q=8192,
-                                      num_kv_heads=8) == (64, 32, 4, 2)
-    monkeypatch.setenv("HYGON_ATTN_PREFILL_TILE", "48,32,4,2")
+    cu, lens = torch.tensor([0, 8]), torch.tensor([8])
+    plan = plan_prefix_prefill(cu, lens, total_q=8, num_q_heads=8, num_kv_heads=2,
+                               head_dim=64, tile=(64, 32, 4, 2), impl="triton")
+    assert (plan.block_m, plan.block_n, plan.num_warps, plan.num_stages) == (64, 32, 4, 2)
     with pytest.raises(ValueError, match="BLOCK_M"):
-        tuning.prefill_tile_config(head_dim_pad=128, group=4, total_q=1, num_kv_heads=1)
+        plan_prefix_prefill(cu, lens, total_q=8, num_q_heads=8, num_kv_heads=1, head_dim=64,
+                            tile=(4, 32, 4, 2), impl="triton")
 
 
-def test_prefill_tile_config_hip(monkeypatch):
-    """On HIP the tiles that fit 64 KB of LDS without spills (tuning.prefill_tile_config_hip;
+def test_prefill_tile_config_hip():
+    """On HIP the tiles that fit 64 KB of LDS without spills (tuning.tile_config_hip;
     tests/test_hip_tiles.py compiles each for gfx90a): 128 x 64 / 8 warps when the
     programs fill the GPU, else 64 x 64 / 4 warps; D=256 64 x 32; groups past 128 rows
     256 x 16 / 16 warps; what cannot fit is refused with the group named."""
-    monkeypatch.delenv("HYGON_ATTN_PREFILL_TILE", raising=False)
-    hip = functools.partial(tuning.prefill_tile_config, is_hip=True, num_sms=64)
+    hip = functools.partial(tuning.tile_config, is_hip=True, num_sms=64)
     assert hip(head_dim_pad=128, group=4, total_q=8192, num_kv_heads=8) == (128, 64, 8, 2)
     assert hip(head_dim_pad=128, group=4, total_q=64, num_kv_heads=8) == (64, 64, 4, 2)
     assert hip(head_dim_pad=64, group=1, total_q=8192, num_kv_heads=32) == (128, 64, 8, 2)
@@ -319,10 +325,7 @@ def test_prefill_tile_config_hip(monkeypatch):
         hip(head_dim_pad=128, group=512, total_q=8, num_kv_heads=1)
     with pytest.raises(ValueError, match="group of 256 .* head_dim 256"):
         hip(head_dim_pad=256, group=256, total_q=8, num_kv_heads=1)
-    # the override still wins, and the interpreter's tiny tiles come first
-    monkeypatch.setenv("HYGON_ATTN_PREFILL_TILE", "64,32,4,1")
-    assert hip(head_dim_pad=128, group=4, total_q=8192, num_kv_heads=8) == (64, 32, 4, 1)
-    monkeypatch.delenv("HYGON_ATTN_PREFILL_TILE")
+    # the interpreter's tiny tiles come first
     assert hip(head_dim_pad=128, group=4, total_q=8192, num_kv_heads=8,
                interpreter=True) == (16, 16, 4, 1)
 
@@ -373,19 +376,15 @@ def test_prefill_reference_impl_matches_oracle(device):
     assert math.isfinite(out.float().abs().sum().item())
 
 
-def test_two_walks_rule(monkeypatch):
-    """tuning.prefill_two_walks: only where the tile spans pages and the 16-warp tile at
-    head_dim 128 is register-serialized anyway; the override wins."""
-    monkeypatch.delenv("HYGON_ATTN_PREFILL_TWO_WALKS", raising=False)
+def test_two_walks_rule():
+    """tuning.two_walks: only where the tile spans pages and the 16-warp tile at
+    head_dim 128 is register-serialized anyway."""
     kw = dict(head_dim_pad=128, block_n=64, num_warps=16)
-    assert tuning.prefill_two_walks(page_size=16, **kw)
-    assert tuning.prefill_two_walks(page_size=1, **kw)
-    assert not tuning.prefill_two_walks(page_size=64, **kw)  # one page a tile
-    assert not tuning.prefill_two_walks(page_size=16, head_dim_pad=64, block_n=64,
+    assert tuning.two_walks(page_size=16, **kw)
+    assert tuning.two_walks(page_size=1, **kw)
+    assert not tuning.two_walks(page_size=64, **kw)  # one page a tile
+    assert not tuning.two_walks(page_size=16, head_dim_pad=64, block_n=64,
                                         num_warps=16)
-    assert not tuning.prefill_two_walks(page_size=16, head_dim_pad=128, block_n=64,
+    assert not tuning.two_walks(page_size=16, head_dim_pad=128, block_n=64,
                                         num_warps=8)
-    monkeypatch.setenv("HYGON_ATTN_PREFILL_TWO_WALKS", "0")
-    assert not tuning.prefill_two_walks(page_size=16, **kw)
-    monkeypatch.setenv("HYGON_ATTN_PREFILL_TWO_WALKS", "1")
-    assert tuning.prefill_two_walks(page_size=64, **kw)
+

@@ -13,7 +13,7 @@ pytest.importorskip("sglang.srt.mem_cache.radix_cache")
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
 from _sglang_harness import Server, TinyModel  # noqa: E402
-from hygon_attn_backend import tuning  # noqa: E402
+from hygon_attn_backend.ops.prefill import tuning  # noqa: E402
 from hygon_attn_backend.integrations.sglang import warmup  # noqa: E402
 from hygon_attn_backend.integrations.sglang.backend import HygonAttnBackend  # noqa: E402
 
@@ -23,7 +23,7 @@ def _brute_force_tiles(*, hq, hkv, d, num_sms, max_seqs, max_tokens):
     found = set()
     for num_seqs in range(1, max_seqs + 1):
         for total_q in range(num_seqs, max_tokens + 1):
-            found.add(tuning.prefill_tile_config(
+            found.add(tuning.tile_config(
                 head_dim_pad=max(16, 1 << (d - 1).bit_length()), group=group, total_q=total_q,
                 num_kv_heads=hkv, num_seqs=num_seqs, num_sms=num_sms))
     return found
@@ -32,8 +32,7 @@ def _brute_force_tiles(*, hq, hkv, d, num_sms, max_seqs, max_tokens):
 @pytest.mark.parametrize("hq,hkv,d,num_sms", [(8, 8, 64, 16), (16, 4, 64, 20),
                                               (64, 1, 128, 24), (6, 2, 128, 12),
                                               (8, 2, 256, 16)])
-def test_tile_configs_are_every_config_the_rule_returns(hq, hkv, d, num_sms, monkeypatch):
-    monkeypatch.delenv("HYGON_ATTN_PREFILL_TILE", raising=False)
+def test_tile_configs_are_every_config_the_rule_returns(hq, hkv, d, num_sms):
     got = warmup.prefill_tile_configs(num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
                                       num_sms=num_sms)
     assert len(got) == len(set(got))
@@ -43,12 +42,11 @@ def test_tile_configs_are_every_config_the_rule_returns(hq, hkv, d, num_sms, mon
 
 
 def test_tile_configs_h200_layouts(monkeypatch):
-    monkeypatch.delenv("HYGON_ATTN_PREFILL_TILE", raising=False)
     for hq, hkv in ((32, 8), (16, 4)):
         got = warmup.prefill_tile_configs(num_q_heads=hq, num_kv_heads=hkv, head_dim=128,
                                           num_sms=132)
         assert {t[0] for t in got} == {64, 128, 256}
-    monkeypatch.setenv("HYGON_ATTN_PREFILL_TILE", "128,64,8,2")
+    monkeypatch.setattr(tuning, "tile_config", lambda **kw: (128, 64, 8, 2))
     assert warmup.prefill_tile_configs(num_q_heads=32, num_kv_heads=8, head_dim=128,
                                        num_sms=132) == [(128, 64, 8, 2)]
 
@@ -199,10 +197,10 @@ def test_warm_up_keys_cover_real_extends_on_cpu(monkeypatch):
     the tiles the GPU rule picks (the interpreter's own small tile is patched out)."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from hygon_attn_backend.fuzz.speckeys import launch_key
+    from hygon_attn_backend.tools.fuzz.speckeys import launch_key
 
-    rule = tuning.prefill_tile_config
-    monkeypatch.setattr(tuning, "prefill_tile_config",
+    rule = tuning.tile_config
+    monkeypatch.setattr(tuning, "tile_config",
                         lambda **kw: rule(**dict(kw, interpreter=False)))
     keys = []
     original = InterpretedFunction.run

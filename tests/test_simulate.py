@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from hygon_attn_backend import __main__ as cli
-from hygon_attn_backend.simulate import engine, managers, traces
-from hygon_attn_backend.simulate.traces import TraceRequest
+from hygon_attn_backend.tools import cli
+from hygon_attn_backend.tools.simulate import engine, managers, traces
+from hygon_attn_backend.tools.simulate.traces import TraceRequest
 
 
 def _req(prompt, output, after=None):

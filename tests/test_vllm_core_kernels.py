@@ -17,7 +17,7 @@ import torch
 
 from _budget import assert_within_budget
 from _vllm_cases import BATCH_SPECS, make_case, oracle, split_point
-from hygon_attn_backend.integrations.vllm import _core
+from hygon_attn_backend.integrations.vllm import step as _core
 
 CPU_CASES = ["small_decode", "small_prefill", "mixed_small", "prefill_no_context",
              "mixed_mid_page"]

@@ -1,6 +1,6 @@
 """End to end in vLLM's engine: the tiny random Llama generates the same greedy tokens
 with ``attention_backend="hygon"`` as with vLLM's default CPU backend (prefill, decode,
-chunked prefill and prefix-cache hits; see ``hygon_attn_backend.demo``).
+chunked prefill and prefix-cache hits; see ``hygon_attn_backend.tools.demo.engine``).
 
 Under this test suite ``TRITON_INTERPRET=1`` is set on machines without a GPU
 (tests/conftest.py), so the engine's worker runs our Triton kernels in the interpreter;
@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from hygon_attn_backend import demo  # noqa: E402
+from hygon_attn_backend.tools.demo import engine as demo  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ def seq_partitions(seq_len, partition_size, num_partitions, SEQ_SPLIT: tl.conste
     tile never straddles two partitions or, for pages of >= BLOCK_N slots, two pages).
     A short sequence in a grid sized for a long one (a ragged batch, a CUDA graph sized
     for the cache's capacity) then still spreads over several partitions.
-    Mirrored on the host by ``ops.decode_plan.seq_partitions``.
+    Mirrored on the host by ``ops.decode.tuning.seq_partitions``.
     """
     if SEQ_SPLIT:
         size = tl.maximum(tl.cdiv(seq_len, num_partitions), partition_size)
@@ -75,7 +75,7 @@ def merge_partitions(out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
     acc = tl.zeros([ROWS_PAD, HEAD_DIM_PAD], dtype=tl.float32)
     # fused into decode: one stage (a pipelined loop would hold a shared-memory ring of o
     # tiles for the whole kernel, which costs occupancy in the KV loop); the combine
-    # kernel alone may pipeline (tuning.decode_combine_stages)
+    # kernel alone may pipeline 
     for c in tl.range(0, num_parts, PART_CHUNK, num_stages=STAGES):
         p_ok = (c + offs_p) < num_parts
         slots = slot0 + c + offs_p  # [PART_CHUNK]

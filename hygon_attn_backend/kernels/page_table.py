@@ -37,21 +37,3 @@ def req_to_token_table_kernel(
     loc = tl.where(row_ok, loc, -1)  # an absent block for the attention kernels
     out = out_ptr + b.to(tl.int64) * stride_out_row + cols
     tl.store(out, loc.to(tl.int32), mask=mask)
-
-
-def launch_req_to_token_table(req_to_token, rows, out, *, page_size: int,
-                              block: int = 256) -> None:
-    """``out[b, j] = floor(req_to_token[rows[b], j * page_size] / page_size)`` for
-    ``j < out.shape[1]``; a row outside ``[0, num_rows)`` is never read and gives ``-1``
-    (absent blocks). ``rows``: ``[B]`` int32/int64; ``out``: ``[B, num_blocks]`` int32
-    with unit column stride, ``num_blocks * page_size <= req_to_token.shape[1]``."""
-    num_rows, num_blocks = out.shape
-    if num_rows == 0 or num_blocks == 0:
-        return
-    grid = (num_rows, triton.cdiv(num_blocks, block))
-    req_to_token_table_kernel[grid](
-        req_to_token_ptr=req_to_token, rows_ptr=rows, out_ptr=out,
-        num_blocks=num_blocks, num_rows=req_to_token.shape[0],
-        stride_r2t_row=req_to_token.stride(0), stride_r2t_col=req_to_token.stride(1),
-        stride_out_row=out.stride(0),
-        PAGE=page_size, BLOCK=block)

@@ -47,9 +47,9 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
     keys whose tiles span pages is compiled twice: without any per-key check, taken when
     ``row_present`` says every block id of the stage is present, and with it otherwise.
     The per-key check costs ~20% of the kernel at page 16 even behind a scalar branch
-    (docs/notes-prefill.md v4/v6); the second copy costs no shared memory but makes
+    (docs/history.md); the second copy costs no shared memory but makes
     ptxas serialize the wgmma, so the plan takes it only where the tile is serialized
-    anyway (:func:`tuning.prefill_two_walks`)."""
+    anyway (:func:`ops.prefill.tuning.two_walks`)."""
     # CHECK_KEYS is a compile-time choice per call site, so the two walks are two calls;
     # with SPLIT_WALK false the condition is a constant and only the checked walk compiles
     SPLIT_WALK: tl.constexpr = TWO_WALKS and FROM_CACHE and PAGE_SIZE % BLOCK_N != 0 and \
@@ -94,7 +94,7 @@ def _prefill_walk(acc, l_i, m_i, q, diag,
     ``max_blocks`` columns) are never loaded and get logit ``-inf``; ``row_present`` (a
     scalar the caller computed with ``paged_kv.table_row_present``) says every block id of
     the stage is present, so the per-logit select is skipped (it costs ~25% of the kernel
-    where a tile spans pages, docs/notes-prefill.md v4). ``qk_scale``/
+    where a tile spans pages, docs/history.md). ``qk_scale``/
     ``cap_scale`` already hold the fp8 K scale of this stage's source; ``SCALE_V``
     multiplies P by ``v_mult`` (the fp8 V scale) before the PV product. ``CHECK_KEYS``
     False: the caller knows every block id of an unmasked multi-page stage is present
@@ -111,7 +111,7 @@ def _prefill_walk(acc, l_i, m_i, q, diag,
     # ptxas serialize every wgmma of the kernel ("C7515: ... non wgmma instructions
     # defining accumulator registers"): with this loop unpipelined, the 8-warp tiles and
     # 256x32 on 16 warps compile with asynchronous wgmma (sm_90, Triton 3.6;
-    # scripts/prefill_ptxas.py, docs/notes-prefill.md v5).
+    # docs/history.md).
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=1 if (BOUND or CAUSAL) else None):
         n = start_n + offs_n  # [BLOCK_N]
         if FROM_CACHE:

@@ -49,6 +49,14 @@ def scale_launch_args(k_scale: ScaleLike, v_scale: ScaleLike, device, *, used: b
             1.0 if v_scale is None else float(v_scale))
 
 
+def native_scale_pair(scale):
+    """``(tensor or None, float)`` for a native op's ``Tensor? scale, float scale_value``
+    (``scale``: a float or a 1-element tensor, as :func:`check_scale` returns)."""
+    if isinstance(scale, torch.Tensor):
+        return scale.reshape(1).to(torch.float32).contiguous(), 1.0
+    return None, float(scale)
+
+
 def debug_enabled() -> bool:
     """``HYGON_ATTN_DEBUG=1`` turns on value checks that sync with the host."""
     return envs.debug()

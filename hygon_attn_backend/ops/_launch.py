@@ -37,6 +37,8 @@ from itertools import count
 from operator import attrgetter
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+import torch
+
 _DTYPE_AND_DEVICE = attrgetter("dtype", "is_cuda")
 
 
@@ -289,3 +291,20 @@ def _stream_of(device):
     if get is None:
         get = _state["get_stream"] = _triton_pieces()["driver"].active.get_current_stream
     return get(device)
+
+
+def value_or_id(x):
+    """A tensor's identity, any other option's value: part of a layer key."""
+    return id(x) if isinstance(x, torch.Tensor) else x
+
+
+def remember_layer(layers: dict, key: tuple, layer):
+    """Keep the layer binding that :meth:`run` built from a call's caches and options,
+    keyed by the ``id()`` of each tensor and the value of each other option, so the next
+    call of the same layer (an engine's next step, a benchmark's next repeat) skips
+    resolving it again. The binding holds every tensor whose id is in its key, so no id
+    can be reused by another tensor while it is kept; at most 128 are kept per plan."""
+    if len(layers) >= 128:
+        layers.clear()
+    layers[key] = layer
+    return layer

@@ -6,7 +6,7 @@ allocator hands out (pages of) KV slots, and ``MHATokenToKVPool`` stores K and V
 forward pass this backend
 
 1. turns the batch's ``req_to_token`` rows into a block table
-   (``shims.sglang.req_to_token_table``: token-level for page size 1, one entry per page
+   (``page_table.req_to_token_table``: token-level for page size 1, one entry per page
    otherwise) in ``init_forward_metadata``;
 2. writes the new tokens' K/V with the pool's own ``set_kv_buffer`` (so fp8 scaling,
    HND scatter and layer-wise transfer hooks stay SGLang's);
@@ -51,9 +51,9 @@ from hygon_attn_backend.ops._dispatch import select_impl
 from hygon_attn_backend.integrations.sglang import warmup
 from hygon_attn_backend.ops.decode import (DecodeLayer, allocate_decode_workspace,
                                            plan_paged_decode)
-from hygon_attn_backend.ops.decode_plan import num_sms_of
+from hygon_attn_backend.ops._device import num_sms_of
 from hygon_attn_backend.ops.prefill import PrefillLayer, plan_prefix_prefill
-from hygon_attn_backend.shims import sglang as shims
+from hygon_attn_backend.integrations.sglang import page_table
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class _LayerState:
         k_scale = v_scale = None
         if layer.k_scale is not None:
             k_scale, v_scale = float(layer.k_scale_float), float(layer.v_scale_float)
-        k_view, v_view, _ = shims.pool_kv_views(pool, layer.layer_id)
+        k_view, v_view, _ = page_table.pool_kv_views(pool, layer.layer_id)
         return cls(layer=layer, num_heads=layer.tp_q_head_num, num_kv_heads=layer.tp_k_head_num,
                    head_dim=layer.qk_head_dim, scale=float(layer.scaling),
                    causal=layer.attn_type != AttentionType.ENCODER_ONLY,
@@ -224,7 +224,7 @@ class HygonAttnBackend(AttentionBackend):
         self.max_blocks = -(-self.req_to_token.shape[1] // self.page_size)
         self.impl = envs.impl()
         self._triton_here = select_impl(self.impl, self.device) == "triton"
-        self.check_pages = envs.sglang_check_pages()
+        self.check_pages = envs.debug()
         self.kv_dtype = pool.dtype  # fp8 pools: the float8 format (stored as bytes)
         self._model_heads = _model_heads(model_runner)
         self._layers: dict = {}
@@ -290,10 +290,10 @@ class HygonAttnBackend(AttentionBackend):
         if max_seq_len is not None:  # width rounded up: few Triton specializations
             num_blocks = warmup.aligned_table_width(-(-max_seq_len // self.page_size),
                                                     self.max_blocks)
-        block_table = shims.req_to_token_table(self.req_to_token, rows,
+        block_table = page_table.req_to_token_table(self.req_to_token, rows,
                                                page_size=self.page_size, num_blocks=num_blocks)
         if self.check_pages and self.page_size > 1:
-            shims.check_paged_rows(self.req_to_token, rows, seq_lens, page_size=self.page_size)
+            page_table.check_paged_rows(self.req_to_token, rows, seq_lens, page_size=self.page_size)
         meta = HygonForwardMetadata(block_table=block_table, seq_lens=seq_lens,
                                     max_seq_len=max_seq_len, host_seq_lens=host_lens)
         if not mode.is_decode_or_idle():
@@ -380,7 +380,7 @@ class HygonAttnBackend(AttentionBackend):
         # Everything here depends on the batch size only (static buffer slices, plans
         # for the capacity): built at capture, reused at every replay, where the graph
         # replays the captured launches and this metadata only serves an eager fallback.
-        # Rebuilt per step it cost ~100 us of host time (H200 host, docs/engine-bench.md).
+        # Rebuilt per step it cost ~100 us of host time.
         meta = self._graph_meta.get(bs)
         if meta is None:
             meta = HygonForwardMetadata(block_table=self._graph_block_table[:bs],
@@ -393,7 +393,7 @@ class HygonAttnBackend(AttentionBackend):
     def init_forward_metadata_in_graph(self, forward_batch):
         """Refill the static buffers from the batch (static shapes, no host sync)."""
         bs = forward_batch.batch_size
-        shims.req_to_token_table(self.req_to_token, forward_batch.req_pool_indices[:bs],
+        page_table.req_to_token_table(self.req_to_token, forward_batch.req_pool_indices[:bs],
                                  page_size=self.page_size, out=self._graph_block_table[:bs])
         self._graph_seq_lens[:bs].copy_(forward_batch.seq_lens[:bs])
 

@@ -7,7 +7,7 @@ for extend, so the first request of each new shape used to compile
 :func:`warm_up_prefill` runs the prefill plan and kernel once on tiny dummy data for every
 specialization an engine can reach with this model:
 
-* each tile config :func:`tuning.prefill_tile_config` can return for the model's head
+* each tile config :func:`ops.prefill.tuning.tile_config` can return for the model's head
   layout and the device (:func:`prefill_tile_configs`);
 * with and without the new-token K/V path (``HAS_K_NEW``: SGLang passes the new K/V, a
   layer may pass None);
@@ -34,8 +34,8 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from hygon_attn_backend import tuning
-from hygon_attn_backend.ops.decode_plan import next_pow2
+from hygon_attn_backend.ops._device import next_pow2
+from hygon_attn_backend.ops.prefill import tuning
 from hygon_attn_backend.ops.prefill import plan_prefix_prefill
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def table_widths(max_blocks: int) -> List[int]:
 def prefill_tile_configs(*, num_q_heads: int, num_kv_heads: int, head_dim: int,
                          num_sms: int, interpreter: bool = False) -> List[Tuple[int, ...]]:
     """Every ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` that
-    :func:`tuning.prefill_tile_config` returns for this head layout on a device with
+    :func:`ops.prefill.tuning.tile_config` returns for this head layout on a device with
     ``num_sms`` multiprocessors, for any batch (smallest tile first).
 
     The rule depends on the batch only through ``total_q`` (new tokens) and ``num_seqs``,
@@ -87,7 +87,7 @@ def prefill_tile_configs(*, num_q_heads: int, num_kv_heads: int, head_dim: int,
     found: List[Tuple[int, ...]] = []
     for num_seqs in range(1, max_seqs + 1):
         def tile_at(total_q, num_seqs=num_seqs):
-            return tuple(tuning.prefill_tile_config(
+            return tuple(tuning.tile_config(
                 head_dim_pad=head_dim_pad, group=group, total_q=total_q,
                 num_kv_heads=num_kv_heads, num_seqs=num_seqs, num_sms=num_sms,
                 interpreter=interpreter))

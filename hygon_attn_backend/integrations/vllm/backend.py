@@ -8,7 +8,7 @@ V = ``[..., D:]``) in whatever physical order vLLM's ``KVCacheLayout`` resolved 
 kernels read K and V as two strided views, with no copy.
 
 Capabilities declared here are the ones the kernels and the reference both implement;
-the routing of a batch to the kernels is in :mod:`._core` (engine-free).
+the routing of a batch to the kernels is in :mod:`.step` (engine-free).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 from hygon_attn_backend import envs
 from hygon_attn_backend.ops._dispatch import select_impl
 
-from . import BACKEND_NAME, _core, logger
-from ._core import HygonAttentionMetadata
+from . import BACKEND_NAME, logger, step
+from .step import HygonAttentionMetadata
 
 __all__ = [
     "HygonAttentionBackend",
@@ -151,7 +151,7 @@ class HygonAttentionMetadataBuilder(AttentionMetadataBuilder[HygonAttentionMetad
         self.num_heads = (get_num_attention_heads_from_layers(vllm_config, layer_names)
                           or model_config.get_num_attention_heads(vllm_config.parallel_config))
         self.q_dtype = model_config.dtype
-        self.kv_dtype = _core.kv_dtype_for(vllm_config.cache_config.cache_dtype,
+        self.kv_dtype = step.kv_dtype_for(vllm_config.cache_config.cache_dtype,
                                            model_config.dtype)
         self.impl = envs.impl()
         self.use_triton = select_impl(self.impl, torch.device(device)) == "triton"
@@ -184,13 +184,13 @@ class HygonAttentionMetadataBuilder(AttentionMetadataBuilder[HygonAttentionMetad
         causal = cm.causal
         num_decodes, _, num_decode_tokens, _ = split_decodes_and_prefills(
             cm, decode_threshold=self.reorder_batch_threshold or 1, require_uniform=True)
-        md = _core.make_metadata(
+        md = step.make_metadata(
             query_start_loc=cm.query_start_loc, seq_lens=cm.seq_lens,
             block_table=cm.block_table_tensor, slot_mapping=cm.slot_mapping,
             num_reqs=cm.num_reqs, num_actual_tokens=cm.num_actual_tokens,
             max_query_len=cm.max_query_len, max_seq_len=cm.max_seq_len,
             num_decodes=num_decodes, num_decode_tokens=num_decode_tokens, causal=causal)
-        _core.plan_metadata(
+        step.plan_metadata(
             md, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
             head_size=self.head_size, block_size=self.block_size, q_dtype=self.q_dtype,
             kv_dtype=self.kv_dtype, impl=self.impl, workspace=self.workspace,
@@ -242,7 +242,7 @@ class HygonAttentionImpl(AttentionImpl[HygonAttentionMetadata]):
         self.attn_type = attn_type
         self.sinks = sinks
         self.impl = envs.impl()
-        self.layer_spec = _core.LayerSpec(
+        self.layer_spec = step.LayerSpec(
             num_heads=num_heads, num_kv_heads=self.num_kv_heads, head_size=head_size,
             scale=self.scale, kv_cache_dtype=kv_cache_dtype, sliding_window=sliding_window,
             soft_cap=self.logits_soft_cap, sinks=sinks)
@@ -254,7 +254,7 @@ class HygonAttentionImpl(AttentionImpl[HygonAttentionMetadata]):
         ``[num_tokens]`` (``-1`` = padding)."""
         if kv_cache.numel() == 0:
             return
-        _core.write_new_kv(key, value, kv_cache, slot_mapping, self.layer_spec,
+        step.write_new_kv(key, value, kv_cache, slot_mapping, self.layer_spec,
                            k_scale=layer._k_scale, v_scale=layer._v_scale, impl=self.impl)
 
     def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor,
@@ -268,5 +268,5 @@ class HygonAttentionImpl(AttentionImpl[HygonAttentionMetadata]):
             raise NotImplementedError("the hygon backend does not fuse output quantization")
         if attn_metadata is None:  # vLLM's memory-profiling run
             return output.fill_(0)
-        return _core.attention(query, kv_cache, attn_metadata, output, self.layer_spec,
+        return step.attention(query, kv_cache, attn_metadata, output, self.layer_spec,
                                k_scale=layer._k_scale, v_scale=layer._v_scale)

@@ -1,0 +1,442 @@
+"""The paged decode's named heuristics, and :func:`choose`, the one entry that turns a batch
+into its launch configuration (native or Triton, tile, partitions, combine).
+
+Each rule's docstring gives its reasoning and one line of the measurement behind it
+(H200, graph replay, L2 cleared, pages permuted; what was tried and dropped is in
+``docs/history.md``). No model names here: only shapes and device facts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from hygon_attn_backend import envs
+from hygon_attn_backend.ops import _device
+from hygon_attn_backend.ops._dispatch import select_impl, triton_interpreter_on
+from hygon_attn_backend.ops.decode import native
+
+DECODE_Q_DTYPES = (torch.float16, torch.bfloat16)
+WHOLE_SEQUENCE = 1 << 30  # partition size of the one-partition launch: covers any sequence
+DECODE_MIN_PARTITION = 256  # smallest partition the decode heuristics choose
+DECODE_TARGET_WAVES = 4     # programs per SM the Triton split aims at
+DECODE_FEW_ROWS = 4  # query rows a program serves up to which D=128 takes the short tile
+DECODE_SHORT_TILE_MIN_PAGE = 16  # ... on pages of at least this many tokens (measured 16, 64)
+DECODE_FUSED_MAX_PARTITIONS = 4  # measured: a gain at 4 partitions, a loss from 8
+NATIVE_DECODE_MIN_PROGRAMS_PER_SM = 1.5  # grids below this split, and there Triton leads
+NATIVE_LOOP_STAGES = 3  # cp.async stages of the native split-N loop (native_loop_stages)
+NATIVE_LOOP_TILE = 64   # KV tokens a tile of the native split-N loop
+NATIVE_PROGRAM_TILES = 1    # a program's fixed cost (Q, the warps' merge, its output), in tiles
+NATIVE_COMBINE_TILES = 2    # the combine launch of a split call, in tiles
+NATIVE_MAX_WAVES = 8        # waves a split grid may take
+NATIVE_MIN_SPLIT_GAIN = 0.1  # a split must save this share of the unsplit cost
+NATIVE_SIZING_PROGRAMS_PER_SM = 4  # workspace sizing: the native kernel fits 2-3 (D <= 128)
+
+
+@dataclass
+class DecodeConfig:
+    """The Triton decode launch's shape (the native one reads ``partition_size`` and
+    ``num_partitions``)."""
+
+    partition_size: int
+    num_partitions: int
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    page_prefetch: bool
+    seq_split: bool = False  # each sequence splits its own length (seq_partitions)
+
+
+@dataclass
+class DecodeChoice:
+    """What :func:`choose` decided for one batch."""
+
+    impl: str                       # "triton" | "native" | "reference"
+    config: Optional[DecodeConfig]  # None: nothing to launch (reference, empty batch/table)
+    fused_combine: bool = False     # Triton: the partitions merge inside the decode kernel
+    pdl: bool = False               # the combine is a programmatic dependent launch
+    native_stages: int = 0          # native: the loop (0: shared-softmax; 2-3: split-N)
+    native_tile: int = NATIVE_LOOP_TILE
+
+
+# ----------------------------------------------------------------------------- native or Triton
+
+
+def native_preferred(*, is_hip: bool, group: int, head_dim: int, num_tokens: int,
+                     programs: int, num_sms: int, same_kv_dtype: bool) -> bool:
+    """Whether ``impl="auto"`` runs the native decode instead of the Triton one.
+
+    Reasoning: on AMD/Hygon GPUs (HIP) the native kernel is the DCU design itself (wave 64,
+    the 16x16x16 matrix instructions), where Triton spills and misses peak: HIP takes it
+    always. On NVIDIA native is taken only where it was measured faster:
+    :func:`native_preferred_nvidia`.
+    """
+    if is_hip:
+        return True
+    return native_preferred_nvidia(group=group, head_dim=head_dim, num_tokens=num_tokens,
+                                   programs=programs, num_sms=num_sms,
+                                   same_kv_dtype=same_kv_dtype)
+
+
+def native_preferred_nvidia(*, group: int, head_dim: int, num_tokens: int, programs: int,
+                            num_sms: int, same_kv_dtype: bool) -> bool:
+    """The native decode on NVIDIA: 2 <= G <= 16 query heads a KV head, one query token,
+    head_dim 128, K/V in the query's 16-bit dtype, and a grid of at least
+    ``NATIVE_DECODE_MIN_PROGRAMS_PER_SM`` (sequence, KV head) programs an SM.
+
+    Reasoning: the native split-N loop stages whole swizzled 256-byte rows, 6-8% faster to
+    stream than padded rows; where the grid fills the GPU unsplit that is the whole
+    difference. Where it splits, Triton's fused merge (up to 4 partitions) or its partition
+    rule wins; G = 1 leaves the 16-row tiles one useful row; D=64 and fp8 were not faster.
+    Measurement: native over Triton 1.02-1.05x at G=2-8 from (32, 4k) up, 0.94-0.99x below
+    1.5 programs an SM, G=1 and D=64 (H200, 2026-12-01).
+    """
+    if not (2 <= group <= 16 and num_tokens == 1 and head_dim == 128 and same_kv_dtype):
+        return False
+    return programs >= NATIVE_DECODE_MIN_PROGRAMS_PER_SM * max(1, num_sms)
+
+
+def native_loop_stages(*, split_n: bool = True) -> int:
+    """The native decode's loop (``HabDecodeParams::loop_stages``): 0 runs the
+    shared-softmax loop, 2-3 the split-N loop (where it applies: up to 16 rows, head_dim
+    <= 128, 16-bit KV) with that many cp.async stages of 64-token tiles.
+
+    Reasoning: a stage is 32 KB at head_dim 128 (64 tokens of K and V): 3 stages fit the 2
+    programs an SM the loop's 216 registers allow (~128 KB in flight an SM).
+    Measurement: 3 stages as fast as 2 or faster at every grid of 8-2,048 programs, e.g.
+    (64, 4k) G=16 182.3 -> 141.2 us; 4 stages (one program an SM) lost 40-60%; 32-token
+    tiles were 1-12% slower at 16 of 18 shapes (H200, 2026-12-01).
+    ``split_n=False``: the shared-softmax loop (tests and benchmarks of that loop).
+    """
+    return NATIVE_LOOP_STAGES if split_n else 0
+
+
+def native_partition_size(*, programs: int, max_context_len: int, block_n: int,
+                          programs_per_sm: int, num_sms: int,
+                          max_partitions: "int | None" = None) -> int:
+    """Tokens per partition of the native decode (``>= max_context_len``: no split).
+
+    ``programs``: the grid's programs per partition (sequences x KV heads x row chunks);
+    ``programs_per_sm``: how many fit on an SM at once (the runtime's occupancy query).
+    Reasoning: once the chip is full each program streams its partition at about the same
+    speed, so a launch takes about ``waves x (tiles per program + 1)`` tile times plus ~2
+    for the combine when split, ``waves = ceil(programs x partitions / slots)``. For each
+    wave count up to ``NATIVE_MAX_WAVES`` the best partition count is the largest that
+    still fits, ``floor(w x slots / programs)``; take the cheapest (partitions of at least
+    ``DECODE_MIN_PARTITION`` tokens, at most ``max_partitions``) if it saves
+    ``NATIVE_MIN_SPLIT_GAIN`` of the unsplit cost.
+    Measurement: the Triton rule's ~4 programs an SM left the native kernel (2-3 an SM) a
+    mostly empty second wave: (64, 4k) 32/8 read 72% of the copy with it (H200, 2026-12-01).
+    """
+    ctx = max(int(max_context_len), 1)
+    tiles = -(-ctx // block_n)
+    whole = tiles * block_n
+    programs = max(1, int(programs))
+    slots = max(1, int(programs_per_sm) * int(num_sms))
+    min_tiles = max(1, DECODE_MIN_PARTITION // block_n)
+    max_parts = max(1, -(-tiles // min_tiles))
+    if max_partitions is not None:
+        max_parts = max(1, min(max_parts, int(max_partitions)))
+    if max_parts <= 1 or 2 * programs >= NATIVE_MAX_WAVES * slots:
+        return whole
+
+    def cost(parts: int) -> "tuple[int, int]":
+        per = -(-tiles // parts)
+        waves = -(-(programs * parts) // slots)
+        combine = NATIVE_COMBINE_TILES if parts > 1 else 0
+        return waves * (per + NATIVE_PROGRAM_TILES) + combine, parts
+
+    unsplit = cost(1)[0]
+    best = None
+    for waves in range(1, NATIVE_MAX_WAVES + 1):
+        parts = min(waves * slots // programs, max_parts)
+        if parts > 1:
+            best = cost(parts) if best is None else min(best, cost(parts))
+    if best is None or best[0] > (1 - NATIVE_MIN_SPLIT_GAIN) * unsplit:
+        return whole
+    return -(-tiles // best[1]) * block_n
+
+
+def _native_partition_size(*, programs, rows, head_dim, q_dtype, kv_dtype, max_context,
+                           loop_stages, loop_tile, device, max_partitions) -> int:
+    """:func:`native_partition_size` for this device's occupancy of the instantiation the
+    launch takes."""
+    chunk_rows = min(rows, native.MAX_ROWS)  # the rows of one program
+    per_sm = native.programs_per_sm(
+        device_index=_device.device_index(device), q_dtype=q_dtype, kv_dtype=kv_dtype,
+        head_dim=head_dim, rows=chunk_rows, loop_stages=loop_stages, loop_tile=loop_tile)
+    return native_partition_size(
+        programs=programs, max_context_len=max_context,
+        block_n=native.block_n(head_dim=head_dim, rows=chunk_rows, loop_stages=loop_stages,
+                               loop_tile=loop_tile),
+        programs_per_sm=per_sm, num_sms=_device.num_sms_of(device),
+        max_partitions=max_partitions)
+
+
+# ----------------------------------------------------------------------------- Triton decode
+
+
+def partition_size_env() -> "int | None":
+    """Partition size forced by the environment: ``HYGON_ATTN_PARTITION_SIZE``, else
+    ``PA_PARTITION_SIZE`` (the name DCU users know). A positive multiple of 16, or unset."""
+    return envs.decode_partition_size()
+
+
+def partition_size_dcu(group: int) -> int:
+    """The DCU kernel's rule, the documented baseline: 512 tokens per partition, 256 when
+    the GQA group ``G > 15``. It ignores the batch (splits at large batch, may under-fill
+    the chip at batch 1)."""
+    return 256 if group > 15 else 512
+
+
+def triton_partition_size(*, num_seqs: int, num_kv_heads: int, group: int, max_context_len: int,
+                   num_sms: int, rule: str = "measured") -> int:
+    """Tokens per split-KV partition of the Triton decode (``>= max_context_len``: no split).
+
+    Reasoning: decode reads each KV byte once, so the questions are whether the grid
+    ``num_kv_heads x num_seqs x num_partitions`` keeps every SM loaded and what a split
+    costs (a scratch write/read and a combine). Aim for ``DECODE_TARGET_WAVES`` programs an
+    SM: ``num_partitions = round(target / (num_seqs * num_kv_heads))``, partitions of at
+    least ``DECODE_MIN_PARTITION`` tokens. The size fixes the partition *count* from the
+    launch's context bound; each sequence then splits its own length over that count on the
+    device (``kernels/combine.py: seq_partitions``), so a bound far above the lengths (a
+    CUDA graph planned for the cache's capacity) does not leave partitions empty.
+    Measurement: 4 programs an SM was the best grid in every split sweep: (1, 128k) 64
+    partitions 4109 GB/s against 3261 with the DCU rule (H200, bf16, D=128, Hq 32).
+    Override: ``HYGON_ATTN_PARTITION_SIZE`` / ``PA_PARTITION_SIZE`` (checked first);
+    ``rule="dcu"`` gives :func:`partition_size_dcu`.
+    """
+    env = partition_size_env()
+    if env is not None:
+        return env
+    if rule == "dcu":
+        return partition_size_dcu(group)
+    if rule != "measured":
+        raise ValueError(f"rule must be 'measured' or 'dcu', got {rule!r}")
+    ctx = max(int(max_context_len), 1)
+    whole = -(-ctx // DECODE_MIN_PARTITION) * DECODE_MIN_PARTITION
+    programs = max(1, num_seqs * num_kv_heads)
+    target = DECODE_TARGET_WAVES * max(1, num_sms)
+    parts = int(target / programs + 0.5)  # nearest
+    if parts <= 1:
+        return whole
+    size = -(-ctx // parts)
+    size = -(-size // DECODE_MIN_PARTITION) * DECODE_MIN_PARTITION
+    return min(max(size, DECODE_MIN_PARTITION), whole)
+
+
+def tile_config(*, block_m: int, head_dim_pad: int, page_size: int, kv_elem_size: int,
+                rows: int | None = None, tile=None) -> "tuple[int, int, int, bool]":
+    """``(BLOCK_N, num_warps, num_stages, page_prefetch)`` of the Triton decode kernel.
+
+    Reasoning: the kernel is bandwidth-bound: a K/V tile pair of ~8-32 KB with two stages
+    keeps enough bytes in flight while the ``[BLOCK_M, D]`` accumulator stays in registers.
+    A tile spanning pages (``P < BLOCK_N``) needs a table lookup per token, so
+    ``page_prefetch`` reads the next tile's block ids one iteration ahead. Large
+    ``BLOCK_M * D`` get 8 warps. Few rows at D=128 (at most ``DECODE_FEW_ROWS``) on pages
+    of 16+ tokens take BLOCK_N 32 with 3 stages: the same bytes in flight in two smaller
+    loads, 100 registers instead of 128.
+    Measurement: 64 / 4 warps / 2 stages / read-ahead best or within 1% everywhere, 16, 32
+    or 128 keys lost 2-25%; the few-rows tile +1-3 points of the copy at G <= 4 (H200, bf16).
+    Override: ``tile=(BLOCK_N, num_warps, num_stages, page_prefetch)`` (any entry None).
+    """
+    few_rows = (rows is not None and rows <= DECODE_FEW_ROWS and head_dim_pad == 128
+                and page_size >= DECODE_SHORT_TILE_MIN_PAGE)
+    chosen = [32 if few_rows else block_n_for(head_dim_pad),
+              8 if block_m * head_dim_pad >= 64 * 256 else 4,
+              3 if few_rows else 2, True]
+    for i, value in enumerate(tile or ()):
+        if value is not None:
+            chosen[i] = value
+    block_n, num_warps, num_stages, prefetch = chosen
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"decode tile BLOCK_N must be a power of two >= 16, got {block_n}")
+    return int(block_n), int(num_warps), int(num_stages), bool(prefetch)
+
+
+def block_n_for(head_dim_pad: int) -> int:
+    """Default KV tile length of the Triton decode for a padded head_dim.
+
+    Reasoning: ``BLOCK_N x D`` of ~8K elements keeps the same bytes in flight at every
+    head_dim: ``8192 / D`` (128 at D=64, 64 at D=128, 32 at D=256); below 64 it stays 64.
+    Measurement: D=64 BLOCK_N 128 / 64 / 32 read 76.0 / 65.5 / 50.7% of the copy at (64, 4k)
+    (H200, fp16, 16/4 heads).
+    """
+    if head_dim_pad < 64:
+        return 64
+    return max(16, min(128, 8192 // head_dim_pad))
+
+
+def use_fused_combine(*, num_partitions: int) -> bool:
+    """Whether a split Triton decode merges its partitions inside the decode kernel.
+
+    Reasoning: fused, the last program of each (sequence, head group) merges the group's
+    partitions while other groups still stream KV: one launch, no kernel boundary. But one
+    program merges serially, so many partitions are a tail the second launch spreads out.
+    Measurement: fused against two launches +7% at 4 partitions, -3% at 8, -44% at 64
+    (H200, bf16, D=128). ``fused_combine=`` (plan / op) forces either form.
+    """
+    return 1 < num_partitions <= DECODE_FUSED_MAX_PARTITIONS
+
+
+def combine_pdl(device) -> bool:
+    """Whether a split decode launches its combine as a programmatic dependent launch.
+
+    Reasoning: between the decode and combine grids the GPU drains one and ramps up the
+    other; with PDL (sm_90+) the combine grid is scheduled once every decode program has
+    started and waits for their writes, overlapping the decode's tail. Never on HIP or under
+    the interpreter.
+    Measurement: never slower, 1-5% faster where the combine is a large share: (1, 8k) 23.7
+    against 24.8-25.0 us (H200, bf16, 32/8 heads). ``HYGON_ATTN_DECODE_PDL=0`` turns it off.
+    """
+    if envs.decode_pdl() is False or getattr(device, "type", None) != "cuda" or \
+            _device.gpu_is_hip() or triton_interpreter_on():
+        return False
+    return _device.cuda_major(_device.device_index(device)) >= 9
+
+
+def combine_chunk(*, rows_pad: int, head_dim_pad: int, num_warps: int,
+                  fused: bool = True) -> int:
+    """Partitions the merge reads per step, a ``[chunk, rows_pad, head_dim_pad]`` fp32 tile.
+
+    Reasoning: fused into the decode kernel at most 16 values a thread and 16 partitions,
+    so the merge does not cost the KV loop its occupancy (with 8+ rows the chunk is 1: rows
+    8 x chunk 2 took 144 registers against 110, 3 programs an SM instead of 4). The combine
+    kernel alone is latency-bound with registers to spare: 64 values a thread, 64
+    partitions a step.
+    Measurement: combine kernel chunk 64 against 16: (1, 32k) 64 partitions 7.41 against
+    9.73 us (H200).
+    """
+    if fused and rows_pad >= 8:
+        return 1
+    per_thread, cap = (16, 16) if fused else (64, 64)
+    budget = per_thread * 32 * max(1, num_warps)
+    return max(1, min(cap, budget // max(1, rows_pad * head_dim_pad)))
+
+
+# ----------------------------------------------------------------------------- the config
+
+
+def num_partitions_for(partition_size: int, max_context_len: int) -> int:
+    return max(1, -(-max(int(max_context_len), 1) // partition_size))
+
+
+def launch_config(*, num_seqs: int, num_q_heads: int, num_kv_heads: int, num_tokens: int,
+                  head_dim: int, page_size: int, kv_elem_size: int, max_context_len: int,
+                  num_sms: int, partition_size: Optional[int] = None,
+                  kv_head_grid: bool = True, rule: str = "measured",
+                  tile=None) -> DecodeConfig:
+    """The Triton launch configuration (also the partition count of a native launch).
+    tile: optional ``(BLOCK_N, num_warps, num_stages, page_prefetch)`` forcing the tile."""
+    group = num_q_heads // num_kv_heads
+    heads = group if kv_head_grid else 1
+    block_m = max(16, _device.next_pow2(num_tokens * heads))
+    block_n, num_warps, num_stages, prefetch = tile_config(
+        block_m=block_m, head_dim_pad=_device.next_pow2(head_dim), page_size=page_size,
+        kv_elem_size=kv_elem_size, rows=num_tokens * heads, tile=tile)
+    # the measured rule fixes the partition count; each sequence then splits its own length
+    # (seq_partitions): a forced or environment size keeps fixed partitions
+    seq_split = partition_size is None and rule == "measured" and partition_size_env() is None
+    if partition_size is None:
+        partition_size = triton_partition_size(
+            num_seqs=num_seqs, num_kv_heads=num_kv_heads, group=group,
+            max_context_len=max_context_len, num_sms=num_sms, rule=rule)
+    num_partitions = num_partitions_for(partition_size, max_context_len)
+    if num_partitions > 1:
+        block_n = min(block_n, partition_size & -partition_size)
+    return DecodeConfig(partition_size, num_partitions, block_m, block_n, num_warps, num_stages,
+                        prefetch, seq_split=seq_split and num_partitions > 1)
+
+
+def kernel_partition_size(config: DecodeConfig) -> int:
+    """The kernels' ``partition_size`` argument: one partition covering any sequence
+    (unsplit), the floor of a per-sequence split, or the fixed size."""
+    if config.num_partitions <= 1:
+        return WHOLE_SEQUENCE
+    if config.seq_split:
+        return DECODE_MIN_PARTITION
+    return config.partition_size
+
+
+def seq_partitions(seq_len: int, config: DecodeConfig) -> "tuple[int, int]":
+    """``(part_size, num_parts)`` of one sequence under ``config`` (a split launch), as
+    the kernels compute it (``kernels/combine.py: seq_partitions``)."""
+    if config.seq_split:
+        size = max(-(-seq_len // config.num_partitions), kernel_partition_size(config))
+        size = -(-size // config.block_n) * config.block_n
+        parts = -(-seq_len // size)
+    else:
+        size = config.partition_size
+        parts = min(-(-seq_len // size), config.num_partitions)
+    return size, max(parts, 1)
+
+
+def workspace_partitions(*, num_seqs: int, num_q_heads: int, num_kv_heads: int,
+                         head_dim: int, num_tokens: int, max_context_len: int,
+                         num_sms: int, partition_size: Optional[int] = None) -> int:
+    """The most partitions a batch of ``num_seqs`` sequences takes under either rule (the
+    Triton rule, and the native one at ``NATIVE_SIZING_PROGRAMS_PER_SM``, an occupancy
+    above the kernel's, with its smallest tile): what a workspace must hold for it."""
+    group = num_q_heads // max(1, num_kv_heads)
+    sizes = [partition_size] if partition_size else [
+        triton_partition_size(num_seqs=num_seqs, num_kv_heads=num_kv_heads, group=group,
+                              max_context_len=max_context_len, num_sms=num_sms),
+        native_partition_size(
+            programs=native.grid_programs(num_seqs=num_seqs, num_kv_heads=num_kv_heads,
+                                          rows=num_tokens * group, head_dim=head_dim),
+            max_context_len=max_context_len, block_n=32,
+            programs_per_sm=NATIVE_SIZING_PROGRAMS_PER_SM, num_sms=num_sms)]
+    return max(num_partitions_for(size, max_context_len) for size in sizes)
+
+
+def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
+           num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+           q_dtype: torch.dtype, kv_dtype: torch.dtype, num_tokens: int, max_context: int,
+           partition_size: Optional[int] = None, kv_head_grid: bool = True, tile=None,
+           fused_combine: Optional[bool] = None, workspace_slots: Optional[int] = None,
+           workspace_counters: bool = True, native_split_n: bool = True) -> DecodeChoice:
+    """The decode's whole configuration for one batch: the implementation (``impl``
+    resolved by :func:`native_preferred`), the launch config, the combine's form, and the
+    native loop. ``workspace_slots``: the slots a caller's workspace holds (None: the plan
+    allocates one to fit); ``workspace_counters``: whether it has the fused combine's
+    counters. Arguments are validated by the plan."""
+    group = num_q_heads // num_kv_heads
+    if q_dtype not in DECODE_Q_DTYPES:  # float32 queries: the reference serves them
+        if impl in ("triton", "native"):
+            raise ValueError(f"impl={impl!r} takes float16/bfloat16 queries, got {q_dtype}")
+        select_impl(impl, device)  # rejects an unknown impl name
+        return DecodeChoice("reference", None)
+    num_sms = _device.num_sms_of(device)
+    chosen = select_impl(
+        impl, device, native_unsupported=native.unsupported(
+            head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype, kv_head_grid=kv_head_grid),
+        native_preferred=native_preferred(
+            is_hip=_device.gpu_is_hip(), group=group, head_dim=head_dim, num_tokens=num_tokens,
+            programs=num_seqs * num_kv_heads, num_sms=num_sms,
+            same_kv_dtype=kv_dtype == q_dtype))
+    stages = native_loop_stages(split_n=native_split_n) if chosen == "native" else 0
+    if chosen == "reference" or not num_seqs or not max_blocks:
+        return DecodeChoice(chosen, None, native_stages=stages)
+    if chosen == "native" and partition_size is None and partition_size_env() is None:
+        partition_size = _native_partition_size(
+            programs=native.grid_programs(num_seqs=num_seqs, num_kv_heads=num_kv_heads,
+                                          rows=num_tokens * group, head_dim=head_dim),
+            rows=num_tokens * group, head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype,
+            max_context=max_context, loop_stages=stages, loop_tile=NATIVE_LOOP_TILE,
+            device=device,
+            max_partitions=None if workspace_slots is None else workspace_slots // num_seqs)
+    config = launch_config(
+        num_seqs=num_seqs, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+        num_tokens=num_tokens, head_dim=head_dim, page_size=page_size,
+        kv_elem_size=kv_dtype.itemsize, max_context_len=max_context, num_sms=num_sms,
+        partition_size=partition_size, kv_head_grid=kv_head_grid, tile=tile)
+    split = config.num_partitions > 1
+    fused = split and chosen == "triton" and workspace_counters and (
+        fused_combine if fused_combine is not None
+        else use_fused_combine(num_partitions=config.num_partitions))
+    return DecodeChoice(chosen, config, fused_combine=fused,
+                        pdl=split and not fused and combine_pdl(device),
+                        native_stages=stages)

@@ -1,0 +1,114 @@
+"""The native prefix prefill (the sm_90a wgmma kernel, ``csrc/prefill_sm90.cu``,
+``torch.ops.hygon_attn.prefix_prefill``): what it covers and its launch. Arguments arrive
+validated (``api.py``, ``plan.py``); nothing here chooses a config."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from hygon_attn_backend import native
+
+BLOCK_M = 128  # query rows of a native prefill program (csrc/prefill_sm90.cu)
+TILE = (BLOCK_M, 128, 8, 3)  # the Triton tile a layer it does not cover runs on its map
+HEAD_DIM = 128
+DTYPES = (torch.float16, torch.bfloat16)  # q, caches and out alike
+
+
+def device_unsupported(device: torch.device) -> Optional[str]:
+    """None when ``device`` has the native prefill (an NVIDIA sm_90 GPU: the kernel is
+    written for sm_90a's wgmma), else the reason."""
+    if device.type != "cuda":
+        return f"device {device} (the native prefill runs on NVIDIA sm_90 GPUs)"
+    if getattr(torch.version, "hip", None):
+        return "a HIP GPU (the native prefill is the sm_90 wgmma kernel; HIP runs Triton)"
+    cap = torch.cuda.get_device_capability(device)
+    if cap != (9, 0):
+        return f"compute capability {cap[0]}.{cap[1]} (the native prefill needs sm_90: H100/H200)"
+    return None
+
+
+def dtype_unsupported(kv_dtype: torch.dtype) -> Optional[str]:
+    """Why a KV cache of ``kv_dtype`` cannot run the native prefill (None: it can)."""
+    if kv_dtype not in DTYPES:
+        return f"KV cache dtype {kv_dtype} (native prefill: float16/bfloat16, no fp8 KV)"
+    return None
+
+
+def shape_unsupported(*, head_dim: int, q_dtype: Optional[torch.dtype],
+                      kv_dtype: Optional[torch.dtype], group: int) -> Optional[str]:
+    """None when the native prefill covers a batch of these shapes and dtypes (None: not
+    known yet), else the reason it does not. The device is :func:`device_unsupported`'s
+    question."""
+    if head_dim != HEAD_DIM:
+        return f"head_dim {head_dim} (native prefill: {HEAD_DIM})"
+    if q_dtype is not None and q_dtype not in DTYPES:
+        return f"q dtype {q_dtype} (native prefill: float16/bfloat16)"
+    why = dtype_unsupported(kv_dtype) if kv_dtype is not None else None
+    if why is not None:
+        return why
+    if group > BLOCK_M:
+        return f"GQA group {group} > {BLOCK_M}"
+    return None
+
+
+def _rows_aligned(t: torch.Tensor, elems: int) -> bool:
+    """Innermost stride 1 and every row start a multiple of ``elems`` elements from a base
+    aligned to as many elements (the kernel's 16-byte copies / 4-byte stores). Runs per
+    call for q and out: one stride() and shape read, no generator (it is on the per-layer
+    path)."""
+    strides, shape = t.stride(), t.shape
+    if strides[-1] != 1 and shape[-1] > 1:
+        return False
+    if t.data_ptr() % (elems * t.element_size()):
+        return False
+    for s, n in zip(strides[:-1], shape[:-1]):
+        if s % elems and n > 1:
+            return False
+    return True
+
+
+def layer_unsupported(k_cache: torch.Tensor, v_cache: torch.Tensor) -> Optional[str]:
+    """Why one layer's caches cannot run the native prefill (None: they can; the caller
+    checks that q has the caches' dtype)."""
+    why = dtype_unsupported(k_cache.dtype) or dtype_unsupported(v_cache.dtype)
+    if why is None and v_cache.dtype != k_cache.dtype:
+        why = f"KV cache dtypes {k_cache.dtype} / {v_cache.dtype} differ"
+    if why is not None:
+        return why
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not _rows_aligned(t, 8):
+            return (f"{name} rows not 16-byte aligned with a contiguous last dim (strides "
+                    f"{tuple(t.stride())})")
+    return None
+
+
+def call_unsupported(q: torch.Tensor, out: torch.Tensor, k_new: Optional[torch.Tensor],
+                     v_new: Optional[torch.Tensor]) -> Optional[str]:
+    """Why one call's tensors cannot run the native prefill (None: they can)."""
+    for name, t, elems in (("q", q, 8), ("out", out, 2), ("k_new", k_new, 8),
+                           ("v_new", v_new, 8)):
+        if t is not None and not _rows_aligned(t, elems):
+            return (f"{name} rows not {2 * elems}-byte aligned with a contiguous last dim "
+                    f"(strides {tuple(t.stride())})")
+    return None
+
+
+def launch(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+           block_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor,
+           tile_req: torch.Tensor, tile_mblock: torch.Tensor, sched: torch.Tensor, *,
+           scale: float, causal: bool, k_new: Optional[torch.Tensor],
+           v_new: Optional[torch.Tensor], lse: Optional[torch.Tensor],
+           sinks: Optional[torch.Tensor], soft_cap: Optional[float],
+           sliding_window: Optional[int]) -> None:
+    """The native prefill launch: tensors as ``prefix_prefill_attention`` takes them,
+    already checked (:func:`layer_unsupported`, :func:`call_unsupported`);
+    ``tile_req``/``tile_mblock`` the plan's map of ``128 // group``-token blocks; ``sched``:
+    the plan's int32 ``[2]`` work counter of the persistent launch (zeros; the kernel
+    leaves it zero). The consumers run their ping-pong turns and in-warpgroup overlap."""
+    sinks_f32 = sinks.to(torch.float32).contiguous() if sinks is not None else None
+    native.load().prefix_prefill(out, q, k_cache, v_cache, k_new, v_new, lse, sinks_f32,
+                                 block_table, cu_seqlens_q, seq_lens_k, tile_req, tile_mblock,
+                                 sched, float(scale), float(soft_cap or 0.0), bool(causal),
+                                 int(sliding_window or 0), True, True)

@@ -1,0 +1,230 @@
+"""``hygon-attn bench decode``: paged decode KV-read GB/s beside an in-run device copy,
+and beside the peers named by ``--compare``.
+
+Decode reads each cached K/V byte once: ``2 * B * ctx * Hkv * D * elem`` bytes per call
+(q and out are < 0.1% of it at these sizes). Achieved GB/s is those bytes over the median
+time of one CUDA-graph replay of the call, the L2 cleared before every replay; 100% is a
+device-to-device copy measured in the same run, counting bytes read plus bytes written.
+Pages are a random permutation of the cache's blocks. The workspace and every peer's
+metadata are built before the graph is captured; each implementation's output is checked
+against the reference before it is timed (see :mod:`hygon_attn_backend.tools.bench._timing`).
+
+Our points per (B, ctx) shape and page size: the shipped partition heuristic (``auto``),
+the DCU baseline rule, optional forced partition sizes, and the per-query-head variant at
+the groups of ``--per-head-groups``; each with every implementation of ``--impl``
+(``triton,native`` puts the native kernels of ``csrc/`` beside the Triton ones). Beside
+them, a device copy moving the same bytes, timed the same way (``--same-bytes-copy``): at
+small batch a call is short enough that fixed costs (launch, the L2 write-back after the
+clear, the first wave's ramp) weigh, and this row shows how much of the gap to the big
+copy any kernel of that size pays. A G sweep at one shape varies the KV heads at a fixed
+query head count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hygon_attn_backend.tools.bench import _harness, output, problems
+from hygon_attn_backend.tools.bench.peers import make_peers, ours_decode
+
+DEFAULT_SHAPES = "1,32768;1,131072;8,8192;64,4096;64,16384;256,2048"
+
+
+def _parse_pairs(text: str):
+    return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
+
+
+def _parse_partitions(text: str):
+    """``auto`` (shipped heuristic), ``auto-fused`` / ``auto-launch`` (its partition size
+    with the combine fused into the decode kernel / as a second launch), ``dcu`` (baseline
+    rule), ``none`` (one partition), or an integer partition size."""
+    items = []
+    for part in text.split(","):
+        part = part.strip()
+        if part:
+            named = part in ("auto", "auto-fused", "auto-launch", "dcu", "none")
+            items.append(part if named else int(part))
+    return items
+
+
+def add_decode_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``decode`` on an argparse ``subparsers`` object; returns the parser."""
+    p = subparsers.add_parser("decode", help="paged decode GB/s vs an in-run copy and peers")
+    p.add_argument("--shapes", default=DEFAULT_SHAPES,
+                   help="';'-separated B,ctx pairs (default: issue 3's six)")
+    p.add_argument("--block-sizes", default="16,64", help="page sizes, comma-separated")
+    p.add_argument("--num-q-heads", type=int, default=32)
+    p.add_argument("--num-kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--partitions", default="auto,dcu",
+                   help="comma list: auto, auto-fused / auto-launch (auto's partition size "
+                        "with the combine fused / a second launch), dcu, none or a size")
+    p.add_argument("--group-shape", default="64,4096", help="B,ctx of the G sweep")
+    p.add_argument("--groups", default="1,8,16",
+                   help="GQA groups of the G sweep (Hq fixed, Hkv = Hq / G); '' skips it")
+    p.add_argument("--per-head-groups", default="8",
+                   help="groups at which the per-query-head variant is also timed")
+    p.add_argument("--same-bytes-copy", action=argparse.BooleanOptionalAction, default=True,
+                   help="time a device copy moving each shape's KV bytes beside it (the "
+                        "reference for short calls; default on)")
+    p.add_argument("--impl", default="auto",
+                   help="our implementations, comma list of auto, triton, native (e.g. "
+                        "'triton,native': each partition choice is timed with both)")
+    _add_common(p, rep_ms=60.0)
+    p.set_defaults(func=_cli, bench_func=_cli)
+    return p
+
+
+def _add_common(p, *, rep_ms: float) -> None:
+    """Options both benchmarks share."""
+    p.add_argument("--compare", default="",
+                   help="peers to run beside ours: comma list of sglang, vllm, flashinfer, "
+                        "sdpa (or 'all'); one not installed here is reported, not an error")
+    p.add_argument("--rep-ms", type=float, default=rep_ms, help="timed milliseconds per point")
+    p.add_argument("--l2-flush", default="write", choices=["write", "read"],
+                   help="how the L2 is evicted before each timed call: 'write' "
+                        "(triton.testing.do_bench's zero fill; the call also writes back "
+                        "the dirty lines it leaves) or 'read' (a read of a buffer written "
+                        "once: a clean L2, as in an engine's step)")
+    p.add_argument("--csv", default="", help="write every row to this CSV file")
+    p.add_argument("--plot", default="",
+                   help="draw this PNG (needs matplotlib: pip install "
+                        "'hygon-attn-backend[bench]')")
+    p.add_argument("--json", default="", help="write all results to this JSON file")
+    p.add_argument("--markdown", default="", help="write the table to this file")
+
+
+def _cli(args) -> int:
+    return 0 if run_decode_bench(args) else 1
+
+
+def _partition_size(choice, prob, device):
+    """The partition size our op gets for ``choice`` (passed as an argument)."""
+    from hygon_attn_backend.ops._device import num_sms_of
+    from hygon_attn_backend.ops.decode import tuning
+    if choice in ("auto", "dcu"):
+        return tuning.triton_partition_size(
+            num_seqs=prob.batch, num_kv_heads=prob.num_kv_heads,
+            group=prob.num_q_heads // prob.num_kv_heads, max_context_len=prob.ctx,
+            num_sms=num_sms_of(device), rule="dcu" if choice == "dcu" else "measured")
+    if choice == "none":
+        return -(-prob.ctx // 16) * 16
+    return int(choice)
+
+
+def parse_impls(text: str) -> list:
+    """``--impl``: a comma list of ``auto``, ``triton``, ``native`` (no repeats)."""
+    impls = [x.strip() for x in str(text).split(",") if x.strip()]
+    bad = [x for x in impls if x not in ("auto", "triton", "native")]
+    if not impls or bad or len(set(impls)) != len(impls):
+        raise ValueError(f"--impl: a comma list of auto, triton, native without repeats, "
+                         f"got {text!r}")
+    return impls
+
+
+def _our_label(choice) -> str:
+    return {"auto": "hygon", "auto-fused": "hygon (fused combine)",
+            "auto-launch": "hygon (combine launch)", "dcu": "hygon (dcu rule)",
+            "none": "hygon (1 partition)"}.get(choice, "hygon (forced)")
+
+
+def run_decode_bench(args) -> dict:
+    """Run the decode benchmark described by ``args`` (see :func:`add_decode_parser`);
+    print a markdown table and return all numbers as a dict ({} without a device)."""
+    import torch
+    from hygon_attn_backend.tools.bench import _timing
+
+    try:
+        impls = parse_impls(args.impl)  # a bad list fails before any device work
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
+    started = _harness.start(args, "decode")
+    if started is None:
+        return {}
+    peers, device = started
+    dtype = getattr(torch, args.dtype)
+    hq, dim = args.num_q_heads, args.head_dim
+    pages = [int(x) for x in str(args.block_sizes).split(",") if x]
+    partitions = _parse_partitions(args.partitions)
+    per_head_groups = {int(x) for x in str(args.per_head_groups).split(",") if x}
+    meta = _harness.header(device)
+    copy, copy_ms = _timing.copy_ceiling(args.rep_ms, device=device)
+    meta.update(copy_gbps=copy, dtype=args.dtype, num_q_heads=hq, head_dim=dim, peers=peers,
+                l2_flush=_timing.L2_FLUSH)
+    print(f"# decode bench: {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, "
+          f"{args.dtype}, Hq={hq}, D={dim}; graph replay, L2 cleared before every replay "
+          f"(by a {_timing.L2_FLUSH}), pages permuted")
+    print(f"device copy (read + write): {copy:.0f} GB/s = 100%")
+    jobs = [(b, c, args.num_kv_heads) for b, c in _parse_pairs(args.shapes)]
+    if args.groups:
+        gb, gc = _parse_pairs(args.group_shape)[0]
+        jobs += [(gb, gc, hq // int(g)) for g in str(args.groups).split(",") if g]
+    rows = []
+    for batch, ctx, hkv in output.progress(jobs, desc="decode shapes"):
+        for page in pages:
+            prob = problems.build_decode(batch=batch, ctx=ctx, page_size=page,
+                                         num_q_heads=hq, num_kv_heads=hkv, head_dim=dim,
+                                         dtype=dtype, device=device)
+            base = dict(op="decode", batch=batch, ctx=ctx, num_q_heads=hq, num_kv_heads=hkv,
+                        head_dim=dim, page=page)
+            made = []
+            for impl in impls:
+                for choice in partitions:
+                    # the shipped rule is planned by the op itself (per-sequence split)
+                    auto = isinstance(choice, str) and choice.startswith("auto")
+                    size = None if auto else _partition_size(choice, prob, device)
+                    label = _our_label(choice) + (f" [{impl}]" if len(impls) > 1 else "")
+                    made.append(_make(lambda: ours_decode(
+                        prob, partition_size=size, impl=impl,
+                        fused_combine={"auto-fused": True, "auto-launch": False}.get(choice),
+                        label=label), label))
+            if hq // hkv in per_head_groups:
+                size = _partition_size("auto", prob, device)
+                made.append(_make(lambda: ours_decode(prob, partition_size=size,
+                                                      kv_head_grid=False,
+                                                      label="hygon per-q-head"),
+                                  "hygon per-q-head"))
+            for name in peers:
+                made += make_peers(name, prob, "decode")
+            rows += _harness.run_all(made, lambda out: problems.check_decode(prob, out),
+                                     base=base, graph=True, rep_ms=args.rep_ms,
+                                     work=prob.kv_bytes(), ceiling=copy, device=device)
+            if args.same_bytes_copy:
+                rows.append(_same_bytes_copy_row(prob.kv_bytes(), base, copy, args.rep_ms,
+                                                 device))
+                _harness.print_row(rows[-1])
+            prob = made = None  # free the caches before the next shape
+    _harness.emit(rows, meta, args, op="decode", unit="GB/s", ceiling=copy,
+                  ceiling_name="copy", title=f"decode {args.dtype}, Hq={hq}, D={dim}")
+    return dict(meta, rows=rows)
+
+
+def _same_bytes_copy_row(nbytes: int, base: dict, copy: float, rep_ms: float, device) -> dict:
+    """A row for a device copy moving the shape's KV bytes, timed as the decode calls."""
+    from hygon_attn_backend.tools.bench import _timing
+    ms = _timing.same_bytes_copy_ms(nbytes, rep_ms, device=device)
+    value = nbytes / ms / 1e6
+    return dict(base, impl="device copy, same bytes", note="reference, not attention",
+                status="ok", ms=ms, value=value, unit="GB/s", ceiling=copy,
+                pct=100 * value / copy)
+
+
+def _make(factory, label):
+    try:
+        return label, factory()
+    except Exception as exc:  # e.g. a forced partition size the op refuses
+        return label, exc
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="hygon-attn-bench-decode")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    add_decode_parser(sub)
+    args = parser.parse_args(["decode"] + list(argv if argv is not None else sys.argv[1:]))
+    return run_decode_bench(args)
+
+
+if __name__ == "__main__":
+    main()
