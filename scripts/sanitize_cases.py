@@ -270,10 +270,9 @@ def native_cases() -> None:
 
 
 def native_prefill(name, *, prefix, extend, group, hkv=2, page=16, k_new=False, bad_ids=False,
-                   persistent="1", **opts):
+                   **opts):
     """One native prefix-prefill call on a shuffled paged cache, checked against the
     reference (hostile ids: finite only)."""
-    os.environ["HYGON_ATTN_NATIVE_PREFILL_PERSISTENT"] = persistent
     gen = torch.Generator(device=DEV).manual_seed(1)
     d, hq = 128, hkv * group
     lens_k = [a + b for a, b in zip(prefix, extend)]
@@ -306,8 +305,6 @@ def native_prefill(name, *, prefix, extend, group, hkv=2, page=16, k_new=False, 
 
 def native_prefill_cases() -> None:
     native_prefill("paged causal G4", prefix=(300, 0, 129), extend=(200, 70, 1), group=4)
-    native_prefill("paged causal G4 per-item", prefix=(300, 0, 129), extend=(200, 70, 1), group=4,
-                   persistent="0")
     native_prefill("dense new K/V G8 page 1", prefix=(100, 7), extend=(150, 300), group=8, page=1,
                    k_new=True)
     native_prefill("non-causal G3", prefix=(257, 0), extend=(60, 131), group=3, causal=False)
@@ -315,7 +312,6 @@ def native_prefill_cases() -> None:
                    sliding_window=70, soft_cap=15.0,
                    sinks=torch.linspace(-1, 1, 8, device=DEV))
     native_prefill("hostile ids", prefix=(300, 40), extend=(100, 30), group=4, bad_ids=True)
-    os.environ.pop("HYGON_ATTN_NATIVE_PREFILL_PERSISTENT", None)
 
 
 def main() -> None:
