@@ -11,8 +11,8 @@ D = 80 / 96 / 256, fp8 caches.
 ``--native``: the native kernels (csrc/) instead: every decode staging path (16-byte
 vectors, fp8, strided V-transposed and split-x K), both decode loops, split and unsplit
 launches, row chunks, options, hostile block ids and slots, write_kv and copy_blocks; the
-sm_90 prefill (paged and dense keys, masks, options, persistent and one-program-per-item
-launches, hostile block ids) where the GPU has it.
+sm_90 prefill (paged and dense keys, masks, options, hostile block ids) where the GPU has
+it.
 
 Run with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` (sanitize.sh sets it) so every tensor is its
 own allocation and an out-of-bounds access cannot land silently in a neighbour's memory.
