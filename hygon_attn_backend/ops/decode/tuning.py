@@ -160,16 +160,18 @@ def native_partition_size(*, programs: int, max_context_len: int, block_n: int,
     return -(-tiles // best[1]) * block_n
 
 
-def _native_partition_size(*, programs, rows, head_dim, q_dtype, kv_dtype, max_context,
-                           loop_stages, loop_tile, device, max_partitions) -> int:
-    """:func:`native_partition_size` for this device's occupancy of the instantiation the
-    launch takes."""
+def _native_partition_size(*, num_seqs, num_kv_heads, rows, head_dim, q_dtype, kv_dtype,
+                           max_context, loop_stages, loop_tile, device, max_partitions) -> int:
+    """:func:`native_partition_size` for the native grid of ``rows = G * T`` query rows per
+    KV head and this device's occupancy of the instantiation the launch takes."""
     chunk_rows = min(rows, native.MAX_ROWS)  # the rows of one program
     per_sm = native.programs_per_sm(
         device_index=_device.device_index(device), q_dtype=q_dtype, kv_dtype=kv_dtype,
         head_dim=head_dim, rows=chunk_rows, loop_stages=loop_stages, loop_tile=loop_tile)
     return native_partition_size(
-        programs=programs, max_context_len=max_context,
+        programs=native.grid_programs(num_seqs=num_seqs, num_kv_heads=num_kv_heads, rows=rows,
+                                      head_dim=head_dim),
+        max_context_len=max_context,
         block_n=native.block_n(head_dim=head_dim, rows=chunk_rows, loop_stages=loop_stages,
                                loop_tile=loop_tile),
         programs_per_sm=per_sm, num_sms=_device.num_sms_of(device),
@@ -422,9 +424,7 @@ def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
         return DecodeChoice(chosen, None, native_stages=stages)
     if chosen == "native" and partition_size is None and partition_size_env() is None:
         partition_size = _native_partition_size(
-            programs=native.grid_programs(num_seqs=num_seqs, num_kv_heads=num_kv_heads,
-                                          rows=num_tokens * group, head_dim=head_dim),
-            rows=num_tokens * group, head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype,
+            num_seqs=num_seqs, num_kv_heads=num_kv_heads, rows=num_tokens * group, head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype,
             max_context=max_context, loop_stages=stages, loop_tile=NATIVE_LOOP_TILE,
             device=device,
             max_partitions=None if workspace_slots is None else workspace_slots // num_seqs)
