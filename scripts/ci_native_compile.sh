@@ -15,7 +15,7 @@
 # the optimised build happens on the GPU machine (hygon_attn_backend/native.py).
 #
 # Usage: scripts/ci_native_compile.sh [PYTHON]   (default .venv/bin/python: CPU torch)
-# Outputs: build/native-ci/{_hab_cuda.so,_hab_hip.so,*.log}; tests/test_native.py loads them.
+# Outputs: build/native-ci/{_hab_cuda.so,_hab_hip.so,*.log}; tests/native/test_native.py loads them.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${1:-$ROOT/.venv/bin/python}

@@ -42,8 +42,8 @@ if [ -z "${SKIP_SANITIZE:-}" ]; then
     OUT=/tmp/hygon-sanitize timeout "$LIMIT" scripts/sanitize.sh > /tmp/hygon-sanitize.txt 2>&1 &
 fi
 if [ -z "${SKIP_TESTS:-}" ]; then
-    timeout "$LIMIT" "$PY" -m pytest -q -m gpu -n 4 tests/test_bounds.py tests/test_prefill.py \
-        tests/test_decode.py > "$OUT/pytest.log" 2>&1
+    timeout "$LIMIT" "$PY" -m pytest -q -m gpu -n 4 tests/ops/test_bounds.py tests/ops/test_prefill.py \
+        tests/ops/test_decode.py > "$OUT/pytest.log" 2>&1
 fi
 wait
 {

@@ -1,13 +1,13 @@
 """envs.py: every variable the package reads is parsed there and listed in the README."""
 
-import pathlib
 import re
 
 import pytest
 
 from hygon_attn_backend import envs
+from tests import support
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = support.REPO
 
 
 def test_readme_lists_exactly_the_variables():

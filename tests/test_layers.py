@@ -4,7 +4,9 @@ kernels -> ops -> integrations, the tools wing apart, no cycles."""
 import ast
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1] / "hygon_attn_backend"
+from tests import support
+
+ROOT = support.REPO / "hygon_attn_backend"
 PKG = "hygon_attn_backend"
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # error budget: max|out - ref32| <= MULT * max|ref_lowp - ref32| + FLOOR[dtype], where
-# ref_lowp is the same reference computed in the input dtype (tests/_budget.py's rule)
+# ref_lowp is the same reference computed in the input dtype (tests/support/budget.py's rule)
 BUDGET_MULT = 4.0
 BUDGET_FLOOR = {"float16": 2e-3, "bfloat16": 1.6e-2}
 CHECK_SEQS = 4  # decode: sequences checked against the reference

@@ -15,6 +15,8 @@ from importlib.metadata import entry_points
 
 import pytest
 
+from tests import support
+
 pytest.importorskip("sglang.srt.arg_groups.choices")
 
 from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES  # noqa: E402
@@ -23,7 +25,7 @@ from sglang.srt.server_args import prepare_server_args  # noqa: E402
 
 from hygon_attn_backend.integrations import sglang as integration  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = str(support.REPO)
 
 
 def _run_clean(code: str) -> dict:

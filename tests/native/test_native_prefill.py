@@ -17,8 +17,8 @@ from hygon_attn_backend import reference
 from hygon_attn_backend.ops.prefill import tuning
 from hygon_attn_backend.ops.prefill import native as _native
 from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
-from tests._budget import assert_within_budget
-from tests.test_prefill import GPU_CASES, Case, make_inputs, run_case
+from tests.support.budget import assert_within_budget
+from tests.ops.test_prefill import GPU_CASES, Case, make_inputs, run_case
 
 gpu = pytest.mark.gpu
 

@@ -3,7 +3,7 @@
 CPU: the Triton kernels under the interpreter on small shapes, fp16 (bf16 ``tl.dot`` is
 broken in the interpreter). GPU (``@pytest.mark.gpu``): real sizes, bf16 and fp16.
 Oracle: reference in float64; budget: a small multiple of the reference's own error in
-the input dtype (tests/_budget.py).
+the input dtype (tests/support/budget.py).
 """
 
 import math
@@ -15,7 +15,7 @@ from hygon_attn_backend import reference
 from hygon_attn_backend.ops.decode import tuning
 from hygon_attn_backend.ops.decode import (allocate_decode_workspace, decode_launch_config,
                                            paged_decode_attention, plan_paged_decode)
-from tests._budget import assert_within_budget
+from tests.support.budget import assert_within_budget
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if HAS_CUDA else "cpu")

@@ -11,9 +11,11 @@ from importlib.metadata import entry_points
 
 import pytest
 
+from tests import support
+
 pytest.importorskip("sglang")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = str(support.REPO)
 
 
 @pytest.mark.slow

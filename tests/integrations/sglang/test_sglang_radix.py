@@ -17,8 +17,8 @@ pytest.importorskip("sglang.srt.mem_cache.radix_cache")
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
-from _budget import assert_within_budget  # noqa: E402
-from _sglang_harness import Server, TinyModel  # noqa: E402
+from tests.support.budget import assert_within_budget  # noqa: E402
+from tests.support.sglang_harness import Server, TinyModel  # noqa: E402
 
 PAGE_SIZES = (1, 16)
 DTYPES = (torch.float32, torch.float16)

@@ -3,7 +3,7 @@
 CPU: the kernel runs in Triton's interpreter on tiny shapes in fp16 (the interpreter's
 bf16 ``tl.dot`` is broken). GPU (marked ``gpu``): the same checks at real sizes, bf16 too.
 Every case draws fresh random inputs, poisons the output with NaN, and allows a small
-multiple of the reference's own error in the input dtype (tests/_budget.py).
+multiple of the reference's own error in the input dtype (tests/support/budget.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,7 @@ from hygon_attn_backend.ops.prefill import tuning
 from hygon_attn_backend.ops.prefill import plan as prefill_plan
 from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
 
-try:
-    from _budget import assert_within_budget
-except ImportError:  # imported as a module by scripts/prefill_gpu.py
-    from tests._budget import assert_within_budget
+from tests.support.budget import assert_within_budget
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu

@@ -4,7 +4,7 @@ vLLM core over several layer caches (Triton interpreter) against the reference."
 import pytest
 import torch
 
-from _budget import assert_within_budget
+from tests.support.budget import assert_within_budget
 from hygon_attn_backend import layouts, reference
 from hygon_attn_backend.tools.cli import build_parser
 from hygon_attn_backend.tools.bench import step as bench_step

@@ -12,7 +12,7 @@ pytest.importorskip("sglang.srt.mem_cache.radix_cache")
 
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
-from _sglang_harness import Server, TinyModel  # noqa: E402
+from tests.support.sglang_harness import Server, TinyModel  # noqa: E402
 from hygon_attn_backend.ops.prefill import tuning  # noqa: E402
 from hygon_attn_backend.integrations.sglang import warmup  # noqa: E402
 from hygon_attn_backend.integrations.sglang.backend import HygonAttnBackend  # noqa: E402

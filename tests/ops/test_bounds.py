@@ -17,10 +17,7 @@ from hygon_attn_backend.ops.cache import copy_blocks, write_kv
 from hygon_attn_backend.ops.decode import paged_decode_attention
 from hygon_attn_backend.ops.prefill import prefix_prefill_attention
 
-try:
-    from _budget import assert_within_budget
-except ImportError:
-    from tests._budget import assert_within_budget
+from tests.support.budget import assert_within_budget
 
 HAS_CUDA = torch.cuda.is_available()
 CPU = torch.device("cpu")

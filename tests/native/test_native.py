@@ -26,12 +26,13 @@ from hygon_attn_backend.ops.prefill import tuning as prefill_tuning
 from hygon_attn_backend.ops._dispatch import select_impl
 from hygon_attn_backend.ops.decode import allocate_decode_workspace, paged_decode_attention
 from hygon_attn_backend.ops.decode import plan_paged_decode
-from tests._budget import assert_within_budget
-from tests.test_cache_ops import LAYOUT_NAMES, _run_copy_case, _run_write_case, _seed
-from tests.test_decode import make_cache, make_table, run_case
+from tests import support
+from tests.support.budget import assert_within_budget
+from tests.ops.test_cache_ops import LAYOUT_NAMES, _run_copy_case, _run_write_case, _seed
+from tests.ops.test_decode import make_cache, make_table, run_case
 
 HAS_CUDA = torch.cuda.is_available()
-CI_OUT = Path(__file__).resolve().parent.parent / "build" / "native-ci"
+CI_OUT = support.REPO / "build" / "native-ci"
 gpu = pytest.mark.gpu
 
 
@@ -659,7 +660,7 @@ def test_compile_check_libraries_import(lib):
             "from hygon_attn_backend.native import OPS; "
             "print(','.join(op for op in OPS if hasattr(torch.ops.hygon_attn, op)))")
     res = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parent.parent, timeout=300)
+                         cwd=support.REPO, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip().split(",") == list(native.OPS)
     if not HAS_CUDA:  # on CPU torch the ops exist but have no CPU kernel
@@ -668,7 +669,7 @@ def test_compile_check_libraries_import(lib):
                         "x.view(1, 1, 1, 4), torch.zeros(1, dtype=torch.int32), None, None, 1., 1.)\n"
                         "except NotImplementedError as e: print('no-cpu-kernel')")
         res2 = subprocess.run([sys.executable, "-c", code2, str(path)], capture_output=True,
-                              text=True, cwd=Path(__file__).resolve().parent.parent, timeout=300)
+                              text=True, cwd=support.REPO, timeout=300)
         assert "no-cpu-kernel" in res2.stdout, res2.stderr[-2000:]
 
 
@@ -678,7 +679,7 @@ def test_wheel_ships_the_native_sources(tmp_path):
     source checkout is beside the package."""
     import zipfile
 
-    root = Path(__file__).resolve().parent.parent
+    root = support.REPO
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                     "--no-build-isolation", str(root), "-w", str(tmp_path / "wheel")],
                    check=True, capture_output=True)

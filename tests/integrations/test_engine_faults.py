@@ -1,7 +1,7 @@
 """Engine faults keep tokens right (CPU end to end, slow): vLLM preemption with recompute
 and a request aborted mid-decode give the same greedy tokens with ``hygon`` as with
 vLLM's own CPU backend under the same faults; SGLang's radix cache evicting under memory
-pressure serves every request equal to a full recompute (tests/_sglang_harness.py).
+pressure serves every request equal to a full recompute (tests/support/sglang_harness.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import support
+
+REPO = str(support.REPO)
 
 
 def _first_difference(a, b, gaps):
@@ -27,7 +29,7 @@ def _vllm_run(model_dir, backend, tmp_path):
                VLLM_CPU_KVCACHE_SPACE="1")
     if backend == "hygon" and os.environ.get("TRITON_INTERPRET") == "1":
         env["HYGON_ATTN_IMPL"] = "triton"  # our kernels, in Triton's interpreter
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "_vllm_faults.py"),
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "support", "vllm_faults.py"),
                            model_dir, backend, str(result)],
                           capture_output=True, text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -64,8 +66,8 @@ def test_sglang_radix_eviction_under_memory_pressure(page_size, device):
 
     import torch
 
-    from _budget import assert_within_budget
-    from _sglang_harness import Server, TinyModel
+    from tests.support.budget import assert_within_budget
+    from tests.support.sglang_harness import Server, TinyModel
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
     model = TinyModel(num_heads=8, num_kv_heads=2, head_dim=32, dtype=torch.float16,

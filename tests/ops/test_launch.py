@@ -4,7 +4,7 @@ takes Triton's path on a new argument signature and the compiled kernel directly
 import pytest
 import torch
 
-from _budget import assert_within_budget
+from tests.support.budget import assert_within_budget
 from hygon_attn_backend import layouts, reference
 from hygon_attn_backend.kernels.decode import paged_decode_kernel
 from hygon_attn_backend.ops._launch import NO_LAYER, LayerArgs, Launch

@@ -15,8 +15,8 @@ from hygon_attn_backend.ops import _device
 from hygon_attn_backend.ops.decode import tuning
 from hygon_attn_backend.ops.decode import (allocate_decode_workspace, paged_decode_attention,
                                            plan_paged_decode)
-from tests._budget import assert_within_budget
-from tests.test_decode import blocks_needed, make_cache, make_table
+from tests.support.budget import assert_within_budget
+from tests.ops.test_decode import blocks_needed, make_cache, make_table
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if HAS_CUDA else "cpu")

@@ -1,7 +1,7 @@
 """The vLLM backend's engine-free core with our Triton kernels, without vLLM installed.
 
 vLLM cannot be installed on the H200 test machine, so the backend-harness cases
-(``_vllm_cases.BATCH_SPECS``, upstream ``tests/v1/attention``'s batch specs) drive
+(``support/vllm_cases.BATCH_SPECS``, upstream ``tests/v1/attention``'s batch specs) drive
 ``integrations.vllm._core`` directly there: the same split (decodes first), metadata,
 decode workspace and prefill plan that ``HygonAttentionMetadataBuilder.build`` makes,
 then ``write_new_kv`` and ``attention`` as the impl calls them. On CPU the small cases
@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _budget import assert_within_budget
-from _vllm_cases import BATCH_SPECS, make_case, oracle, split_point
+from tests.support.budget import assert_within_budget
+from tests.support.vllm_cases import BATCH_SPECS, make_case, oracle, split_point
 from hygon_attn_backend.integrations.vllm import step as _core
 
 CPU_CASES = ["small_decode", "small_prefill", "mixed_small", "prefill_no_context",

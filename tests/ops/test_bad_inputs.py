@@ -15,10 +15,7 @@ from hygon_attn_backend.ops.cache import copy_blocks, write_kv
 from hygon_attn_backend.ops.decode import allocate_decode_workspace, paged_decode_attention
 from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
 
-try:
-    from _budget import assert_within_budget
-except ImportError:
-    from tests._budget import assert_within_budget
+from tests.support.budget import assert_within_budget
 
 CPU = torch.device("cpu")
 META = torch.device("meta")  # a device the other tensors are not on

@@ -7,7 +7,7 @@ Llama under two engine faults, with the attention backend named on the command l
 2. A request aborted mid-decode (``LLMEngine.abort_request``): the others must finish
    exactly as in a run without it.
 
-Usage: python tests/_vllm_faults.py MODEL_DIR BACKEND RESULT_JSON  (BACKEND: hygon|default)
+Usage: python tests/support/vllm_faults.py MODEL_DIR BACKEND RESULT_JSON  (BACKEND: hygon|default)
 Writes ``{"preempt": {"tokens", "gaps", "preemptions"}, "abort": {...}}``.
 """
 

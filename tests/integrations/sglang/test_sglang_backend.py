@@ -2,7 +2,7 @@
 window / soft cap / sinks, the CUDA-graph hooks (real capture and replay on a GPU, the same
 hooks eagerly on CPU), and the modes it refuses.
 
-The oracle is a full recompute (tests/_sglang_harness.py); budgets are a small multiple of
+The oracle is a full recompute (tests/support/sglang_harness.py); budgets are a small multiple of
 that recompute's own error in the model dtype.
 """
 
@@ -16,8 +16,8 @@ pytest.importorskip("sglang.srt.mem_cache.radix_cache")
 
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
-from _budget import assert_within_budget  # noqa: E402
-from _sglang_harness import Server, TinyModel  # noqa: E402
+from tests.support.budget import assert_within_budget  # noqa: E402
+from tests.support.sglang_harness import Server, TinyModel  # noqa: E402
 
 HEADS = dict(num_heads=8, num_kv_heads=2, head_dim=32)  # GQA group 4
 

@@ -15,8 +15,9 @@ import sys
 import pytest
 
 from hygon_attn_backend.ops.prefill import tuning
+from tests import support
 
-SCRIPTS = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "scripts"))
+SCRIPTS = str(support.REPO / "scripts")
 
 
 def _hip_tiles():

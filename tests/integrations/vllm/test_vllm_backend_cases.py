@@ -1,7 +1,7 @@
 """vLLM's backend-harness cases, driving our builder and impl with vLLM's real classes.
 
 Port of the batch cases of upstream ``tests/v1/attention`` (small/medium/large decode,
-prefill with context, mixed, single; see ``_vllm_cases.BATCH_SPECS``): each case builds
+prefill with context, mixed, single; see ``support/vllm_cases.BATCH_SPECS``): each case builds
 vLLM's ``CommonAttentionMetadata``, runs ``HygonAttentionMetadataBuilder.build``, then the
 impl's ``do_kv_cache_update`` (our write op) and ``forward`` on vLLM's combined K|V cache
 in several physical layouts, and compares with ``reference.py`` in float64 on contiguous
@@ -20,8 +20,8 @@ import torch
 
 pytest.importorskip("vllm")
 
-from _budget import assert_within_budget  # noqa: E402
-from _vllm_cases import BATCH_SPECS, LAYOUTS, make_case, oracle  # noqa: E402
+from tests.support.budget import assert_within_budget  # noqa: E402
+from tests.support.vllm_cases import BATCH_SPECS, LAYOUTS, make_case, oracle  # noqa: E402
 
 from vllm.config import (  # noqa: E402
     CacheConfig,
