@@ -27,6 +27,7 @@ __all__ = [
     "write_kv",
     "copy_blocks",
     "combine_partitions",
+    "unpack_tree_mask",
     "quantize_fp8",
     "dequantize_fp8",
     "gather_kv",
@@ -261,6 +262,7 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                              sliding_window: Optional[int] = None,
                              soft_cap: Optional[float] = None,
                              sinks: Optional[torch.Tensor] = None,
+                             tree_mask: Optional[torch.Tensor] = None,
                              compute_dtype: torch.dtype = torch.float32):
     """Reference prefix-prefill ("extend") attention on a ragged batch.
 
@@ -275,6 +277,10 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
        (packed like ``q``). Given: the prefix ``[0, Lk - Lq)`` is read from the cache and
        the new tokens from these. Absent: all ``Lk`` keys come from the cache.
     causal: apply ``j <= i + (Lk - Lq)``; otherwise every row sees every key.
+    tree_mask: optional ``[total_q, W]`` int32 packed tree mask (speculative verify, with
+       ``causal``): new token ``i`` of a request sees the whole prefix and new token ``j``
+       iff :func:`unpack_tree_mask` says so (bit ``j % 32`` of word ``j // 32`` of its row;
+       bits past ``32 * W`` are 0): the causal rule of the new keys is replaced.
     A row that sees no key (``Lk = 0``, a window or absent keys) gives 0 and lse ``-inf``.
 
     Returns ``out [total_q, num_q_heads, D]`` (q's dtype), and with ``return_lse`` also
@@ -302,6 +308,8 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
             present = torch.cat([present, torch.ones(len_q, dtype=torch.bool, device=q.device)])
         mask = (causal_mask(len_q, len_k, device=q.device, sliding_window=sliding_window)
                 if causal else torch.ones(len_q, len_k, dtype=torch.bool, device=q.device))
+        if tree_mask is not None:
+            mask[:, len_k - len_q:] = unpack_tree_mask(tree_mask[q0:q1], len_q).to(q.device)
         mask &= present
         o, row_lse = _attend(q[q0:q1].to(compute_dtype), k.to(q.device), v.to(q.device), mask,
                              sm_scale, soft_cap, sinks)
@@ -312,6 +320,18 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     else:
         out.copy_(result)
     return (out, lse) if return_lse else out
+
+
+def unpack_tree_mask(tree_mask: torch.Tensor, width: int) -> torch.Tensor:
+    """``[rows, width]`` bool from a packed ``[rows, W]`` int32 tree mask: entry ``(r, j)``
+    is bit ``j % 32`` of word ``j // 32`` of row ``r``, False for ``j >= 32 * W``."""
+    rows, words = tree_mask.shape
+    shifts = torch.arange(32, dtype=torch.int64, device=tree_mask.device)
+    bits = (tree_mask.to(torch.int64)[:, :, None] >> shifts) & 1  # [rows, W, 32]
+    dense = bits.reshape(rows, words * 32).bool()
+    if dense.shape[1] < width:
+        dense = torch.cat([dense, dense.new_zeros(rows, width - dense.shape[1])], dim=1)
+    return dense[:, :width]
 
 
 def combine_partitions(max_logits: torch.Tensor, exp_sums: torch.Tensor,

@@ -11,7 +11,8 @@ Two stages (mask drawn in ``prefill_mask``):
 1. no mask: the prefix keys ``[0, Lk - Lq)`` from the paged cache;
 2. the new keys ``[0, Lq)`` under ``j <= i + (Lk - Lq)``, walked up to
    ``min(Lq, (m_block + 1) * TOK_M)``: tiles above the diagonal are never loaded, tiles
-   wholly below it run unmasked, only the diagonal tiles pay for the mask.
+   wholly below it run unmasked, only the diagonal tiles pay for the mask. With a tree
+   mask (``TREE``, speculative verify) every new key is walked under the packed mask.
 
 With dense ``k_new``/``v_new`` (SGLang) the stages read two sources: the prefix from the
 cache (its partial last tile bound-checked), then the new keys from the dense tensors.
@@ -38,11 +39,12 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
                    stride_k_block, stride_k_row, stride_kd,
                    stride_v_block, stride_v_row, stride_vd,
                    lo, hi, n_limit, key0, src0, window, qk_scale, cap_scale, soft_cap,
-                   v_mult, offs_n, offs_d, head_dim, row_present,
-                   FROM_CACHE: tl.constexpr,
+                   v_mult, offs_n, offs_d, head_dim, row_present, tree_rows, len_p,
+                   tree_words, FROM_CACHE: tl.constexpr,
                    PAGE_SIZE: tl.constexpr, BOUND: tl.constexpr, CAUSAL: tl.constexpr,
                    WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, SCALE_V: tl.constexpr,
-                   PAD_D: tl.constexpr, BLOCK_N: tl.constexpr, TWO_WALKS: tl.constexpr):
+                   PAD_D: tl.constexpr, BLOCK_N: tl.constexpr, TWO_WALKS: tl.constexpr,
+                   TREE: tl.constexpr):
     """One stage (:func:`_prefill_walk`). With ``TWO_WALKS``, an unmasked stage of cache
     keys whose tiles span pages is compiled twice: without any per-key check, taken when
     ``row_present`` says every block id of the stage is present, and with it otherwise.
@@ -53,23 +55,23 @@ def _prefill_stage(acc, l_i, m_i, q, diag,
     # CHECK_KEYS is a compile-time choice per call site, so the two walks are two calls;
     # with SPLIT_WALK false the condition is a constant and only the checked walk compiles
     SPLIT_WALK: tl.constexpr = TWO_WALKS and FROM_CACHE and PAGE_SIZE % BLOCK_N != 0 and \
-        not (BOUND or CAUSAL or WINDOW)
+        not (BOUND or CAUSAL or WINDOW or TREE)
     if SPLIT_WALK and row_present:
         acc, l_i, m_i = _prefill_walk(
             acc, l_i, m_i, q, diag, k_base, v_base, bt_row_ptr, stride_bt_block,
             max_blocks, num_blocks, stride_k_block, stride_k_row, stride_kd,
             stride_v_block, stride_v_row, stride_vd, lo, hi, n_limit, key0, src0,
             window, qk_scale, cap_scale, soft_cap, v_mult, offs_n, offs_d, head_dim,
-            row_present, FROM_CACHE, PAGE_SIZE, BOUND, CAUSAL, WINDOW, SOFT_CAP, SCALE_V,
-            PAD_D, BLOCK_N, CHECK_KEYS=False)
+            row_present, tree_rows, len_p, tree_words, FROM_CACHE, PAGE_SIZE, BOUND, CAUSAL,
+            WINDOW, SOFT_CAP, SCALE_V, PAD_D, BLOCK_N, CHECK_KEYS=False, TREE=TREE)
     else:
         acc, l_i, m_i = _prefill_walk(
             acc, l_i, m_i, q, diag, k_base, v_base, bt_row_ptr, stride_bt_block,
             max_blocks, num_blocks, stride_k_block, stride_k_row, stride_kd,
             stride_v_block, stride_v_row, stride_vd, lo, hi, n_limit, key0, src0,
             window, qk_scale, cap_scale, soft_cap, v_mult, offs_n, offs_d, head_dim,
-            row_present, FROM_CACHE, PAGE_SIZE, BOUND, CAUSAL, WINDOW, SOFT_CAP, SCALE_V,
-            PAD_D, BLOCK_N, CHECK_KEYS=True)
+            row_present, tree_rows, len_p, tree_words, FROM_CACHE, PAGE_SIZE, BOUND, CAUSAL,
+            WINDOW, SOFT_CAP, SCALE_V, PAD_D, BLOCK_N, CHECK_KEYS=True, TREE=TREE)
     return acc, l_i, m_i
 
 
@@ -79,11 +81,12 @@ def _prefill_walk(acc, l_i, m_i, q, diag,
                   stride_k_block, stride_k_row, stride_kd,
                   stride_v_block, stride_v_row, stride_vd,
                   lo, hi, n_limit, key0, src0, window, qk_scale, cap_scale, soft_cap,
-                  v_mult, offs_n, offs_d, head_dim, row_present,
-                  FROM_CACHE: tl.constexpr,
+                  v_mult, offs_n, offs_d, head_dim, row_present, tree_rows, len_p,
+                  tree_words, FROM_CACHE: tl.constexpr,
                   PAGE_SIZE: tl.constexpr, BOUND: tl.constexpr, CAUSAL: tl.constexpr,
                   WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, SCALE_V: tl.constexpr,
-                  PAD_D: tl.constexpr, BLOCK_N: tl.constexpr, CHECK_KEYS: tl.constexpr):
+                  PAD_D: tl.constexpr, BLOCK_N: tl.constexpr, CHECK_KEYS: tl.constexpr,
+                  TREE: tl.constexpr):
     """Walk keys ``n`` in ``[lo, hi)`` (step BLOCK_N) of one stage and update the state.
 
     Key ``n`` is global key position ``key0 + n``; with ``FROM_CACHE`` it is cache
@@ -102,7 +105,7 @@ def _prefill_walk(acc, l_i, m_i, q, diag,
     acc: ``[BLOCK_M, HEAD_DIM]`` fp32, l_i/m_i: ``[BLOCK_M]`` fp32,
     q: ``[BLOCK_M, HEAD_DIM]``, diag: ``[BLOCK_M]`` int32.
     """
-    MASKED: tl.constexpr = BOUND or CAUSAL or WINDOW
+    MASKED: tl.constexpr = BOUND or CAUSAL or WINDOW or TREE
     # a tile inside one page has one (scalar) block id: an absent page drops the whole
     # tile through the running max (no per-element select in the unmasked stages)
     ONE_PAGE: tl.constexpr = FROM_CACHE and PAGE_SIZE % BLOCK_N == 0
@@ -168,7 +171,8 @@ def _prefill_walk(acc, l_i, m_i, q, diag,
         else:
             s_mult = qk_scale  # applied inside exp2's argument: one FMA per logit
         if MASKED:
-            vis = tile_visibility(diag, key0 + n, n, n_limit, window, BOUND, CAUSAL, WINDOW)
+            vis = tile_visibility(diag, key0 + n, n, n_limit, window, tree_rows, len_p,
+                                  tree_words, BOUND, CAUSAL, WINDOW, TREE)
             if FROM_CACHE and not ONE_PAGE:
                 vis = vis & key_ok[None, :]
             s = tl.where(vis, s, float("-inf"))
@@ -194,7 +198,7 @@ def _prefill_walk(acc, l_i, m_i, q, diag,
 @triton.jit(do_not_specialize=["num_blocks", "max_blocks", "window"])
 def prefix_prefill_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, k_new_ptr, v_new_ptr, out_ptr, lse_ptr, sinks_ptr,
-        block_table_ptr, cu_seqlens_q_ptr, seq_lens_k_ptr, tile_req_ptr, tile_mblock_ptr,
+        tree_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_k_ptr, tile_req_ptr, tile_mblock_ptr,
         k_scale_ptr, v_scale_ptr,
         sm_scale, k_scale_val, v_scale_val, soft_cap, window, head_dim, num_blocks, max_blocks,
         stride_qt, stride_qh, stride_qd,
@@ -204,12 +208,13 @@ def prefix_prefill_kernel(
         stride_vnt, stride_vnh, stride_vnd,
         stride_ot, stride_oh, stride_od,
         stride_lset, stride_lseh,
-        stride_bt, stride_bt_block,
+        stride_bt, stride_bt_block, stride_tree, tree_words,
         GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr,
         HAS_K_NEW: tl.constexpr, RETURN_LSE: tl.constexpr, SCALE_FROM_PTR: tl.constexpr,
         WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-        KV_SCALED: tl.constexpr, PAD_D: tl.constexpr, TWO_WALKS: tl.constexpr = False):
+        KV_SCALED: tl.constexpr, PAD_D: tl.constexpr, TWO_WALKS: tl.constexpr = False,
+        TREE: tl.constexpr = False):
     """Grid ``(max_tiles, num_kv_heads)``; unused tile slots (``tile_req < 0``) exit.
 
     q: ``[total_q, Hq, D]``; k_cache/v_cache: ``[num_blocks, Hkv, P, D]`` views;
@@ -217,6 +222,8 @@ def prefix_prefill_kernel(
     fp32 natural log (``RETURN_LSE``); sinks ``[Hq]`` fp32 (``HAS_SINKS``).
     block_table ``[B, max_blocks]`` int32/int64 (ids outside ``[0, num_blocks)``: absent
     keys), cu_seqlens_q ``[B + 1]``, seq_lens_k ``[B]``, tile_req/tile_mblock ``[max_tiles]``.
+    tree: ``[total_q, tree_words]`` int32 packed tree mask, row stride ``stride_tree``
+    (``TREE``, causal and no window: the new keys' visibility; the prefix stays visible).
     """
     TOK_M: tl.constexpr = BLOCK_M // GROUP
     SCAN: tl.constexpr = 256  # block ids per step of the table check
@@ -239,6 +246,8 @@ def prefix_prefill_kernel(
     head = kv_head * GROUP + offs_m % GROUP  # [BLOCK_M] query head
     row_ok = (offs_m < TOK_M * GROUP) & (tok < len_q)
     diag = len_p + tok  # [BLOCK_M] global position of each row's token
+    # [BLOCK_M] each row's packed tree-mask words (padding rows point at the first row)
+    tree_rows = tree_ptr + (q_start + tl.where(row_ok, tok, 0)).to(tl.int64) * stride_tree
 
     q_rows = (q_start + tok).to(tl.int64) * stride_qt + head.to(tl.int64) * stride_qh
     q_mask = row_ok[:, None]
@@ -285,26 +294,30 @@ def prefix_prefill_kernel(
             stride_bt_block, max_blocks, num_blocks,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
             lo1, full1, len_p, 0, 0, window, qk_scale_c, cap_scale_c, soft_cap, v_scale,
-            offs_n, offs_d, head_dim, present,
+            offs_n, offs_d, head_dim, present, tree_rows, len_p, tree_words,
             FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=False,
             CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
             PAD_D=PAD_D,
-            BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS)
+            BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS, TREE=False)
         acc, l_i, m_i = _prefill_stage(  # the partial last prefix tile, if any
             acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
             stride_bt_block, max_blocks, num_blocks,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
             tl.maximum(full1, lo1), len_p, len_p, 0, 0, window, qk_scale_c, cap_scale_c,
-            soft_cap, v_scale, offs_n, offs_d, head_dim, present,
-            FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=True,
+            soft_cap, v_scale, offs_n, offs_d, head_dim, present, tree_rows, len_p,
+            tree_words, FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=True,
             CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
             PAD_D=PAD_D,
-            BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS)
+            BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS, TREE=False)
 
         # ---- stage 2: the new tokens [0, len_q) from k_new / v_new
         kn_base = k_new_ptr + kv_head.to(tl.int64) * stride_knh
         vn_base = v_new_ptr + kv_head.to(tl.int64) * stride_vnh
-        if CAUSAL:
+        if TREE:  # a few draft tokens: every new key under the mask
+            hi2 = len_q
+            diag_lo = 0
+            lo2 = 0
+        elif CAUSAL:
             hi2 = tl.minimum(len_q, m_tok0 + TOK_M)  # tiles above the diagonal: never loaded
             diag_lo = m_tok0 // BLOCK_N * BLOCK_N  # tiles below it need no mask
             lo2 = 0
@@ -319,21 +332,21 @@ def prefix_prefill_kernel(
             stride_bt_block, max_blocks, num_blocks,
             stride_knt, stride_knt, stride_knd, stride_vnt, stride_vnt, stride_vnd,
             lo2, diag_lo, hi2, len_p, q_start, window, qk_scale, cap_scale, soft_cap, 1.0,
-            offs_n, offs_d, head_dim, present,
+            offs_n, offs_d, head_dim, present, tree_rows, len_p, tree_words,
             FROM_CACHE=False, PAGE_SIZE=PAGE_SIZE, BOUND=False,
             CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=False,
             PAD_D=PAD_D,
-            BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS)
+            BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS, TREE=False)
         acc, l_i, m_i = _prefill_stage(  # diagonal tiles (or the partial last tile)
             acc, l_i, m_i, q, diag, kn_base, vn_base, bt_row,
             stride_bt_block, max_blocks, num_blocks,
             stride_knt, stride_knt, stride_knd, stride_vnt, stride_vnt, stride_vnd,
             tl.maximum(diag_lo, lo2), hi2, hi2, len_p, q_start, window, qk_scale, cap_scale,
-            soft_cap, 1.0, offs_n, offs_d, head_dim, present,
-            FROM_CACHE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
-            CAUSAL=CAUSAL, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=False,
-            PAD_D=PAD_D,
-            BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS)
+            soft_cap, 1.0, offs_n, offs_d, head_dim, present, tree_rows, len_p,
+            tree_words, FROM_CACHE=False, PAGE_SIZE=PAGE_SIZE, BOUND=True,
+            CAUSAL=CAUSAL and not TREE, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP,
+            SCALE_V=False, PAD_D=PAD_D,
+            BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS, TREE=TREE)
 
     else:
         # Every key is in the cache. Stage 1 walks the prefix and the new keys wholly
@@ -341,7 +354,10 @@ def prefix_prefill_kernel(
         # tile) as one unmasked walk from key 0, so its tiles stay aligned to BLOCK_N and
         # to pages; stage 2 masks the diagonal and stops at len_p + min(Lq, m_tok0 +
         # TOK_M): tiles above the diagonal are never loaded.
-        if CAUSAL:
+        if TREE:  # the unmasked walk stops at the prefix, the mask decides the rest
+            free_hi = len_p // BLOCK_N * BLOCK_N
+            hi = len_k
+        elif CAUSAL:
             free_hi = (len_p + m_tok0) // BLOCK_N * BLOCK_N
             hi = len_p + tl.minimum(len_q, m_tok0 + TOK_M)
         else:
@@ -358,19 +374,19 @@ def prefix_prefill_kernel(
             stride_bt_block, max_blocks, num_blocks,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
             lo, free_hi, hi, 0, 0, window, qk_scale_c, cap_scale_c, soft_cap, v_scale,
-            offs_n, offs_d, head_dim, present,
+            offs_n, offs_d, head_dim, present, tree_rows, len_p, tree_words,
             FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE,
             BOUND=False, CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP,
-            SCALE_V=KV_SCALED, PAD_D=PAD_D, BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS)
+            SCALE_V=KV_SCALED, PAD_D=PAD_D, BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS, TREE=False)
         acc, l_i, m_i = _prefill_stage(  # ---- stage 2: the diagonal (or the last tile)
             acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
             stride_bt_block, max_blocks, num_blocks,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
             tl.maximum(free_hi, lo), hi, hi, 0, 0, window, qk_scale_c, cap_scale_c,
-            soft_cap, v_scale, offs_n, offs_d, head_dim, present,
-            FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=True,
-            CAUSAL=CAUSAL, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
-            PAD_D=PAD_D, BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS)
+            soft_cap, v_scale, offs_n, offs_d, head_dim, present, tree_rows, len_p,
+            tree_words, FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=True,
+            CAUSAL=CAUSAL and not TREE, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP,
+            SCALE_V=KV_SCALED, PAD_D=PAD_D, BLOCK_N=BLOCK_N, TWO_WALKS=TWO_WALKS, TREE=TREE)
 
     # ---- epilogue: rows that saw no key (l_i == 0) give out = 0, lse = -inf
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)

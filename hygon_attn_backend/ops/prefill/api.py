@@ -39,6 +39,7 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                              sliding_window: Optional[int] = None,
                              soft_cap: Optional[float] = None,
                              sinks: Optional[torch.Tensor] = None,
+                             tree_mask: Optional[torch.Tensor] = None,
                              plan: Optional[PrefillPlan] = None,
                              validate: Optional[bool] = None, impl: str = "auto"):
     """Prefix-prefill ("extend") attention on a ragged batch over a paged KV cache.
@@ -67,6 +68,11 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     sliding_window: ``W``: also ``j > i + (Lk - Lq) - W`` (causal only, as the reference).
     soft_cap: logits become ``cap * tanh(s / cap)``. sinks: ``[num_q_heads]`` float32 sink
        logits (an always-visible key of value 0), or None.
+    tree_mask: ``[total_q, W]`` int32 packed tree mask of a speculative verify batch
+       (``ops.prefill.tree.pack_tree_mask``): new token ``i`` of a request sees the whole
+       prefix and new token ``j`` iff bit ``j % 32`` of word ``j // 32`` of its row is set
+       (the causal rule of the new keys replaced; causal, no sliding window). With a plan,
+       it is the plan's (``plan_prefix_prefill(tree_mask=)``).
     out: optional ``[total_q, num_q_heads, D]`` q's dtype output (any strides).
     return_lse: also return ``lse [total_q, num_q_heads]`` float32, natural log of each
        row's softmax normaliser (``-inf`` for a row that sees no key).
@@ -87,6 +93,9 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
             raise ValueError(f"plan must be a PrefillPlan (plan_prefix_prefill), got "
                              f"{type(plan).__name__}")
         plan.check_call(q, k_cache, cu_seqlens_q, seq_lens_k)
+        if tree_mask is not None and tree_mask is not plan.tree_mask:
+            raise ValueError("tree_mask must be the tensor the plan was built with "
+                             "(plan_prefix_prefill(tree_mask=...))")
         _checks.check_prefill_plan(plan, total_q=q.shape[0], num_seqs=plan.num_seqs,
                                    device=q.device)
         if validate or (validate is None and _checks.debug_enabled()):
@@ -156,7 +165,8 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     plan = plan_prefix_prefill(cu_seqlens_q, seq_lens_k, total_q=total_q,
                                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                                head_dim=head_dim, host_cu_seqlens_q=host_cu,
-                               impl=impl, q_dtype=q.dtype, kv_dtype=k_cache.dtype)
+                               impl=impl, q_dtype=q.dtype, kv_dtype=k_cache.dtype,
+                               tree_mask=tree_mask)
     return plan.run(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, scale=scale,
                     causal=causal, k_new=k_new, v_new=v_new, out=out, return_lse=return_lse,
                     k_scale=k_scale, v_scale=v_scale, sliding_window=sliding_window,

@@ -23,6 +23,7 @@ from hygon_attn_backend import reference
 from hygon_attn_backend.ops import _checks
 from hygon_attn_backend.ops._launch import intern_key, remember_layer, value_or_id
 from hygon_attn_backend.ops.prefill import native, triton, tuning
+from hygon_attn_backend.ops.prefill.tree import check_tree_mask
 
 __all__ = ["PrefillPlan", "PrefillLayer", "plan_prefix_prefill", "check_host_lengths"]
 
@@ -190,6 +191,9 @@ class PrefillPlan:
     sched: Optional[torch.Tensor] = None
     #: the Triton kernel's second unmasked walk forced on / off (None: ``tuning.two_walks``)
     two_walks: Optional[bool] = None
+    #: ``[total_q, W]`` int32 packed tree mask of a speculative verify batch (``tree.py``),
+    #: read by every layer's launch; None: the causal mask
+    tree_mask: Optional[torch.Tensor] = None
     _variants: Dict[tuple, object] = field(default_factory=dict, repr=False)
     # the layers :meth:`run` built (see _launch.remember_layer)
     _layers: Dict[tuple, "PrefillLayer"] = field(default_factory=dict, repr=False)
@@ -242,13 +246,16 @@ class PrefillPlan:
         calls per layer; it keeps each layer's :class:`PrefillLayer` across steps."""
         if out is None:
             out = torch.empty_like(q)
+        if self.tree_mask is not None and (not layer.causal or layer.sliding_window):
+            raise ValueError(f"a tree mask needs a causal layer without a sliding window, got "
+                             f"causal={layer.causal}, sliding_window={layer.sliding_window}")
         if self.impl == "reference":
             return reference.prefix_prefill_attention(
                 q, layer.k_cache, layer.v_cache, block_table, cu_seqlens_q, seq_lens_k,
                 scale=layer.scale, causal=layer.causal, k_new=k_new, v_new=v_new, out=out,
                 return_lse=return_lse, k_scale=layer.k_scale, v_scale=layer.v_scale,
                 sliding_window=layer.sliding_window, soft_cap=layer.soft_cap,
-                sinks=layer.sinks)
+                sinks=layer.sinks, tree_mask=self.tree_mask)
         lse = (torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
                if return_lse else None)
         if self.tile_req.shape[0] == 0 or self.total_q == 0:
@@ -291,7 +298,9 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                         capacity: Optional[int] = None, has_k_new: bool = False,
                         q_dtype: Optional[torch.dtype] = None,
                         kv_dtype: Optional[torch.dtype] = None,
-                        two_walks: Optional[bool] = None, impl: str = "auto") -> PrefillPlan:
+                        two_walks: Optional[bool] = None,
+                        tree_mask: Optional[torch.Tensor] = None,
+                        impl: str = "auto") -> PrefillPlan:
     """Plan prefix prefill for one ragged batch (once per step; every layer reuses it).
 
     cu_seqlens_q: ``[B + 1]`` int32/int64; seq_lens_k: ``[B]`` int32/int64 (the layers'
@@ -313,6 +322,11 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     forces a Triton tile of another height.
     two_walks: force the Triton kernel's second unmasked walk on or off (None:
     :func:`tuning.two_walks`; tests and benchmarks).
+    tree_mask: ``[total_q, W]`` int32 packed tree mask of a speculative verify batch
+    (``ops.prefill.tree``: new token ``i`` sees the prefix and the new tokens its row's bits
+    name, in place of the causal rule; causal layers without a window). The plan keeps the
+    tensor: every layer reads it, and a CUDA graph replays it refilled in place. It runs
+    the Triton kernel (the native prefill has the causal and window masks only).
     """
     _checks.check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=_checks.INDEX_DTYPES)
     num_seqs = cu_seqlens_q.shape[0] - 1
@@ -323,9 +337,14 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                          f"({num_kv_heads})")
     group = num_q_heads // num_kv_heads
     device = cu_seqlens_q.device
+    if tree_mask is not None:
+        check_tree_mask(tree_mask, total_q=total_q, device=device,
+                        host_cu_seqlens_q=None if host_cu_seqlens_q is None
+                        else _host_list(host_cu_seqlens_q))
     chosen, tile = tuning.choose(device=device, impl=impl, total_q=total_q, num_seqs=num_seqs,
                                  num_kv_heads=num_kv_heads, group=group, head_dim=head_dim,
-                                 q_dtype=q_dtype, kv_dtype=kv_dtype, tile=tile)
+                                 q_dtype=q_dtype, kv_dtype=kv_dtype, tile=tile,
+                                 tree=tree_mask is not None)
     block_m, block_n, num_warps, num_stages = tile
     if block_m < group:
         raise ValueError(f"tile BLOCK_M={block_m} is smaller than the GQA group {group}")
@@ -351,7 +370,8 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                        num_kv_heads=num_kv_heads, head_dim=head_dim, impl=chosen,
                        impl_requested=impl,
                        sched=torch.zeros(2, dtype=torch.int32, device=device)
-                       if chosen == "native" else None, two_walks=two_walks)
+                       if chosen == "native" else None, two_walks=two_walks,
+                       tree_mask=tree_mask)
 
 
 def _host_list(values) -> list:

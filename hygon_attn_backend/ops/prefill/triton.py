@@ -54,7 +54,11 @@ def make_launch(plan, q_dtype, head_dim, has_new, return_lse, kv_dtype, page_siz
                          f"prefill (the split-x K cache is decode-only), got "
                          f"{_checks.describe(k_cache)}")
     head_dim_pad = max(16, next_pow2(head_dim))
+    tree = plan.tree_mask
     fixed = dict(
+        tree_ptr=tree if tree is not None else plan.tile_req,  # placeholder: never read
+        stride_tree=tree.stride(0) if tree is not None else 0,
+        tree_words=tree.shape[1] if tree is not None else 0, TREE=tree is not None,
         cu_seqlens_q_ptr=cu_seqlens_q, seq_lens_k_ptr=seq_lens_k,
         tile_req_ptr=plan.tile_req, tile_mblock_ptr=plan.tile_mblock,
         sm_scale=float(scale) if scale is not None else 1.0 / math.sqrt(head_dim),
