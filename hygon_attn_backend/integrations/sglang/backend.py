@@ -24,8 +24,14 @@ pointing at the padding slot 0).
 Start-up: every prefix-prefill kernel specialization the model can reach is compiled
 when the backend is built (``warmup.py``), so no extend compiles after serving starts.
 
-Not supported (a clear error, never a wrong answer): speculative verify / draft-extend
-and dLLM modes, cross-attention, different QK and V head dims, SWA hybrid pools,
+Speculative decoding: a target-verify batch runs as a prefix prefill of its drafts under
+the batch's tree mask (``spec.py``); draft extend runs as an extend batch.
+
+CUDA graphs of verify batches keep static query offsets, key lengths and a packed tree-mask
+buffer beside the decode ones.
+
+Not supported (a clear error, never a wrong answer): dLLM modes, CUDA graphs of
+draft-extend batches, cross-attention, different QK and V head dims, SWA hybrid pools,
 quantized (fp4 / custom-method) pools, score mods.
 
 Environment: ``HYGON_ATTN_IMPL`` = ``auto`` (default) | ``triton`` | ``reference``;
@@ -53,7 +59,8 @@ from hygon_attn_backend.ops.decode import (DecodeLayer, allocate_decode_workspac
                                            plan_paged_decode)
 from hygon_attn_backend.ops._device import num_sms_of
 from hygon_attn_backend.ops.prefill import PrefillLayer, plan_prefix_prefill
-from hygon_attn_backend.integrations.sglang import page_table
+from hygon_attn_backend.ops.prefill import tree as tree_pack
+from hygon_attn_backend.integrations.sglang import page_table, spec
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +81,8 @@ class HygonForwardMetadata:
     head layout, and on first use for a layer whose layout differs.
     host_cu_seqlens_q, host_seq_lens: the host copies the prefill plan is built and
     checked from (no device sync).
+    tree_mask: ``[B * T, W]`` int32 packed draft visibility of a target-verify batch
+    (``spec.packed_tree_mask``), None otherwise (causal).
     """
 
     block_table: torch.Tensor
@@ -84,16 +93,28 @@ class HygonForwardMetadata:
     plans: dict = dataclasses.field(default_factory=dict)
     host_cu_seqlens_q: Optional[list] = None
     host_seq_lens: Optional[list] = None
+    tree_mask: Optional[torch.Tensor] = None
 
 
 def _unsupported_mode(mode) -> Optional[str]:
-    if mode.is_target_verify() or mode.is_draft_extend_v2():
-        return "speculative decoding (target verify / draft extend)"
     if mode.is_dllm_extend():
         return "dLLM extend"
     if mode.is_split_prefill():
         return "split prefill (PD multiplexing)"
     return None
+
+
+def _verify_width_of(model_runner) -> Optional[int]:
+    """Draft tokens per request of this runner's verify batches (its CUDA-graph capture
+    width), as SGLang's Triton backend reads it; None when the runner does not say."""
+    get = getattr(model_runner, "decode_num_tokens_per_req", None)
+    if get is None:
+        return None
+    try:
+        width = int(get())
+    except Exception:  # a mock runner, a runner built without speculative config
+        return None
+    return width if width > 0 else None
 
 
 def _attention_tp_size() -> Optional[int]:
@@ -227,6 +248,7 @@ class HygonAttnBackend(AttentionBackend):
         self.check_pages = envs.debug()
         self.kv_dtype = pool.dtype  # fp8 pools: the float8 format (stored as bytes)
         self._model_heads = _model_heads(model_runner)
+        self._verify_width = _verify_width_of(model_runner)
         self._layers: dict = {}
         self._warned: set = set()
         self.forward_metadata: Optional[HygonForwardMetadata] = None
@@ -234,6 +256,7 @@ class HygonAttnBackend(AttentionBackend):
         self._graph_seq_lens: Optional[torch.Tensor] = None
         self._graph_max_bs = 0
         self._graph_meta: dict = {}  # batch size -> metadata over the static graph buffers
+        self._graph_verify: dict = {}  # draft width -> static verify buffers
         # split-KV decode scratch per (Hq, Hkv, D), eager and graph alike: allocated by the
         # first pass (the warm-up that precedes capture), so captured launches allocate
         # nothing
@@ -281,6 +304,8 @@ class HygonAttnBackend(AttentionBackend):
         reason = _unsupported_mode(mode)
         if reason is not None:
             raise NotImplementedError(f"hygon attention backend: {reason} is not supported")
+        if mode.is_target_verify():
+            return self._init_verify_metadata(forward_batch)
         bs = forward_batch.batch_size
         rows = forward_batch.req_pool_indices[:bs]
         seq_lens = forward_batch.seq_lens[:bs].to(torch.int32)
@@ -297,6 +322,9 @@ class HygonAttnBackend(AttentionBackend):
         meta = HygonForwardMetadata(block_table=block_table, seq_lens=seq_lens,
                                     max_seq_len=max_seq_len, host_seq_lens=host_lens)
         if not mode.is_decode_or_idle():
+            if forward_batch.extend_seq_lens is None:
+                raise NotImplementedError(f"hygon attention backend: a {mode.name} batch "
+                                          "without extend_seq_lens is not supported")
             extend_lens = forward_batch.extend_seq_lens[:bs]
             meta.cu_seqlens_q = torch.zeros(bs + 1, dtype=torch.int32, device=seq_lens.device)
             meta.cu_seqlens_q[1:] = torch.cumsum(extend_lens, 0)
@@ -307,6 +335,45 @@ class HygonAttnBackend(AttentionBackend):
         self.forward_metadata = meta
         if self._model_heads is not None:
             self._plan(meta, *self._model_heads, extend=not mode.is_decode_or_idle())
+
+    def _init_verify_metadata(self, forward_batch):
+        """A target-verify batch: ``T`` drafts per request as the new tokens of a prefix
+        prefill over the request's cached prefix (``forward_batch.seq_lens``), under the
+        batch's tree mask (``spec.packed_tree_mask``; none given: the causal chain)."""
+        info = forward_batch.spec_info
+        if getattr(info, "ragged_verify_layout", None) is not None:
+            raise NotImplementedError("hygon attention backend: ragged verify layouts "
+                                      "(a draft width per request) are not supported")
+        width = spec.verify_width(info, self._verify_width)
+        bs = len(forward_batch.req_pool_indices)
+        rows = forward_batch.req_pool_indices[:bs]
+        prefix = forward_batch.seq_lens[:bs].to(torch.int32)
+        host_prefix = self._host_seq_lens(forward_batch)
+        num_blocks = self.max_blocks
+        if host_prefix:  # the drafts' slots too (a layer may pass k=None: all from the pool)
+            num_blocks = warmup.aligned_table_width(
+                -(-(max(host_prefix) + width) // self.page_size), self.max_blocks)
+        block_table = page_table.req_to_token_table(self.req_to_token, rows,
+                                                    page_size=self.page_size,
+                                                    num_blocks=num_blocks)
+        meta = HygonForwardMetadata(block_table=block_table, seq_lens=prefix + width,
+                                    host_seq_lens=None if host_prefix is None
+                                    else [n + width for n in host_prefix])
+        meta.cu_seqlens_q = torch.arange(0, (bs + 1) * width, width, dtype=torch.int32,
+                                         device=prefix.device)
+        meta.host_cu_seqlens_q = list(range(0, (bs + 1) * width, width))
+        mask = getattr(info, "custom_mask", None)
+        if mask is not None:
+            if host_prefix is not None:
+                need = sum(width * (n + width) for n in host_prefix)
+                if mask.numel() < need:
+                    raise ValueError(f"hygon attention backend: spec_info.custom_mask holds "
+                                     f"{mask.numel()} entries, this verify batch needs {need} "
+                                     f"(T={width} drafts over prefixes {host_prefix})")
+            meta.tree_mask = spec.packed_tree_mask(mask, prefix, width)
+        self.forward_metadata = meta
+        if self._model_heads is not None:
+            self._plan(meta, *self._model_heads, extend=True)
 
     def _plan(self, meta, num_q_heads, num_kv_heads, head_dim, q_dtype, *, extend):
         """The plan of ``meta`` for one head layout (built once per forward pass)."""
@@ -325,7 +392,7 @@ class HygonAttnBackend(AttentionBackend):
                 num_kv_heads=num_kv_heads, head_dim=head_dim,
                 host_cu_seqlens_q=meta.host_cu_seqlens_q, host_seq_lens_k=meta.host_seq_lens,
                 capacity=meta.block_table.shape[1] * self.page_size, q_dtype=q_dtype,
-                kv_dtype=self.kv_dtype, impl=self.impl)
+                kv_dtype=self.kv_dtype, tree_mask=meta.tree_mask, impl=self.impl)
         else:
             plan = plan_paged_decode(
                 meta.block_table, meta.seq_lens, num_q_heads=num_q_heads,
@@ -366,11 +433,31 @@ class HygonAttnBackend(AttentionBackend):
         self._graph_block_table = torch.zeros((max_bs, self.max_blocks), dtype=torch.int32,
                                               device=self.device)
         self._graph_seq_lens = torch.ones((max_bs,), dtype=torch.int32, device=self.device)
+        self._graph_verify = {}  # draft width -> static verify buffers (_verify_buffers)
+
+    def _verify_buffers(self, width: int) -> dict:
+        """Static buffers of verify graphs with ``width`` drafts a request: ``cu``
+        ``[max_bs + 1]`` int32 query offsets (fixed), ``lens`` ``[max_bs]`` int32 key
+        lengths (prefix + drafts), ``tree`` ``[max_bs * width, W]`` int32 packed mask, and
+        ``chain`` (the causal chain's packed rows, for a batch without a custom mask)."""
+        bufs = self._graph_verify.get(width)
+        if bufs is None:
+            max_bs = self._graph_max_bs
+            chain = tree_pack.pack_tree_mask(torch.tril(torch.ones(
+                (width, width), dtype=torch.bool, device=self.device)))
+            bufs = self._graph_verify[width] = dict(
+                cu=torch.arange(0, (max_bs + 1) * width, width, dtype=torch.int32,
+                                device=self.device),
+                lens=torch.ones((max_bs,), dtype=torch.int32, device=self.device),
+                tree=chain.repeat(max_bs, 1), chain=chain)
+        return bufs
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         """Point the metadata at the static graph buffers (capture and replay alike)."""
         del in_capture
         mode = forward_batch.forward_mode
+        if mode.is_target_verify():
+            return self._verify_out_graph(forward_batch)
         if not mode.is_decode_or_idle():
             raise NotImplementedError(f"hygon attention backend: CUDA graphs are supported for "
                                       f"decode only, got {mode.name}")
@@ -390,11 +477,45 @@ class HygonAttnBackend(AttentionBackend):
         if self._model_heads is not None:
             self._plan(meta, *self._model_heads, extend=False)  # cached in meta.plans
 
+    def _verify_out_graph(self, forward_batch):
+        """Verify graphs: the metadata over the static buffers (built at capture, reused
+        by every replay of the batch size), and the batch's tree mask packed into the
+        static mask buffer (its source changes size with the prefixes: done here, outside
+        the graph, at capture and at every replay; padded rows may read stale bits, their
+        output is discarded)."""
+        bs = forward_batch.batch_size
+        info = forward_batch.spec_info
+        width = spec.verify_width(info, self._verify_width)
+        bufs = self._verify_buffers(width)
+        meta = self._graph_meta.get(("verify", bs, width))
+        if meta is None:
+            meta = HygonForwardMetadata(
+                block_table=self._graph_block_table[:bs], seq_lens=bufs["lens"][:bs],
+                cu_seqlens_q=bufs["cu"][:bs + 1], graph=True,
+                host_cu_seqlens_q=list(range(0, (bs + 1) * width, width)),
+                tree_mask=bufs["tree"][:bs * width])
+            self._graph_meta[("verify", bs, width)] = meta
+        mask = getattr(info, "custom_mask", None) if info is not None else None
+        if mask is None:
+            meta.tree_mask.copy_(bufs["chain"].repeat(bs, 1))
+        else:
+            spec.packed_tree_mask(mask, forward_batch.seq_lens[:bs], width,
+                                  out=meta.tree_mask)
+        self.forward_metadata = meta
+        if self._model_heads is not None:
+            self._plan(meta, *self._model_heads, extend=True)  # cached in meta.plans
+
     def init_forward_metadata_in_graph(self, forward_batch):
         """Refill the static buffers from the batch (static shapes, no host sync)."""
         bs = forward_batch.batch_size
         page_table.req_to_token_table(self.req_to_token, forward_batch.req_pool_indices[:bs],
                                  page_size=self.page_size, out=self._graph_block_table[:bs])
+        if forward_batch.forward_mode.is_target_verify():
+            width = spec.verify_width(forward_batch.spec_info, self._verify_width)
+            lens = self._verify_buffers(width)["lens"][:bs]
+            lens.copy_(forward_batch.seq_lens[:bs])
+            lens.add_(width)  # keys: the prefix and the drafts
+            return
         self._graph_seq_lens[:bs].copy_(forward_batch.seq_lens[:bs])
 
     def get_cuda_graph_seq_len_fill_value(self):

@@ -147,10 +147,10 @@ def test_cuda_graph_hooks_decode(page_size, device):
 def test_refuses_what_it_cannot_serve(device):
     srv = Server(TinyModel(dtype=torch.float16, seed=15, device=device, **HEADS), page_size=1)
     req = srv.start(_tokens(random.Random(15), 8))
-    batch = srv._batch(ForwardMode.TARGET_VERIFY, [req], [8], torch.zeros(8, dtype=torch.int64,
-                                                                         device=srv.device),
+    batch = srv._batch(ForwardMode.DLLM_EXTEND, [req], [8], torch.zeros(8, dtype=torch.int64,
+                                                                       device=srv.device),
                        list(range(8)))
-    with pytest.raises(NotImplementedError, match="speculative"):
+    with pytest.raises(NotImplementedError, match="dLLM"):
         srv.backend.init_forward_metadata(batch)
     srv.layer.is_cross_attention = True
     with pytest.raises(NotImplementedError, match="cross-attention"):
