@@ -43,6 +43,13 @@ def start(args, cmd: str):
     if device is None:
         print(no_device_message(cmd), file=sys.stderr)
         return None
+    if device.type == "cpu":
+        from hygon_attn_backend.tools import needs
+
+        problem = needs.interpreter_problem(f"hygon-attn bench {cmd}")
+        if problem:
+            print(problem, file=sys.stderr)
+            return None
     return peers, device
 
 
