@@ -13,7 +13,7 @@ from typing import List, Optional
 #: module -> the pip requirement that provides it
 INTERPRETER_NEEDS = {"triton": "triton", "numpy": "numpy"}
 #: what the install hints name: the same requirements as pyproject.toml's extras
-#: (tests/tools/test_packaging.py holds them equal)
+#: (tests/test_packaging.py holds them equal)
 VLLM = "vllm>=0.32,<0.34"
 SGLANG = "sglang>=0.5.23,<0.6"
 PLOT = "matplotlib"
