@@ -223,3 +223,16 @@ def test_the_fuzzer_runs_where_numpy_is_installed():
     res = run_cli("fuzz", "--op", "copy_blocks", "--cases", "2")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "fuzz copy_blocks: 2 cases, 0 failures" in res.stdout
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the no-GPU path")
+def test_bench_engine_without_a_gpu_says_so_at_once_and_leaves_nothing(tmp_path):
+    import time
+
+    t0 = time.perf_counter()
+    res = run_cli("bench", "engine", "--quick", env={"TMPDIR": str(tmp_path)}, timeout=60)
+    took = time.perf_counter() - t0
+    assert res.returncode == 2, res.stdout + res.stderr
+    line = _one_line(res.stderr)
+    assert line.startswith("hygon-attn bench engine: needs a CUDA or ROCm GPU"), line
+    assert res.stdout == "" and took < 30
+    assert list(tmp_path.iterdir()) == []
