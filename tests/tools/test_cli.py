@@ -1,5 +1,7 @@
 """The ``hygon-attn`` command line."""
 
+import re
+import shutil
 import subprocess
 import sys
 
@@ -236,3 +238,38 @@ def test_bench_engine_without_a_gpu_says_so_at_once_and_leaves_nothing(tmp_path)
     assert line.startswith("hygon-attn bench engine: needs a CUDA or ROCm GPU"), line
     assert res.stdout == "" and took < 30
     assert list(tmp_path.iterdir()) == []
+
+
+def _make_targets() -> list:
+    text = (support.REPO / "Makefile").read_text()
+    return re.search(r"^\.PHONY:(.*)$", text, re.M).group(1).split()
+
+
+def test_every_make_target_has_a_recipe():
+    """``make -n TARGET`` (prints, runs nothing) shows commands for every phony target,
+    never "Nothing to be done"; gpu-test runs the GPU suite."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    targets = _make_targets()
+    assert {"demo", "test", "env", "gpu-test", "clean-env"} <= set(targets)
+    for target in targets:
+        res = subprocess.run(["make", "-n", target], cwd=support.REPO, capture_output=True,
+                             text=True, timeout=60)
+        assert res.returncode == 0 and res.stdout.strip(), (target, res.stdout, res.stderr)
+        assert "Nothing to be done" not in res.stdout + res.stderr, target
+    dry = subprocess.run(["make", "-n", "gpu-test"], cwd=support.REPO, capture_output=True,
+                         text=True, timeout=60).stdout
+    assert "scripts/gpu_suite.sh" in dry
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the no-GPU path")
+def test_make_gpu_test_without_a_gpu_says_so_in_one_line_and_fails():
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    res = subprocess.run(["make", "-s", "gpu-test", f"PYTHON={sys.executable}"],
+                         cwd=support.REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    ours = [line for line in res.stderr.splitlines() if line.startswith("gpu-test:")]
+    assert len(ours) == 1 and "no GPU here" in ours[0], res.stderr
+    assert "sees no CUDA or ROCm device" in ours[0], ours[0]
+    assert res.stdout == ""  # nothing ran
