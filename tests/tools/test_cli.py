@@ -145,8 +145,22 @@ def test_version_prints_the_installed_version():
     (["simulate", "--managers", "sglang"], "--managers"),
     (["simulate", "--managers", ","], "--managers"),
     (["simulate", "--trace", "no-such-trace"], "--trace"),
+    (["fuzz", "--op", "write_kv", "--impl", "auto"], "--impl"),
     (["bench", "decode", "--rep-ms", "fast"], "--rep-ms"),
+    (["bench", "decode", "--rep-ms", "-1"], "--rep-ms"),
     (["bench", "decode", "--impl", "cuda"], "--impl"),
+    (["bench", "decode", "--shapes", "2x40"], "--shapes"),
+    (["bench", "decode", "--block-sizes", "16,x"], "--block-sizes"),
+    (["bench", "decode", "--partitions", "20"], "--partitions"),
+    (["bench", "decode", "--groups", "a"], "--groups"),
+    (["bench", "decode", "--num-kv-heads", "0"], "--num-kv-heads"),
+    (["bench", "decode", "--num-kv-heads", "5"], "--num-kv-heads 5"),
+    (["bench", "prefill", "--shapes", "1,2"], "--shapes"),
+    (["bench", "prefill", "--tiles", "1,2"], "--tiles"),
+    (["bench", "prefill", "--impl", "x"], "--impl"),
+    (["bench", "cache", "--num-tokens", "-1"], "--num-tokens"),
+    (["bench", "engine", "--pages", "0"], "--pages"),
+    (["bench", "step", "--layers", "0"], "--layers"),
     (["no-such-command"], "no-such-command"),
     ([], "command"),
 ])
@@ -225,6 +239,39 @@ def test_the_fuzzer_runs_where_numpy_is_installed():
     res = run_cli("fuzz", "--op", "copy_blocks", "--cases", "2")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "fuzz copy_blocks: 2 cases, 0 failures" in res.stdout
+
+
+def _readme_commands(prefix: str) -> list:
+    """The README's shell lines (in ``bash`` blocks) that start with ``prefix``, without
+    their trailing comments."""
+    text = (support.REPO / "README.md").read_text()
+    blocks = text.split("```bash\n")[1:]
+    lines = [line for block in blocks for line in block.split("```")[0].splitlines()]
+    return [line.split("  #")[0].strip() for line in lines if line.startswith(prefix)]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU recipe")
+def test_the_readme_cpu_bench_recipe_runs_as_written_within_a_minute():
+    """The README's benchmark line for a machine without a GPU: it runs through Triton's
+    interpreter in under a minute, prints a progress line per point, and every row passes
+    the reference check (bf16, broken in the interpreter, is not the CPU default)."""
+    import shlex
+    import time
+
+    (recipe,) = _readme_commands("TRITON_INTERPRET=1 hygon-attn bench decode")
+    words = shlex.split(recipe)
+    env = dict(w.split("=", 1) for w in words if "=" in w and w.split("=")[0].isupper())
+    argv = words[words.index("hygon-attn") + 1:]
+    t0 = time.perf_counter()
+    res = run_cli(*argv, env=env, timeout=120)
+    took = time.perf_counter() - t0
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert took < 60, f"the CPU recipe took {took:.0f} s"
+    progress = [line for line in res.stdout.splitlines() if line.startswith("[")]
+    assert progress and progress[0].startswith("[1/"), res.stdout
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| B=")]
+    assert rows and not [r for r in rows if "wrong" in r or "error" in r], res.stdout
+
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the no-GPU path")
 def test_bench_engine_without_a_gpu_says_so_at_once_and_leaves_nothing(tmp_path):

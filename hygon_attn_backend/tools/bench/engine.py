@@ -35,6 +35,7 @@ import time
 from typing import List, Optional, Sequence
 
 from hygon_attn_backend.tools import needs
+from hygon_attn_backend.tools.argtypes import count, positive_float
 from hygon_attn_backend.tools.bench import _engine_report as report
 
 HEADS = {64: (16, 4), 128: (32, 8)}  # head_dim -> (query heads, KV heads)
@@ -54,17 +55,18 @@ def add_engine_parser(sub) -> None:
                    help="attention backends (the first is 'ours' in the ratios)")
     p.add_argument("--head-dims", type=int, nargs="+", choices=sorted(HEADS),
                    help="built models: 64 (16/4 heads, hidden 1024), 128 (32/8, hidden 4096)")
-    p.add_argument("--pages", type=int, nargs="+", help="KV page sizes (default 16)")
-    p.add_argument("--contexts", type=int, nargs="+", help="prompt lengths (one_batch input_len)")
-    p.add_argument("--batches", type=int, nargs="+", help="batch sizes")
-    p.add_argument("--layers", type=int, help="decoder layers of the built models (default 8)")
-    p.add_argument("--decode-steps", type=int,
+    p.add_argument("--pages", type=count(1), nargs="+", help="KV page sizes (default 16)")
+    p.add_argument("--contexts", type=count(1), nargs="+",
+                   help="prompt lengths (one_batch input_len)")
+    p.add_argument("--batches", type=count(1), nargs="+", help="batch sizes")
+    p.add_argument("--layers", type=count(1), help="decoder layers of the built models (default 8)")
+    p.add_argument("--decode-steps", type=count(1),
                    help="one_batch output_len: the median is over output_len - 1 steps")
-    p.add_argument("--max-prefill-tokens", type=int,
+    p.add_argument("--max-prefill-tokens", type=count(1),
                    help="prompt tokens per prefill forward: a larger batch is prefilled in "
                         "groups of requests, merged before the decode steps (one_batch "
                         "itself prefills a whole batch at once)")
-    p.add_argument("--max-point-tokens", type=int,
+    p.add_argument("--max-point-tokens", type=count(1),
                    help="skip points of more batch x ctx tokens (the KV pool is sized for "
                         "the largest point; default 64 x 32k)")
     p.add_argument("--quick", action="store_true",
@@ -76,18 +78,18 @@ def add_engine_parser(sub) -> None:
     p.add_argument("--no-check", action="store_true", help="skip the token check")
     p.add_argument("--check-head-dim", type=int, choices=sorted(HEADS), default=None,
                    help="model of the token check (default 128; 64 with --quick)")
-    p.add_argument("--check-new-tokens", type=int, default=32)
-    p.add_argument("--check-contexts", type=int, nargs="+", default=[],
+    p.add_argument("--check-new-tokens", type=count(1), default=32)
+    p.add_argument("--check-contexts", type=count(1), nargs="+", default=[],
                    help="prompt lengths of a third token-check scenario, 'long': one batch "
                         "of one prompt per length (e.g. 16384 32768: split-KV decode)")
-    p.add_argument("--mem-fraction", type=float, default=0.85,
+    p.add_argument("--mem-fraction", type=positive_float, default=0.85,
                    help="--mem-fraction-static of every child (pools are capped by "
                         "--max-total-tokens computed from the matrix)")
-    p.add_argument("--child-timeout", type=float, default=600.0, help="seconds per child")
-    p.add_argument("--deadline", type=float, default=None,
+    p.add_argument("--child-timeout", type=positive_float, default=600.0, help="seconds per child")
+    p.add_argument("--deadline", type=positive_float, default=None,
                    help="seconds for the whole run: children still running are killed and "
                         "the partial results reported")
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--repeats", type=count(1), default=1,
                    help="timed runs per point (medians reported, every run kept in the "
                         "raw results; the tool times one prefill per run)")
     p.add_argument("--breakdown", action="store_true",
@@ -341,7 +343,7 @@ def launch(specs: List[dict], *, work: str, env: dict, child_timeout: float,
 
 
 def _kill(proc) -> None:
-    """Kill a child and everything it started (its own session) and reap it."""
+    """Kill a child and everything it started (its process group) and reap it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -27,6 +27,8 @@ import sys
 import time
 import traceback
 
+from hygon_attn_backend.tools.argtypes import count
+
 OPS = ("decode", "prefill", "write_kv", "copy_blocks")
 # profiles per seed: each value of every stratified set (12 layouts, 12 page sizes, 12
 # groups, 6 head_dims, ...) appears in at least NUM // len(set) of them; each profile costs
@@ -134,30 +136,16 @@ def _shard(text: str) -> "tuple[int, int]":
     return i, n
 
 
-def _count(low: int):
-    """An argparse type: an integer >= ``low``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
-        return value
-    parse.__name__ = f"integer >= {low}"
-    return parse
-
-
 def add_fuzz_parser(sub) -> None:
     p = sub.add_parser("fuzz", help="random problems against the reference (seeded)")
     p.add_argument("--op", choices=OPS, required=True)
-    p.add_argument("--cases", type=_count(1), default=1000)
+    p.add_argument("--cases", type=count(1), default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="default: cuda when available, else cpu (Triton's interpreter)")
-    p.add_argument("--case", type=_count(0), default=None, help="rerun one case by its index")
+    p.add_argument("--case", type=count(0), default=None, help="rerun one case by its index")
     p.add_argument("--shard", type=_shard, default=(0, 1), help="I/N: cases with K %% N == I")
-    p.add_argument("--skip", type=_count(0), default=0,
+    p.add_argument("--skip", type=count(0), default=0,
                    help="leave out the shard's first SKIP cases (resume a stopped run)")
     p.add_argument("--impl", choices=("triton", "auto", "native"), default="triton",
                    help="prefill and decode: the implementation the cases plan with (auto: "
@@ -174,6 +162,10 @@ def _interrupt(signum, frame):
 
 
 def cmd_fuzz(args) -> int:
+    if args.impl != "triton" and args.op not in ("prefill", "decode"):
+        print(f"hygon-attn fuzz: --impl {args.impl}: only --op prefill and decode take an "
+              f"impl (got --op {args.op})", file=sys.stderr)
+        return 2
     device = args.device
     if device is None:
         import torch

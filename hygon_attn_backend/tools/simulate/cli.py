@@ -7,6 +7,8 @@ import csv
 import os
 import sys
 
+from hygon_attn_backend.tools.argtypes import count
+
 DEFAULT_MANAGERS = "contiguous-max,contiguous-exact,vllm-16,sglang-1,sglang-16"
 
 
@@ -21,9 +23,9 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--managers", default=DEFAULT_MANAGERS,
                    help="comma list: contiguous-max, contiguous-exact, vllm-B, "
                         "vllm-B-nocache, sglang-P (B, P: block / page size)")
-    p.add_argument("--memory-tokens", type=_positive, default=32768,
+    p.add_argument("--memory-tokens", type=count(1), default=32768,
                    help="KV memory in token slots (per layer; the same for every manager)")
-    p.add_argument("--max-len", type=_positive, default=2048,
+    p.add_argument("--max-len", type=count(1), default=2048,
                    help="maximum sequence length (the contiguous-max region size)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--csv", default="", help="write every result to this CSV file")
@@ -31,17 +33,6 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
                    help="draw this PNG (needs matplotlib: pip install matplotlib)")
     p.set_defaults(func=run_cli)
     return p
-
-
-def _positive(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
 
 
 def load_traces(spec: str, *, seed: int):
