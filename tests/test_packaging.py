@@ -169,3 +169,34 @@ def test_twine_check_passes(built):
     res = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", *map(str, built)],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_environment_build_resolves_nothing_after_sglang():
+    """pip checks what an install touches against the installed tree; with SGLang in it
+    (installed --no-deps, without its CUDA-only requirements) that check prints an ERROR
+    and a page of expected conflicts. So every install that resolves dependencies comes
+    before SGLang's, and the ones after it take --no-deps."""
+    script = (support.REPO / "scripts" / "setup_cpu_env.sh").read_text().splitlines()
+    installs = [line.strip() for line in script
+                if 'pip" install' in line and not line.strip().startswith("#")]
+    at = next(i for i, line in enumerate(installs) if "requirements/sglang" in line)
+    assert "--no-deps" in installs[at]
+    assert [line for line in installs[at + 1:] if "--no-deps" not in line] == []
+
+
+def test_readme_points_at_what_a_new_user_needs():
+    """Prerequisites and disk, the features and refusals, troubleshooting, the changelog
+    and where to report a bug, each reachable from the README; every file it names
+    exists."""
+    text = (support.REPO / "README.md").read_text()
+    assert "Python >= 3.11" in text and "3.75 GB" in text
+    for path in ("docs/features.md", "docs/troubleshooting.md", "CHANGELOG.md", "LICENSE"):
+        assert f"`{path}`" in text, path
+    assert "## Reporting bugs" in text
+    named = re.findall(r"`((?:docs|examples|patches|scripts|requirements)/[\w./-]*|"
+                       r"[A-Z]+\.md|LICENSE)`", text)
+    missing = [p for p in named if not (support.REPO / p.rstrip("/")).exists()]
+    assert named and missing == [], missing
+    features = (support.REPO / "docs" / "features.md").read_text()
+    for refused in ("ALiBi", "cross", "encoder", "MLA"):
+        assert refused in features, refused
