@@ -7,7 +7,7 @@ without a GPU) imports numpy, which neither torch nor Triton installs.
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 from typing import List, Optional
 
 #: module -> the pip requirement that provides it
@@ -20,19 +20,18 @@ PLOT = "matplotlib"
 
 
 def missing(needs: dict) -> List[str]:
-    """The requirements of ``needs`` (``module -> requirement``) that do not import here,
-    in order. A module that is installed but fails to import for lack of another (Triton
-    under ``TRITON_INTERPRET=1`` without numpy) counts as that other one missing."""
+    """The requirements of ``needs`` (``module -> requirement``) whose module is not
+    installed here, in order. The modules are looked up, never imported: importing
+    Triton before ``TRITON_INTERPRET`` is set fixes it to compiled kernels for the whole
+    process, so a check made ahead of the interpreter must not."""
     out = []
     for module, requirement in needs.items():
         try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            absent = (getattr(exc, "name", None) or module).split(".")[0]
-            if absent != module:
-                requirement = needs.get(absent, absent)
-            if requirement not in out:
-                out.append(requirement)
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package missing; a stubbed module
+            found = False
+        if not found and requirement not in out:
+            out.append(requirement)
     return out
 
 

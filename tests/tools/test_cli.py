@@ -99,11 +99,13 @@ runpy.run_module("hygon_attn_backend", run_name="__main__", alter_sys=True)
 
 def run_cli(*argv, absent=(), env=None, timeout=180):
     """``python -m hygon_attn_backend ARGV`` from the repository root (this checkout's
-    package), with the modules of ``absent`` unimportable; returns the CompletedProcess."""
+    package), with the modules of ``absent`` unimportable and ``env`` over the
+    environment (a None value unsets the variable); returns the CompletedProcess."""
     cmd = [sys.executable, "-m", "hygon_attn_backend", *argv]
     if absent:
         cmd = [sys.executable, "-c", _BLOCKER, ",".join(absent), *argv]
     full_env = dict(__import__("os").environ, **(env or {}))
+    full_env = {k: v for k, v in full_env.items() if v is not None}
     return subprocess.run(cmd, cwd=support.REPO, capture_output=True, text=True,
                           timeout=timeout, env=full_env)
 
@@ -233,12 +235,18 @@ def test_without_numpy_the_cpu_commands_say_what_to_install(argv, command):
     assert "failures" not in res.stdout and "FAIL" not in res.stdout, res.stdout
 
 
-def test_the_fuzzer_runs_where_numpy_is_installed():
-    """The other side of the check above: with numpy the same command runs its cases."""
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU path")
+def test_the_cpu_commands_run_the_interpreter_where_numpy_is_installed():
+    """The other side of the check above, as a user types the commands (no
+    TRITON_INTERPRET in the environment: each command sets it itself, and its check must
+    not import Triton before that, which would leave the kernels compiled for a GPU)."""
     pytest.importorskip("numpy")
-    res = run_cli("fuzz", "--op", "copy_blocks", "--cases", "2")
+    res = run_cli("fuzz", "--op", "decode", "--cases", "2", env={"TRITON_INTERPRET": None})
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "fuzz copy_blocks: 2 cases, 0 failures" in res.stdout
+    assert "fuzz decode: 2 cases, 0 failures" in res.stdout
+    res = run_cli("demo", "--ops", env={"TRITON_INTERPRET": None})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "all ops match the reference" in res.stdout
 
 
 def _readme_commands(prefix: str) -> list:
