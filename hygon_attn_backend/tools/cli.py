@@ -17,6 +17,10 @@
     hygon-attn simulate        KV memory and prefix reuse of a request trace through the
                                engines' own memory managers (CPU, no model)
     hygon-attn fuzz --op OP    seeded random problems against the reference
+    hygon-attn --version       the installed version
+
+A bad argument is one line naming it (exit 2); a missing package is one line naming it
+and its install command.
 
 Heavy modules (torch kernels, engines) are imported inside the subcommands only. Nothing
 of the engine path imports ``tools/``.
@@ -29,7 +33,7 @@ import importlib
 import importlib.util
 import sys
 
-from hygon_attn_backend.tools import doctor
+from hygon_attn_backend.tools import doctor, needs
 
 
 def cmd_build_native(args) -> int:
@@ -45,8 +49,25 @@ def cmd_build_native(args) -> int:
     return 0
 
 
+def _interpreter_ok(command: str) -> bool:
+    """False (after one line on stderr) where the kernels would need Triton's CPU
+    interpreter and it cannot run here."""
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    problem = needs.interpreter_problem(command)
+    if problem:
+        print(problem, file=sys.stderr)
+    return problem is None
+
+
 def cmd_demo(args) -> int:
-    if not args.ops and importlib.util.find_spec("vllm") is not None:
+    engine_run = not args.ops and importlib.util.find_spec("vllm") is not None
+    interpreted = not engine_run or (args.impl or "triton") == "triton"
+    if interpreted and not _interpreter_ok("hygon-attn demo"):
+        return 2
+    if engine_run:
         from hygon_attn_backend.tools.demo import engine
 
         return int(engine.run_demo(impl=args.impl) or 0)
@@ -55,8 +76,30 @@ def cmd_demo(args) -> int:
     return ops.run(seed=args.seed)
 
 
+def package_version() -> str:
+    """The installed distribution's version, else the source tree's."""
+    import importlib.metadata as md
+
+    try:
+        return md.version("hygon-attn-backend")
+    except md.PackageNotFoundError:
+        from hygon_attn_backend import __version__
+
+        return __version__
+
+
+class _Parser(argparse.ArgumentParser):
+    """A bad argument is one line on stderr naming it, and exit 2 (argparse's own
+    ``error`` prints the whole usage block before it)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hygon-attn", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="hygon-attn", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version",
+                        version=f"hygon-attn {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("doctor", help="versions, device, implementations, entry points")
     p.set_defaults(func=lambda a: doctor.cmd_doctor(a))

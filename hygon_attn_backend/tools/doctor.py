@@ -8,6 +8,8 @@ import importlib.util
 import math
 import platform
 
+from hygon_attn_backend.tools import needs
+
 ENTRY_POINTS = {
     "vllm": ("vllm.general_plugins", "hygon_attn_backend.integrations.vllm:register"),
     "sglang": ("sglang.srt.plugins", "hygon_attn_backend.integrations.sglang:register"),
@@ -64,6 +66,14 @@ def _native_decode_status(cuda: bool) -> str:
             f"16-bit KV and >= {programs} sequences x KV heads ({sms} SMs); Triton elsewhere")
 
 
+def _interpreter_status() -> str:
+    """Whether Triton's CPU interpreter runs here: Triton and what it imports (numpy)."""
+    lacking = needs.interpreter_missing()
+    if lacking:
+        return f"no (needs {' and '.join(lacking)}: pip install {' '.join(lacking)})"
+    return "yes (set TRITON_INTERPRET=1)"
+
+
 def cmd_doctor(args) -> int:
     import torch
 
@@ -84,7 +94,7 @@ def cmd_doctor(args) -> int:
     impls = [
         ("triton on GPU", "yes" if cuda and has_triton else "no" + ("" if has_triton else " (triton missing)")
          + ("" if cuda else " (no CUDA device)")),
-        ("triton interpreter", "yes (set TRITON_INTERPRET=1)" if has_triton else "no (triton missing)"),
+        ("triton interpreter", _interpreter_status()),
         ("reference (torch)", "yes"),
         ("native (csrc)", native.status()),
         ("native prefill", _native_prefill_status(cuda)),

@@ -505,3 +505,86 @@ def test_report_marks_a_prefill_taken_in_several_forwards():
     assert report._ms(side, "prefill_s") == "1500.00 (8 fwd)"
     assert report._ms(dict(side, prefill_groups=1), "prefill_s") == "1500.00"
     assert report._ms(dict(side, decode_s=0.002), "decode_s") == "2.00"
+
+
+def test_a_failing_child_is_reported_with_the_last_line_of_its_log(tmp_path, capsys):
+    specs = [{"name": "bad", "mode": "tokens", "ready_path": str(tmp_path / "r"),
+              "result_path": str(tmp_path / "bad.json"), "lock_path": str(tmp_path / "l")}]
+    code = "import sys; print('loading'); sys.exit('RuntimeError: no CUDA GPUs are available')"
+    codes = engine.launch(specs, work=str(tmp_path), env=dict(os.environ), child_timeout=30,
+                          deadline=None, poll_s=0.05,
+                          command=lambda p: [sys.executable, "-c", code])
+    assert codes == {"bad": 1}
+    assert "bad: exit 1: RuntimeError: no CUDA GPUs are available" in capsys.readouterr().out
+    text, _, _ = engine.summarize(specs, codes, ["hygon", "triton"])
+    assert "- bad: exit 1: RuntimeError: no CUDA GPUs are available" in text
+
+
+def test_an_interrupted_launch_leaves_no_child_running(tmp_path, monkeypatch):
+    import time as time_module
+
+    pid_file = tmp_path / "pid"
+    specs = [{"name": "c", "mode": "tokens", "ready_path": str(tmp_path / "r"),
+              "result_path": str(tmp_path / "c.json"), "lock_path": str(tmp_path / "l")}]
+    code = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+            "time.sleep(60)")
+    real_sleep = time_module.sleep
+
+    def interrupt(_seconds):  # Ctrl-C once the child is up
+        for _ in range(200):
+            if pid_file.exists() and pid_file.read_text():
+                break
+            real_sleep(0.05)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine.time, "sleep", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        engine.launch(specs, work=str(tmp_path), env=dict(os.environ), child_timeout=60,
+                      deadline=None, command=lambda p: [sys.executable, "-c", code])
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_missing_gpu_and_sglang_are_named(monkeypatch):
+    import importlib.util
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "sglang" else real(name, *a))
+    missing = engine.missing_prerequisites()
+    assert len(missing) == 2
+    assert missing[0].startswith("a CUDA or ROCm GPU (torch ")
+    assert missing[1].startswith("SGLang (not installed: pip install 'sglang>=")
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_work_folder_is_removed_however_the_run_ends_unless_out_names_it(
+        tmp_path, monkeypatch, keep):
+    """A temporary work folder holds GBs of models: gone after the run, also after an
+    interrupt; --out keeps its folder."""
+    import tempfile
+
+    monkeypatch.setattr(engine, "missing_prerequisites", lambda: [])
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen = []
+
+    def run(args, cfg, work):
+        seen.append(work)
+        (tmp_path / "marker").write_text("x")
+        open(os.path.join(work, "model.safetensors"), "w").write("weights")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "_run_engine", run)
+    out = tmp_path / "kept"
+    args = _args("--quick", *(["--out", str(out)] if keep else []))
+    with pytest.raises(KeyboardInterrupt):
+        engine.cmd_engine(args)
+    (work,) = seen
+    assert os.path.exists(os.path.join(work, "model.safetensors")) == keep
+    assert (work == str(out)) == keep
+    if not keep:
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith("hygon-engine-")]

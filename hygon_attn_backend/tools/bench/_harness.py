@@ -27,6 +27,15 @@ def no_device_message(cmd: str) -> str:
             "speed)")
 
 
+def check_heads(cmd: str, num_q_heads: int, divisors: dict) -> None:
+    """Exit with one line unless ``num_q_heads`` is a multiple of every value of
+    ``divisors`` (``option -> value``: the KV heads, the G sweep's groups)."""
+    for option, value in divisors.items():
+        if num_q_heads % value:
+            raise SystemExit(f"hygon-attn bench {cmd}: --num-q-heads {num_q_heads} must be a "
+                             f"multiple of {option} {value}")
+
+
 def start(args, cmd: str):
     """``(peers, device)`` for a ``bench decode|prefill`` run, or None without a device (after
     saying so). Bad ``--compare`` lists and a missing matplotlib stop here, before the run."""
@@ -43,6 +52,13 @@ def start(args, cmd: str):
     if device is None:
         print(no_device_message(cmd), file=sys.stderr)
         return None
+    if device.type == "cpu":
+        from hygon_attn_backend.tools import needs
+
+        problem = needs.interpreter_problem(f"hygon-attn bench {cmd}")
+        if problem:
+            print(problem, file=sys.stderr)
+            return None
     return peers, device
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from hygon_attn_backend.tools.argtypes import count, positive_float
 from hygon_attn_backend.tools.bench._timing import median_ms
 
 
@@ -71,14 +72,14 @@ def add_cache_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``cache`` on an argparse ``subparsers`` object; returns the parser."""
     p = subparsers.add_parser("cache", help="write_kv / copy_blocks GB/s vs an in-run copy")
     p.add_argument("--layouts", default="bshd,bhsd", help="comma-separated storage layouts")
-    p.add_argument("--num-kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-blocks", type=int, default=8192)
-    p.add_argument("--num-tokens", type=int, default=65536)
-    p.add_argument("--num-pairs", type=int, default=2048)
+    p.add_argument("--num-kv-heads", type=count(1), default=8)
+    p.add_argument("--head-dim", type=count(1), default=128)
+    p.add_argument("--block-size", type=count(1), default=16)
+    p.add_argument("--num-blocks", type=count(1), default=8192)
+    p.add_argument("--num-tokens", type=count(1), default=65536)
+    p.add_argument("--num-pairs", type=count(1), default=2048)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    p.add_argument("--rep-ms", type=float, default=50.0)
+    p.add_argument("--rep-ms", type=positive_float, default=50.0)
     p.add_argument("--markdown", default="")
     p.set_defaults(func=run_cache_bench)
     return p

@@ -25,10 +25,18 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hygon_attn_backend.tools.argtypes import count, int_list, positive_float, tuple_list
 from hygon_attn_backend.tools.bench import _harness, output, problems
 from hygon_attn_backend.tools.bench.peers import make_peers, ours_decode
 
 DEFAULT_SHAPES = "1,32768;1,131072;8,8192;64,4096;64,16384;256,2048"
+#: Defaults on a GPU and under Triton's CPU interpreter, for the options left unset. The
+#: interpreter runs a kernel's programs one by one in Python (seconds a row at the CPU
+#: shape, hours at the GPU ones) and its bf16 dot is broken (every bf16 row fails the
+#: reference check), so there one small shape in fp16 without the G sweep checks the
+#: wiring in under a minute.
+GPU_DEFAULTS = dict(shapes=DEFAULT_SHAPES, groups="1,8,16", dtype="bfloat16")
+CPU_DEFAULTS = dict(shapes="2,40", groups="", dtype="float16")
 
 
 def _parse_pairs(text: str):
@@ -48,23 +56,42 @@ def _parse_partitions(text: str):
     return items
 
 
+def _partitions_text(text: str) -> str:
+    """``--partitions``: what :func:`_parse_partitions` reads (sizes: multiples of 16)."""
+    try:
+        items = _parse_partitions(text)
+    except ValueError:
+        items = []
+    if not items or any(isinstance(x, int) and (x < 16 or x % 16) for x in items):
+        raise argparse.ArgumentTypeError(
+            f"must be a comma list of auto, auto-fused, auto-launch, dcu, none or a "
+            f"partition size (a positive multiple of 16), got {text!r}")
+    return text
+
+
 def add_decode_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``decode`` on an argparse ``subparsers`` object; returns the parser."""
     p = subparsers.add_parser("decode", help="paged decode GB/s vs an in-run copy and peers")
-    p.add_argument("--shapes", default=DEFAULT_SHAPES,
-                   help="';'-separated B,ctx pairs (default: issue 3's six)")
-    p.add_argument("--block-sizes", default="16,64", help="page sizes, comma-separated")
-    p.add_argument("--num-q-heads", type=int, default=32)
-    p.add_argument("--num-kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    p.add_argument("--partitions", default="auto,dcu",
+    p.add_argument("--shapes", default=None, type=tuple_list("B", "ctx"),
+                   help=f"';'-separated B,ctx pairs (default: {DEFAULT_SHAPES}; on a CPU "
+                        f"under Triton's interpreter {CPU_DEFAULTS['shapes']})")
+    p.add_argument("--block-sizes", default="16,64", type=int_list(),
+                   help="page sizes, comma-separated")
+    p.add_argument("--num-q-heads", type=count(1), default=32)
+    p.add_argument("--num-kv-heads", type=count(1), default=8)
+    p.add_argument("--head-dim", type=count(1), default=128)
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16"],
+                   help="default: bfloat16; float16 on a CPU (the interpreter's bf16 dot "
+                        "is broken)")
+    p.add_argument("--partitions", default="auto,dcu", type=_partitions_text,
                    help="comma list: auto, auto-fused / auto-launch (auto's partition size "
                         "with the combine fused / a second launch), dcu, none or a size")
-    p.add_argument("--group-shape", default="64,4096", help="B,ctx of the G sweep")
-    p.add_argument("--groups", default="1,8,16",
-                   help="GQA groups of the G sweep (Hq fixed, Hkv = Hq / G); '' skips it")
-    p.add_argument("--per-head-groups", default="8",
+    p.add_argument("--group-shape", default="64,4096", type=tuple_list("B", "ctx", single=True),
+                   help="B,ctx of the G sweep")
+    p.add_argument("--groups", default=None, type=int_list(empty=True),
+                   help="GQA groups of the G sweep (Hq fixed, Hkv = Hq / G); '' skips it "
+                        "(default: 1,8,16; '' on a CPU)")
+    p.add_argument("--per-head-groups", default="8", type=int_list(empty=True),
                    help="groups at which the per-query-head variant is also timed")
     p.add_argument("--same-bytes-copy", action=argparse.BooleanOptionalAction, default=True,
                    help="time a device copy moving each shape's KV bytes beside it (the "
@@ -82,7 +109,8 @@ def _add_common(p, *, rep_ms: float) -> None:
     p.add_argument("--compare", default="",
                    help="peers to run beside ours: comma list of sglang, vllm, flashinfer, "
                         "sdpa (or 'all'); one not installed here is reported, not an error")
-    p.add_argument("--rep-ms", type=float, default=rep_ms, help="timed milliseconds per point")
+    p.add_argument("--rep-ms", type=positive_float, default=rep_ms,
+                   help="timed milliseconds per point")
     p.add_argument("--l2-flush", default="write", choices=["write", "read"],
                    help="how the L2 is evicted before each timed call: 'write' "
                         "(triton.testing.do_bench's zero fill; the call also writes back "
@@ -90,8 +118,7 @@ def _add_common(p, *, rep_ms: float) -> None:
                         "once: a clean L2, as in an engine's step)")
     p.add_argument("--csv", default="", help="write every row to this CSV file")
     p.add_argument("--plot", default="",
-                   help="draw this PNG (needs matplotlib: pip install "
-                        "'hygon-attn-backend[bench]')")
+                   help="draw this PNG (needs matplotlib: pip install matplotlib)")
     p.add_argument("--json", default="", help="write all results to this JSON file")
     p.add_argument("--markdown", default="", help="write the table to this file")
 
@@ -139,11 +166,17 @@ def run_decode_bench(args) -> dict:
     try:
         impls = parse_impls(args.impl)  # a bad list fails before any device work
     except ValueError as exc:
-        raise SystemExit(str(exc)) from exc
+        raise SystemExit(f"hygon-attn bench decode: {exc}") from None
+    _harness.check_heads("decode", args.num_q_heads, {"--num-kv-heads": args.num_kv_heads})
     started = _harness.start(args, "decode")
     if started is None:
         return {}
     peers, device = started
+    for name, value in (GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    _harness.check_heads("decode", args.num_q_heads, {
+        "--groups": int(g) for g in str(args.groups).split(",") if g.strip()})
     dtype = getattr(torch, args.dtype)
     hq, dim = args.num_q_heads, args.head_dim
     pages = [int(x) for x in str(args.block_sizes).split(",") if x]
@@ -155,15 +188,18 @@ def run_decode_bench(args) -> dict:
                 l2_flush=_timing.L2_FLUSH)
     print(f"# decode bench: {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, "
           f"{args.dtype}, Hq={hq}, D={dim}; graph replay, L2 cleared before every replay "
-          f"(by a {_timing.L2_FLUSH}), pages permuted")
-    print(f"device copy (read + write): {copy:.0f} GB/s = 100%")
+          f"(by a {_timing.L2_FLUSH}), pages permuted", flush=True)
+    print(f"device copy (read + write): {copy:.0f} GB/s = 100%", flush=True)
     jobs = [(b, c, args.num_kv_heads) for b, c in _parse_pairs(args.shapes)]
     if args.groups:
         gb, gc = _parse_pairs(args.group_shape)[0]
         jobs += [(gb, gc, hq // int(g)) for g in str(args.groups).split(",") if g]
     rows = []
-    for batch, ctx, hkv in output.progress(jobs, desc="decode shapes"):
-        for page in pages:
+    points = len(jobs) * len(pages)
+    for j, (batch, ctx, hkv) in enumerate(output.progress(jobs, desc="decode shapes")):
+        for i, page in enumerate(pages):
+            print(f"[{j * len(pages) + i + 1}/{points}] B={batch} ctx={ctx} Hkv={hkv} "
+                  f"page {page}", flush=True)
             prob = problems.build_decode(batch=batch, ctx=ctx, page_size=page,
                                          num_q_heads=hq, num_kv_heads=hkv, head_dim=dim,
                                          dtype=dtype, device=device)

@@ -14,7 +14,10 @@ greedy-token check through the offline ``sglang.Engine`` (GPU with SGLang instal
   exclusive lock before its GPU work, so measurements never overlap.
 
 Prints the markdown table (prefill latency, median decode step, ratios hygon/triton),
-``--csv`` writes it; ``--out`` keeps the children's specs, logs and raw results.
+``--csv`` writes it; ``--out`` keeps the children's specs, logs and raw results (without
+it they go to a temporary folder, removed when the run ends, however it ends). A machine
+without a GPU or SGLang is told so in one line before anything starts; a child that fails
+is reported with the last line of its log.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import fcntl
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +34,8 @@ import tempfile
 import time
 from typing import List, Optional, Sequence
 
+from hygon_attn_backend.tools import needs
+from hygon_attn_backend.tools.argtypes import count, positive_float
 from hygon_attn_backend.tools.bench import _engine_report as report
 
 HEADS = {64: (16, 4), 128: (32, 8)}  # head_dim -> (query heads, KV heads)
@@ -49,17 +55,18 @@ def add_engine_parser(sub) -> None:
                    help="attention backends (the first is 'ours' in the ratios)")
     p.add_argument("--head-dims", type=int, nargs="+", choices=sorted(HEADS),
                    help="built models: 64 (16/4 heads, hidden 1024), 128 (32/8, hidden 4096)")
-    p.add_argument("--pages", type=int, nargs="+", help="KV page sizes (default 16)")
-    p.add_argument("--contexts", type=int, nargs="+", help="prompt lengths (one_batch input_len)")
-    p.add_argument("--batches", type=int, nargs="+", help="batch sizes")
-    p.add_argument("--layers", type=int, help="decoder layers of the built models (default 8)")
-    p.add_argument("--decode-steps", type=int,
+    p.add_argument("--pages", type=count(1), nargs="+", help="KV page sizes (default 16)")
+    p.add_argument("--contexts", type=count(1), nargs="+",
+                   help="prompt lengths (one_batch input_len)")
+    p.add_argument("--batches", type=count(1), nargs="+", help="batch sizes")
+    p.add_argument("--layers", type=count(1), help="decoder layers of the built models (default 8)")
+    p.add_argument("--decode-steps", type=count(1),
                    help="one_batch output_len: the median is over output_len - 1 steps")
-    p.add_argument("--max-prefill-tokens", type=int,
+    p.add_argument("--max-prefill-tokens", type=count(1),
                    help="prompt tokens per prefill forward: a larger batch is prefilled in "
                         "groups of requests, merged before the decode steps (one_batch "
                         "itself prefills a whole batch at once)")
-    p.add_argument("--max-point-tokens", type=int,
+    p.add_argument("--max-point-tokens", type=count(1),
                    help="skip points of more batch x ctx tokens (the KV pool is sized for "
                         "the largest point; default 64 x 32k)")
     p.add_argument("--quick", action="store_true",
@@ -71,18 +78,18 @@ def add_engine_parser(sub) -> None:
     p.add_argument("--no-check", action="store_true", help="skip the token check")
     p.add_argument("--check-head-dim", type=int, choices=sorted(HEADS), default=None,
                    help="model of the token check (default 128; 64 with --quick)")
-    p.add_argument("--check-new-tokens", type=int, default=32)
-    p.add_argument("--check-contexts", type=int, nargs="+", default=[],
+    p.add_argument("--check-new-tokens", type=count(1), default=32)
+    p.add_argument("--check-contexts", type=count(1), nargs="+", default=[],
                    help="prompt lengths of a third token-check scenario, 'long': one batch "
                         "of one prompt per length (e.g. 16384 32768: split-KV decode)")
-    p.add_argument("--mem-fraction", type=float, default=0.85,
+    p.add_argument("--mem-fraction", type=positive_float, default=0.85,
                    help="--mem-fraction-static of every child (pools are capped by "
                         "--max-total-tokens computed from the matrix)")
-    p.add_argument("--child-timeout", type=float, default=600.0, help="seconds per child")
-    p.add_argument("--deadline", type=float, default=None,
+    p.add_argument("--child-timeout", type=positive_float, default=600.0, help="seconds per child")
+    p.add_argument("--deadline", type=positive_float, default=None,
                    help="seconds for the whole run: children still running are killed and "
                         "the partial results reported")
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--repeats", type=count(1), default=1,
                    help="timed runs per point (medians reported, every run kept in the "
                         "raw results; the tool times one prefill per run)")
     p.add_argument("--breakdown", action="store_true",
@@ -304,30 +311,55 @@ def launch(specs: List[dict], *, work: str, env: dict, child_timeout: float,
         limit = t_start + child_timeout
         procs[s["name"]] = (p, s, min(limit, end) if end else limit)
     codes, released, seen_lines = {}, False, {}
-    while len(codes) < len(procs):
-        now = time.perf_counter()
-        for name, (p, s, limit) in procs.items():
-            if name in codes:
-                continue
-            rc = p.poll()
-            if rc is None and now > limit:
-                os.killpg(p.pid, signal.SIGKILL)  # the child's own session: its helpers too
-                p.wait()
-                codes[name] = None
-                print(f"[{now - t_start:6.1f}s] {name}: killed (time limit)", flush=True)
-            elif rc is not None:
-                codes[name] = rc
-                print(f"[{now - t_start:6.1f}s] {name}: exit {rc}", flush=True)
-            _echo_results(s, seen_lines, now - t_start)
-        if not released and all(n in codes or os.path.exists(s["ready_path"])
-                                for n, (_, s, _) in procs.items()):
-            fcntl.flock(lock_fd, fcntl.LOCK_UN)
-            released = True
-            print(f"[{now - t_start:6.1f}s] all children started: GPU lock released",
-                  flush=True)
-        time.sleep(poll_s)
-    lock_fd.close()
+    try:
+        while len(codes) < len(procs):
+            now = time.perf_counter()
+            for name, (p, s, limit) in procs.items():
+                if name in codes:
+                    continue
+                rc = p.poll()
+                if rc is None and now > limit:
+                    _kill(p)
+                    codes[name] = None
+                    print(f"[{now - t_start:6.1f}s] {name}: killed (time limit)", flush=True)
+                elif rc is not None:
+                    codes[name] = rc
+                    why = "" if rc == 0 else f": {failure_reason(work, name)}"
+                    print(f"[{now - t_start:6.1f}s] {name}: exit {rc}{why}", flush=True)
+                _echo_results(s, seen_lines, now - t_start)
+            if not released and all(n in codes or os.path.exists(s["ready_path"])
+                                    for n, (_, s, _) in procs.items()):
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                released = True
+                print(f"[{now - t_start:6.1f}s] all children started: GPU lock released",
+                      flush=True)
+            time.sleep(poll_s)
+    finally:  # interrupted too: no child outlives the run
+        for name, (p, _, _) in procs.items():
+            if p.poll() is None:
+                _kill(p)
+        lock_fd.close()
     return codes
+
+
+def _kill(proc) -> None:
+    """Kill a child and everything it started (its process group) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def failure_reason(work: str, name: str) -> str:
+    """The last non-blank line of a child's log (where its error is), or a note that it
+    left none."""
+    try:
+        with open(os.path.join(work, name + ".log"), errors="replace") as fh:
+            lines = [line.strip() for line in fh if line.strip()]
+    except OSError:
+        lines = []
+    return lines[-1][:300] if lines else "no log output"
 
 
 PROCESS_RESERVE_BYTES = 6 << 30  # an engine's weights, activations, graphs and context
@@ -427,31 +459,55 @@ def summarize(specs: List[dict], codes: dict, backends: List[str]) -> tuple:
         parts.append(report.format_tokens(rep, label=label, ours=ours, peer=peer))
     failed = [n for n, c in codes.items() if c != 0]
     if failed:
-        parts.append("children that failed or were killed: " + ", ".join(
-            f"{n} ({'killed' if codes[n] is None else 'exit ' + str(codes[n])})"
-            for n in failed))
+        work = os.path.dirname(specs[0]["result_path"])
+        parts.append("children that failed or were killed:\n" + "\n".join(
+            f"- {n}: " + ("killed (time limit)" if codes[n] is None else
+                          f"exit {codes[n]}: {failure_reason(work, n)}") for n in failed))
     return "\n\n".join(parts), pairs, token_reports
 
 
-def cmd_engine(args) -> int:
+def missing_prerequisites() -> list:
+    """What the engine bench needs and this machine lacks, each as a phrase ([] when
+    nothing is missing): a GPU that torch sees, SGLang."""
     import importlib.util
 
+    import torch
+
+    missing = []
+    if not torch.cuda.is_available():
+        missing.append(f"a CUDA or ROCm GPU (torch {torch.__version__} sees none)")
     if importlib.util.find_spec("sglang") is None:
-        raise SystemExit("bench engine needs SGLang installed (pip install "
-                         "'hygon-attn-backend[sglang]')")
+        missing.append(f"SGLang (not installed: pip install '{needs.SGLANG}')")
+    return missing
+
+
+def cmd_engine(args) -> int:
+    missing = missing_prerequisites()
+    if missing:
+        print(f"hygon-attn bench engine: needs {' and '.join(missing)}", file=sys.stderr)
+        return 2
     cfg = resolve(args)
     work = args.out or tempfile.mkdtemp(prefix="hygon-engine-")
     os.makedirs(work, exist_ok=True)
+    try:
+        return _run_engine(args, cfg, work)
+    finally:
+        if not args.out:  # the models and logs of a temporary folder (GBs): never left
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_engine(args, cfg: dict, work: str) -> int:
     specs = plan_specs(cfg, args, work)
     if not specs:
-        raise SystemExit("nothing to run (--no-bench and --no-check)")
+        raise SystemExit("hygon-attn bench engine: nothing to run (--no-bench and --no-check)")
     write_models(specs)
     env = dict(os.environ)
     site = entry_point_dir(work)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     extra = [p for p in (site, root) if p]
     env["PYTHONPATH"] = os.pathsep.join(extra + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    print(f"engine bench: {len(specs)} children, work folder {work}; points "
+    kept = "" if args.out else " (temporary: removed at the end; --out keeps one)"
+    print(f"engine bench: {len(specs)} children, work folder {work}{kept}; points "
           f"{planned_points(cfg)}", flush=True)
     serial = bool(getattr(args, "serial", False))
     if not serial and pools_need_serial(specs, gpu_total_bytes()):

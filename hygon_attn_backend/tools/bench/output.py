@@ -1,5 +1,4 @@
-"""Benchmark outputs: the markdown table, ``--csv``, ``--plot`` (matplotlib, the
-``[bench]`` extra) and the progress bar (tqdm, when installed).
+"""Benchmark outputs: the markdown table, ``--csv``, ``--plot`` (matplotlib) and the progress bar (tqdm, when installed).
 
 A row is a dict: ``op`` (decode | prefill), the shape (``batch``, ``ctx`` or ``prefix`` and
 ``extend``, heads, ``head_dim``, ``page``), ``impl``, ``note``, ``status`` (``ok``,
@@ -10,6 +9,8 @@ for decode, TFLOP/s for prefill), ``ceiling`` (the in-run copy or matmul) and ``
 from __future__ import annotations
 
 import csv
+
+from hygon_attn_backend.tools import needs
 
 CSV_FIELDS = ("op", "batch", "ctx", "prefix", "extend", "num_q_heads", "num_kv_heads",
               "head_dim", "page", "impl", "note", "status", "ms", "value", "unit", "ceiling",
@@ -66,8 +67,8 @@ def pyplot():
     try:
         import matplotlib
     except ImportError as exc:
-        raise SystemExit("--plot needs matplotlib: pip install 'hygon-attn-backend[bench]'"
-                         ) from exc
+        raise SystemExit(f"--plot needs matplotlib, not installed: pip install "
+                         f"{needs.PLOT}") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt

@@ -24,17 +24,19 @@ import pstats
 import sys
 import time
 
+from hygon_attn_backend.tools.argtypes import count, int_list
 from hygon_attn_backend.tools.bench._overhead_shapes import DECODE, EXTEND, MIXED  # noqa: F401
 
 
 def add_overhead_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("overhead", help="host microseconds per attention call")
-    p.add_argument("--block-sizes", default="16,64", help="page sizes, comma-separated")
-    p.add_argument("--num-q-heads", type=int, default=32)
-    p.add_argument("--num-kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--calls", type=int, default=300, help="calls per measurement")
-    p.add_argument("--repeats", type=int, default=5,
+    p.add_argument("--block-sizes", default="16,64", type=int_list(),
+                   help="page sizes, comma-separated")
+    p.add_argument("--num-q-heads", type=count(1), default=32)
+    p.add_argument("--num-kv-heads", type=count(1), default=8)
+    p.add_argument("--head-dim", type=count(1), default=128)
+    p.add_argument("--calls", type=count(1), default=300, help="calls per measurement")
+    p.add_argument("--repeats", type=count(1), default=5,
                    help="measurements per row (the median is reported)")
     p.add_argument("--profile", default=None,
                    help="write the cProfile listing of every row to this file")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hygon_attn_backend.tools.argtypes import count, int_list, tuple_list
 from hygon_attn_backend.tools.bench import _harness, output, problems
 from hygon_attn_backend.tools.bench.decode import _add_common, parse_impls
 from hygon_attn_backend.tools.bench.peers import make_peers, ours_prefill
@@ -41,19 +42,34 @@ def _parse_tiles(text):
             for part in text.split(";") if part.strip()]
 
 
+def _tiles_text(text: str) -> str:
+    """``--tiles``: what :func:`_parse_tiles` reads (four positive integers or
+    ``default`` a config)."""
+    try:
+        tiles = _parse_tiles(text)
+    except ValueError:
+        tiles = [()]
+    if any(t is not None and (len(t) != 4 or min(t) < 1) for t in tiles):
+        raise argparse.ArgumentTypeError(f"must be BLOCK_M,BLOCK_N,warps,stages[;...] "
+                                         f"(positive integers) or 'default', got {text!r}")
+    return text
+
+
 def add_prefill_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``prefill`` on an argparse ``subparsers`` object; returns the parser."""
     p = subparsers.add_parser("prefill", help="prefix-prefill TFLOP/s vs matmul and peers")
     p.add_argument("--shapes", default=DEFAULT_SHAPES,
-                   help="';'-separated B,prefix,extend triples (default: issue 4's five)")
-    p.add_argument("--block-sizes", default="16,64", help="page sizes, comma-separated")
-    p.add_argument("--num-q-heads", type=int, default=32)
-    p.add_argument("--num-kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
+                   type=tuple_list("B", "prefix", "extend", lows=[1, 0, 1]),
+                   help=f"';'-separated B,prefix,extend triples (default: {DEFAULT_SHAPES})")
+    p.add_argument("--block-sizes", default="16,64", type=int_list(),
+                   help="page sizes, comma-separated")
+    p.add_argument("--num-q-heads", type=count(1), default=32)
+    p.add_argument("--num-kv-heads", type=count(1), default=8)
+    p.add_argument("--head-dim", type=count(1), default=128)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--kv-source", default="cache", choices=["cache", "dense", "both"],
                    help="new tokens' K/V from the cache (vLLM) or dense tensors (SGLang)")
-    p.add_argument("--tiles", default="",
+    p.add_argument("--tiles", default="", type=_tiles_text,
                    help="';'-separated BLOCK_M,BLOCK_N,warps,stages configs to sweep "
                         "(passed to plan_prefix_prefill), 'default' for the heuristic")
     p.add_argument("--impl", default="auto",
@@ -74,6 +90,11 @@ def run_prefill_bench(args) -> dict:
     import torch
     from hygon_attn_backend.tools.bench import _timing
 
+    try:
+        impls = parse_impls(args.impl)  # a bad list fails before any device work
+    except ValueError as exc:
+        raise SystemExit(f"hygon-attn bench prefill: {exc}") from None
+    _harness.check_heads("prefill", args.num_q_heads, {"--num-kv-heads": args.num_kv_heads})
     started = _harness.start(args, "prefill")
     if started is None:
         return {}
@@ -82,7 +103,6 @@ def run_prefill_bench(args) -> dict:
     hq, hkv, dim = args.num_q_heads, args.num_kv_heads, args.head_dim
     pages = [int(x) for x in str(args.block_sizes).split(",") if x]
     tiles = _parse_tiles(args.tiles)
-    impls = parse_impls(args.impl)
     sources = ["cache", "dense"] if args.kv_source == "both" else [args.kv_source]
     meta = _harness.header(device)
     mm, mm_ms = _timing.matmul_ceiling(args.rep_ms, device=device)

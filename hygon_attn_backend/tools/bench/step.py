@@ -33,6 +33,8 @@ import sys
 import time
 from typing import Dict, List, Tuple
 
+from hygon_attn_backend.tools.argtypes import count
+
 # batch kinds: decodes (count, context), extends [(prefix, new tokens)]
 KINDS: Dict[str, dict] = {
     "decode": dict(decodes=(64, 4096), extends=()),
@@ -48,12 +50,12 @@ def add_step_parser(subparsers) -> argparse.ArgumentParser:
                                            "against graph-replayed (GPU)")
     p.add_argument("--kinds", default=",".join(KINDS),
                    help=f"comma list of batch kinds: {', '.join(KINDS)}")
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-q-heads", type=int, default=32)
-    p.add_argument("--num-kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--steps", type=int, default=20, help="steps per timed trial")
+    p.add_argument("--layers", type=count(1), default=8)
+    p.add_argument("--block-size", type=count(1), default=16)
+    p.add_argument("--num-q-heads", type=count(1), default=32)
+    p.add_argument("--num-kv-heads", type=count(1), default=8)
+    p.add_argument("--head-dim", type=count(1), default=128)
+    p.add_argument("--steps", type=count(1), default=20, help="steps per timed trial")
     p.add_argument("--one-launch", action="store_true",
                    help="also time each batch with decodes and extends as one prefill "
                         "launch (every request through the prefix-prefill kernel)")

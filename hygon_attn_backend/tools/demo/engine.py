@@ -29,6 +29,8 @@ import sys
 import tempfile
 from typing import Optional, Sequence
 
+from hygon_attn_backend.tools import needs
+
 VOCAB_SIZE = 512
 HIDDEN = 64
 LAYERS = 2
@@ -196,7 +198,8 @@ def run_demo(*, model_dir: Optional[str] = None, timeout: float = 900.0, out=Non
     try:
         import vllm  # noqa: F401
     except ImportError:
-        print("hygon-attn demo needs vLLM (pip install 'hygon-attn-backend[vllm]').", file=out)
+        print(f"hygon-attn demo: needs vLLM, not installed: pip install '{needs.VLLM}'",
+              file=out)
         return 2
     if not _plugin_installed():
         print("hygon-attn demo: the 'hygon' vllm.general_plugins entry point is not "

@@ -27,6 +27,8 @@ import sys
 import time
 import traceback
 
+from hygon_attn_backend.tools.argtypes import count
+
 OPS = ("decode", "prefill", "write_kv", "copy_blocks")
 # profiles per seed: each value of every stratified set (12 layouts, 12 page sizes, 12
 # groups, 6 head_dims, ...) appears in at least NUM // len(set) of them; each profile costs
@@ -125,22 +127,25 @@ def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
 
 
 def _shard(text: str) -> "tuple[int, int]":
-    i, n = (int(x) for x in text.split("/"))
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        i, n = -1, 0
     if not 0 <= i < n:
-        raise argparse.ArgumentTypeError(f"--shard must be I/N with 0 <= I < N, got {text}")
+        raise argparse.ArgumentTypeError(f"must be I/N with 0 <= I < N, got {text!r}")
     return i, n
 
 
 def add_fuzz_parser(sub) -> None:
     p = sub.add_parser("fuzz", help="random problems against the reference (seeded)")
     p.add_argument("--op", choices=OPS, required=True)
-    p.add_argument("--cases", type=int, default=1000)
+    p.add_argument("--cases", type=count(1), default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="default: cuda when available, else cpu (Triton's interpreter)")
-    p.add_argument("--case", type=int, default=None, help="rerun one case by its index")
+    p.add_argument("--case", type=count(0), default=None, help="rerun one case by its index")
     p.add_argument("--shard", type=_shard, default=(0, 1), help="I/N: cases with K %% N == I")
-    p.add_argument("--skip", type=int, default=0,
+    p.add_argument("--skip", type=count(0), default=0,
                    help="leave out the shard's first SKIP cases (resume a stopped run)")
     p.add_argument("--impl", choices=("triton", "auto", "native"), default="triton",
                    help="prefill and decode: the implementation the cases plan with (auto: "
@@ -157,11 +162,21 @@ def _interrupt(signum, frame):
 
 
 def cmd_fuzz(args) -> int:
+    if args.impl != "triton" and args.op not in ("prefill", "decode"):
+        print(f"hygon-attn fuzz: --impl {args.impl}: only --op prefill and decode take an "
+              f"impl (got --op {args.op})", file=sys.stderr)
+        return 2
     device = args.device
     if device is None:
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
+        from hygon_attn_backend.tools import needs
+
+        problem = needs.interpreter_problem("hygon-attn fuzz")
+        if problem:  # a missing package is no finding of the kernels
+            print(problem, file=sys.stderr)
+            return 2
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
     signal.signal(signal.SIGTERM, _interrupt)  # `timeout`: print the summary of what ran
     profiler = None

@@ -7,6 +7,8 @@ import csv
 import os
 import sys
 
+from hygon_attn_backend.tools.argtypes import count
+
 DEFAULT_MANAGERS = "contiguous-max,contiguous-exact,vllm-16,sglang-1,sglang-16"
 
 
@@ -21,15 +23,14 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--managers", default=DEFAULT_MANAGERS,
                    help="comma list: contiguous-max, contiguous-exact, vllm-B, "
                         "vllm-B-nocache, sglang-P (B, P: block / page size)")
-    p.add_argument("--memory-tokens", type=int, default=32768,
+    p.add_argument("--memory-tokens", type=count(1), default=32768,
                    help="KV memory in token slots (per layer; the same for every manager)")
-    p.add_argument("--max-len", type=int, default=2048,
+    p.add_argument("--max-len", type=count(1), default=2048,
                    help="maximum sequence length (the contiguous-max region size)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--csv", default="", help="write every result to this CSV file")
     p.add_argument("--plot", default="",
-                   help="draw this PNG (needs matplotlib: pip install "
-                        "'hygon-attn-backend[bench]')")
+                   help="draw this PNG (needs matplotlib: pip install matplotlib)")
     p.set_defaults(func=run_cli)
     return p
 
@@ -41,9 +42,12 @@ def load_traces(spec: str, *, seed: int):
         if name in traces.BUILTIN:
             out.append((name, traces.builtin(name, seed=seed)))
         elif os.path.exists(name):
-            out.append((os.path.basename(name), traces.load_trace(name, seed=seed)))
+            try:
+                out.append((os.path.basename(name), traces.load_trace(name, seed=seed)))
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                raise SystemExit(f"hygon-attn simulate: --trace {name}: {exc}") from None
         else:
-            raise SystemExit(f"--trace: {name!r} is neither a built-in trace "
+            raise SystemExit(f"hygon-attn simulate: --trace: {name!r} is neither a built-in trace "
                              f"({', '.join(traces.BUILTIN)}) nor a file")
     return out
 
@@ -132,13 +136,28 @@ def run_cli(args) -> int:
     if args.plot:
         from hygon_attn_backend.tools.bench.output import pyplot
         pyplot()  # fail before the run when matplotlib is missing
-    trace_list = load_traces(args.trace, seed=args.seed)
+    from hygon_attn_backend.tools.simulate.managers import parse_spec
+
     specs = [x.strip() for x in args.managers.split(",") if x.strip()]
+    try:
+        if not specs:
+            raise ValueError("no manager named")
+        for spec in specs:
+            parse_spec(spec)
+    except ValueError as exc:
+        raise SystemExit(f"hygon-attn simulate: --managers: {exc}") from None
+    trace_list = load_traces(args.trace, seed=args.seed)
+    if not trace_list:
+        raise SystemExit("hygon-attn simulate: --trace: no trace named")
     print(f"# simulate: memory {args.memory_tokens} token slots, max_len {args.max_len}, "
           f"{len(trace_list)} trace(s): "
           + ", ".join(f"{n} ({len(t)} requests)" for n, t in trace_list), flush=True)
-    results, skipped = run_all(trace_list, specs, memory_tokens=args.memory_tokens,
-                               max_len=args.max_len)
+    try:
+        results, skipped = run_all(trace_list, specs, memory_tokens=args.memory_tokens,
+                                   max_len=args.max_len)
+    except ValueError as exc:  # e.g. a request longer than --max-len or the memory
+        raise SystemExit(f"hygon-attn simulate: {exc} (--memory-tokens "
+                         f"{args.memory_tokens}, --max-len {args.max_len})") from None
     for line in skipped:
         print(f"skipped {line}")
     print(format_table(results))

@@ -336,18 +336,32 @@ class SglangManager:
         return self.tree.evictable_size()
 
 
+MANAGER_SPECS = "contiguous-max, contiguous-exact, vllm-B, vllm-B-nocache, sglang-P"
+
+
+def parse_spec(spec: str) -> tuple:
+    """``(kind, size, caching)`` of a manager spec (see :func:`make_manager`); a
+    ValueError naming the spec for anything else (B and P: positive integers)."""
+    if spec in ("contiguous-max", "contiguous-exact"):
+        return spec, 1, False
+    parts = spec.split("-")
+    shape_ok = (parts[0] == "vllm" and (len(parts) == 2 or parts[2:] == ["nocache"])) or (
+        parts[0] == "sglang" and len(parts) == 2)
+    size = int(parts[1]) if shape_ok and parts[1].isdigit() else 0
+    if size < 1:
+        raise ValueError(f"unknown manager {spec!r}: one of {MANAGER_SPECS} (B, P: block "
+                         f"and page sizes, positive integers), e.g. vllm-16, sglang-1")
+    return parts[0], size, parts[0] == "vllm" and len(parts) == 2
+
+
 def make_manager(spec: str, capacity: int, *, max_len: int):
     """``contiguous-max``, ``contiguous-exact``, ``vllm-B`` (block size B),
     ``vllm-B-nocache``, ``sglang-P`` (page size P)."""
-    if spec == "contiguous-max":
+    kind, size, caching = parse_spec(spec)
+    if kind == "contiguous-max":
         return ContiguousManager(capacity, reserve="max-len", max_len=max_len)
-    if spec == "contiguous-exact":
+    if kind == "contiguous-exact":
         return ContiguousManager(capacity, reserve="exact", max_len=max_len)
-    parts = spec.split("-")
-    if parts[0] == "vllm" and len(parts) in (2, 3):
-        return VllmManager(capacity, block_size=int(parts[1]), max_len=max_len,
-                           caching=len(parts) == 2)
-    if parts[0] == "sglang" and len(parts) == 2:
-        return SglangManager(capacity, page_size=int(parts[1]), max_len=max_len)
-    raise ValueError(f"unknown manager {spec!r}: contiguous-max, contiguous-exact, vllm-16, "
-                     f"vllm-16-nocache, sglang-1, sglang-16")
+    if kind == "vllm":
+        return VllmManager(capacity, block_size=size, max_len=max_len, caching=caching)
+    return SglangManager(capacity, page_size=size, max_len=max_len)

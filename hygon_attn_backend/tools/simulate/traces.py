@@ -104,30 +104,59 @@ def builtin(name: str, *, seed: int = 0) -> List[TraceRequest]:
 
 
 def load_trace(path: str, *, seed: int = 0) -> List[TraceRequest]:
-    """Read a JSON-lines trace (see the module docstring)."""
+    """Read a JSON-lines trace (see the module docstring). A malformed line is a
+    ValueError naming the file, the line and what is wrong with it."""
     rng = random.Random(seed)
     reqs: List[TraceRequest] = []
     with open(path) as fh:
         for lineno, line in enumerate(fh, 1):
             line = line.strip()
-            if not line:
-                continue
-            rec = json.loads(line)
-            if "prompt" in rec:
-                prompt = [int(t) for t in rec["prompt"]]
-            elif "prompt_len" in rec:
-                prompt = _ids(rng, int(rec["prompt_len"]))
-            else:
-                raise ValueError(f"{path}:{lineno}: needs 'prompt' or 'prompt_len'")
-            if "output_len" not in rec:
-                raise ValueError(f"{path}:{lineno}: needs 'output_len'")
-            output = [int(t) for t in rec.get("output", [])]
-            after = rec.get("after")
-            if after is not None and not 0 <= int(after) < len(reqs):
-                raise ValueError(f"{path}:{lineno}: 'after' must name an earlier line, "
-                                 f"got {after}")
-            reqs.append(TraceRequest(prompt, int(rec["output_len"]), output,
-                                     None if after is None else int(after)))
+            if line:
+                reqs.append(_parse_line(line, f"{path}:{lineno}", rng, len(reqs)))
     if not reqs:
         raise ValueError(f"{path}: no requests")
     return _finish(reqs)
+
+
+def _ids_of(value, where: str, key: str) -> List[int]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                              and t >= 0 for t in value):
+        raise ValueError(f"{where}: {key!r} must be a list of token ids (integers >= 0)")
+    return list(value)
+
+
+def _count(rec: dict, key: str, where: str, low: int) -> int:
+    value = rec[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{where}: {key!r} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _parse_line(line: str, where: str, rng: random.Random, earlier: int) -> TraceRequest:
+    """One trace line; ``earlier``: how many requests precede it."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: a line must be a JSON object, got {type(rec).__name__}")
+    if "prompt" in rec:
+        prompt = _ids_of(rec["prompt"], where, "prompt")
+        if not prompt:
+            raise ValueError(f"{where}: 'prompt' is empty")
+    elif "prompt_len" in rec:
+        prompt = _ids(rng, _count(rec, "prompt_len", where, 1))
+    else:
+        raise ValueError(f"{where}: needs 'prompt' or 'prompt_len'")
+    if "output_len" not in rec:
+        raise ValueError(f"{where}: needs 'output_len'")
+    output_len = _count(rec, "output_len", where, 1)
+    output = _ids_of(rec.get("output", []), where, "output")
+    if output and len(output) != output_len:
+        raise ValueError(f"{where}: 'output' holds {len(output)} ids, 'output_len' is "
+                         f"{output_len}")
+    after = rec.get("after")
+    if after is not None and (not isinstance(after, int) or isinstance(after, bool)
+                              or not 0 <= after < earlier):
+        raise ValueError(f"{where}: 'after' must name an earlier line, got {after!r}")
+    return TraceRequest(prompt, output_len, output, after)
