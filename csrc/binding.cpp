@@ -5,6 +5,7 @@
 // c10/cuda. The stream comes from the device guard implementation torch registered for
 // the tensor's device type; the kernels take it as void*. Arguments arrive validated by
 // hygon_attn_backend/ops/*.py; the checks here guard the raw-pointer contract only.
+#include <string>
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -19,10 +20,15 @@ namespace {
 // The decode loop's plan (HabDecodeParams::loop_stages / loop_tile): stages 0 (the
 // shared-softmax loop), 2 or 3 (the split-N loop's cp.async stages); tile 64 (the split-N
 // loop's KV tile, the only one built).
+// Numbers go into error messages as std::to_string: on the H200 image (torch 2.11.0+cu130,
+// nvcc 13.0) an integer streamed into TORCH_CHECK's message segfaulted inside this
+// library's copy of std::ostream::_M_insert<long>; strings stream fine.
 void check_decode_loop(int64_t loop_stages, int64_t loop_tile, const char* op) {
   TORCH_CHECK(loop_stages == 0 || loop_stages == 2 || loop_stages == 3, op,
-              ": loop_stages must be 0 (shared-softmax loop), 2 or 3 (split-N loop stages), got ", loop_stages);
-  TORCH_CHECK(loop_tile == 64, op, ": loop_tile must be 64 (the split-N loop's only KV tile), got ", loop_tile);
+              ": loop_stages must be 0 (shared-softmax loop), 2 or 3 (split-N loop stages), got ",
+              std::to_string(loop_stages));
+  TORCH_CHECK(loop_tile == 64, op, ": loop_tile must be 64 (the split-N loop's only KV tile), got ",
+              std::to_string(loop_tile));
 }
 
 void* stream_of(const at::Tensor& t) {
