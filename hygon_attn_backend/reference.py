@@ -209,6 +209,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            sliding_window: Optional[int] = None,
                            soft_cap: Optional[float] = None,
                            sinks: Optional[torch.Tensor] = None,
+                           tree_mask: Optional[torch.Tensor] = None,
                            compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Reference paged decode attention.
 
@@ -224,6 +225,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
        does a row that sees no key (never NaN).
     sinks: ``[num_q_heads]`` float32 per-head sink logits (an extra always-visible key
        with value 0), or None. ``partition_size`` is accepted for API parity and ignored.
+    tree_mask: ``[num_seqs * T, W]`` int32 packed tree mask (speculative verify): the T
+       tokens are the last T keys of their sequence (the drafts); token ``t`` sees the
+       keys before them and draft ``j`` iff :func:`unpack_tree_mask` of its row says so.
 
     Returns ``out`` (``q``'s shape and dtype) holding the result.
     """
@@ -241,6 +245,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         k = gather_kv(k_cache, block_table[s], 0, length, scale=k_scale, dtype=compute_dtype)
         v = gather_kv(v_cache, block_table[s], 0, length, scale=v_scale, dtype=compute_dtype)
         mask = causal_mask(num_tokens, length, device=q.device, sliding_window=sliding_window)
+        if tree_mask is not None:
+            drafts = min(num_tokens, length)
+            rows = unpack_tree_mask(tree_mask[s * num_tokens:(s + 1) * num_tokens],
+                                    num_tokens).to(q.device)
+            mask[:, length - drafts:] = rows[:, num_tokens - drafts:]
         mask &= key_presence(k_cache, block_table[s], 0, length).to(q.device)
         o, _ = _attend(q4[s].to(compute_dtype), k.to(q.device), v.to(q.device), mask,
                        sm_scale, soft_cap, sinks)

@@ -11,7 +11,9 @@ times); it is kept as a benchmark baseline.
 
 Row ``r`` of the M tile is token ``t = r // HEADS_PER_PROG`` of the sequence and query
 head ``head0 + r % HEADS_PER_PROG``; token ``t`` sits at position
-``seq_len - NUM_TOKENS + t`` and sees keys ``j <= seq_len - NUM_TOKENS + t``.
+``seq_len - NUM_TOKENS + t`` and sees keys ``j <= seq_len - NUM_TOKENS + t``; with ``TREE``
+(speculative verify of a draft tree) it sees the keys before the drafts and the drafts its
+row of the packed tree mask names (``kernels/tree_mask.py``).
 
 SPLIT=False: the program covers the whole sequence and writes the output.
 SPLIT=True: it covers ``[part * size, (part + 1) * size)`` (``kernels/combine.py:
@@ -32,6 +34,7 @@ import triton.language as tl
 from hygon_attn_backend.kernels.combine import merge_partitions, seq_partitions
 from hygon_attn_backend.kernels.paged_kv import lookup_tile_pages, tile_row_offsets
 from hygon_attn_backend.kernels.softmax import online_softmax_step, soft_cap_log2
+from hygon_attn_backend.kernels.tree_mask import tree_visibility
 
 
 @triton.jit(do_not_specialize=["scale", "k_scale_value", "v_scale_value",
@@ -40,7 +43,7 @@ from hygon_attn_backend.kernels.softmax import online_softmax_step, soft_cap_log
 def paged_decode_kernel(
     out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, sinks_ptr,
     k_scale_ptr, v_scale_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr, counters_ptr,
-    scale, k_scale_value, v_scale_value, soft_cap, sliding_window,
+    tree_ptr, scale, k_scale_value, v_scale_value, soft_cap, sliding_window,
     num_blocks, max_blocks_per_seq, partition_size, num_partitions, num_q_heads,
     stride_q_seq, stride_q_tok, stride_q_head, stride_q_dim,
     stride_o_seq, stride_o_tok, stride_o_head, stride_o_dim,
@@ -49,6 +52,7 @@ def paged_decode_kernel(
     stride_bt_seq, stride_bt_block,
     stride_ml_slot, stride_ml_row,
     stride_po_slot, stride_po_row, stride_po_dim,
+    stride_tree, tree_words,
     GROUP: tl.constexpr,            # query heads per KV head
     HEADS_PER_PROG: tl.constexpr,   # GROUP (KV-head grid) or 1 (per-query-head grid)
     NUM_TOKENS: tl.constexpr,       # query tokens per sequence (speculative decode)
@@ -69,6 +73,7 @@ def paged_decode_kernel(
     COMBINE_ROWS_PAD: tl.constexpr,  # next power of two of NUM_TOKENS * HEADS_PER_PROG
     COMBINE_CHUNK: tl.constexpr,    # partitions the merge reads per step
     LAUNCH_DEPENDENTS: tl.constexpr = False,  # let the combine launch start (sm_90 PDL)
+    TREE: tl.constexpr = False,     # NUM_TOKENS drafts under a packed tree mask
 ):
     if LAUNCH_DEPENDENTS:
         # programmatic dependent launch: the combine grid may be scheduled once every
@@ -117,6 +122,9 @@ def paged_decode_kernel(
 
     # last key position each row may see (causal rule of speculative tokens)
     pos_m = seq_len - NUM_TOKENS + tok_m  # [BLOCK_M]
+    # TREE: [BLOCK_M] each row's packed mask words (row seq * NUM_TOKENS + token; padding
+    # rows read the sequence's first token's)
+    tree_rows = tree_ptr + (seq * NUM_TOKENS + tl.where(row_ok, tok_m, 0)) * stride_tree
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -184,7 +192,10 @@ def paged_decode_kernel(
         else:
             s = qk * qk_scale
         visible = tok_ok[None, :]
-        if NUM_TOKENS > 1:
+        if TREE:  # the drafts are the last NUM_TOKENS keys
+            visible = visible & tree_visibility(tree_rows, offs_tok - (seq_len - NUM_TOKENS),
+                                                tree_words)
+        elif NUM_TOKENS > 1:
             visible = visible & (offs_tok[None, :] <= pos_m[:, None])
         if USE_WINDOW:
             visible = visible & (offs_tok[None, :] > pos_m[:, None] - sliding_window)

@@ -15,6 +15,8 @@ rule of the new keys is replaced by row ``i``'s bit ``j`` (``TREE``)::
 import triton
 import triton.language as tl
 
+from hygon_attn_backend.kernels.tree_mask import tree_visibility
+
 
 @triton.jit
 def tile_visibility(diag, kpos, n, n_limit, window, tree_rows, len_p, tree_words,
@@ -36,14 +38,6 @@ def tile_visibility(diag, kpos, n, n_limit, window, tree_rows, len_p, tree_words
         vis = vis & (kpos[None, :] <= diag[:, None])
     if WINDOW:
         vis = vis & (kpos[None, :] > diag[:, None] - window)
-    if TREE:
-        j = kpos - len_p  # [BLOCK_N] index among the request's new keys (< 0: prefix)
-        jj = tl.maximum(j, 0)
-        word = jj // 32
-        # prefix keys read as all bits set, words past the row's width as none
-        words = tl.load(tree_rows[:, None] + word[None, :],
-                        mask=(j >= 0)[None, :] & (word < tree_words)[None, :],
-                        other=0)  # [BLOCK_M, BLOCK_N] int32
-        words = tl.where((j >= 0)[None, :], words, -1)
-        vis = vis & (((words >> (jj % 32)[None, :]) & 1) != 0)
+    if TREE:  # kpos - len_p: the key's index among the request's new keys (< 0: prefix)
+        vis = vis & tree_visibility(tree_rows, kpos - len_p, tree_words)
     return vis

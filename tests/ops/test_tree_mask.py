@@ -1,4 +1,5 @@
-"""Speculative verify's tree masks (``ops/prefill/tree.py``) through the prefix prefill.
+"""Speculative verify's tree masks (``ops/prefill/tree.py``) through the prefix prefill and
+the multi-token decode.
 
 The packed mask's helpers against brute force; the reference's tree rule against the
 causal one (a chain is the causal mask); the Triton kernel against the fp64 reference on
@@ -16,8 +17,11 @@ import pytest
 import torch
 
 from hygon_attn_backend import reference
+from hygon_attn_backend.ops.decode import paged_decode_attention, plan_paged_decode
 from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
 from hygon_attn_backend.ops.prefill.tree import pack_tree_mask, tree_mask_from_parents
+from tests.ops.test_decode import blocks_needed, make_cache, make_table
+from tests.ops.test_decode import run_case as run_decode_case
 from tests.ops.test_prefill import Case, make_inputs, run_case
 
 gpu = pytest.mark.gpu
@@ -163,3 +167,79 @@ def test_tree_mask_bad_inputs(device):
                                head_dim=16, tree_mask=good, impl="triton")
     with pytest.raises(ValueError, match="the tensor the plan was built with"):
         prefix_prefill_attention(*args, tree_mask=good.clone(), plan=plan, **kw)
+
+
+# ---------------------------------------------------------------- the decode structure
+
+def _decode_tree(num_seqs, drafts, device, seed):
+    parents = random_parents(num_seqs, drafts, seed=seed)
+    return pack_tree_mask(tree_mask_from_parents(parents)).to(device)
+
+
+@pytest.mark.parametrize("seq_lens,drafts,group,page,partition", [
+    ((9, 30), 4, 2, 4, None),
+    ((40, 5, 17), 3, 4, 16, 16),      # split-KV: the drafts in the last partition
+    ((33,), 8, 1, 1, 16),
+    ((6, 70), 5, 5, 16, None),
+])
+def test_tree_verify_decode_matches_reference(seq_lens, drafts, group, page, partition,
+                                              device):
+    """The multi-token decode under a tree mask (drafts = each sequence's last T keys, in
+    the cache) equals the fp64 reference, split over partitions or not."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    tree = _decode_tree(len(seq_lens), drafts, device, seed=sum(seq_lens))
+    run_decode_case(num_kv_heads=2, group=group, head_dim=32, page_size=page, seq_lens=seq_lens,
+             layout="bhsd", dtype=dtype, device=device, num_tokens=drafts,
+             partition_size=partition, tree_mask=tree)
+
+
+def test_reference_decode_chain_tree_is_causal(device):
+    """The chain's tree mask gives the multi-token decode's causal answer; a branching
+    tree does not."""
+    seq_lens = (12, 7)
+    nb = blocks_needed(seq_lens, 4)
+    k, v = make_cache(nb, 2, 4, 16, "bhsd", torch.float32, device)
+    table = make_table(seq_lens, 4, nb, device)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    q = torch.randn(2, 4, 4, 16, device=device)
+    causal = reference.paged_decode_attention(q, k, v, table, lens)
+    chain = pack_tree_mask(tree_mask_from_parents(random_parents(2, 4, seed=0, chain=True)))
+    assert torch.equal(reference.paged_decode_attention(q, k, v, table, lens,
+                                                        tree_mask=chain.to(device)), causal)
+    tree = pack_tree_mask(tree_mask_from_parents(torch.tensor([[-1, 0, 0, 1]] * 2)))
+    assert not torch.allclose(reference.paged_decode_attention(
+        q, k, v, table, lens, tree_mask=tree.to(device)), causal)
+
+
+@gpu
+@pytest.mark.parametrize("impl", ["triton", "auto"])
+def test_tree_verify_decode_gpu(impl, device):
+    """Real sizes: 32 sequences of 2-9k keys, 8 drafts, GQA 4; ``auto`` runs Triton (the
+    native decode has no tree mask)."""
+    gen = torch.Generator().manual_seed(5)
+    seq_lens = tuple(int(x) for x in torch.randint(2000, 9000, (32,), generator=gen))
+    tree = _decode_tree(32, 8, device, seed=5)
+    run_decode_case(num_kv_heads=8, group=4, head_dim=128, page_size=16, seq_lens=seq_lens,
+             layout="bhsd", dtype=torch.bfloat16, device=device, num_tokens=8,
+             tree_mask=tree, impl=impl)
+
+
+def test_tree_verify_decode_bad_inputs(device):
+    seq_lens = (9, 30)
+    nb = blocks_needed(seq_lens, 4)
+    k, v = make_cache(nb, 2, 4, 16, "bhsd", torch.float16, device)
+    table = make_table(seq_lens, 4, nb, device)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    q = torch.randn(2, 4, 4, 16, dtype=torch.float16, device=device)
+    good = _decode_tree(2, 4, device, seed=0)
+    with pytest.raises(ValueError, match="tree_mask"):
+        paged_decode_attention(q, k, v, table, lens, tree_mask=good[:7])
+    with pytest.raises(ValueError, match="tree_mask"):
+        paged_decode_attention(q, k, v, table, lens, tree_mask=good.to(torch.int64))
+    with pytest.raises(ValueError, match="sliding window"):
+        paged_decode_attention(q, k, v, table, lens, tree_mask=good, sliding_window=4)
+    plan = plan_paged_decode(table, lens, num_q_heads=4, num_kv_heads=2, head_dim=16,
+                             page_size=4, q_dtype=q.dtype, kv_dtype=k.dtype, num_tokens=4,
+                             tree_mask=good, impl="triton")
+    with pytest.raises(ValueError, match="the tensor the plan was built with"):
+        paged_decode_attention(q, k, v, table, lens, tree_mask=good.clone(), plan=plan)

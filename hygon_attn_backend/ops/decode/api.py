@@ -30,6 +30,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            workspace: Optional[DecodeWorkspace] = None,
                            max_seq_len: Optional[int] = None,
                            fused_combine: Optional[bool] = None,
+                           tree_mask: Optional[torch.Tensor] = None,
                            plan: Optional[DecodePlan] = None,
                            impl: str = "auto") -> torch.Tensor:
     """Paged decode attention: each query token attends to its sequence's cached keys.
@@ -81,6 +82,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             raise ValueError(f"plan must be a DecodePlan (plan_paged_decode), got "
                              f"{type(plan).__name__}")
         plan.check_call(q, k_cache, v_cache, block_table, seq_lens, out)
+        if tree_mask is not None and tree_mask is not plan.tree_mask:
+            raise ValueError("tree_mask must be the tensor the plan was built with "
+                             "(plan_paged_decode(tree_mask=...))")
         return plan.run(q, k_cache, v_cache, out=out, scale=scale, k_scale=k_scale,
                         v_scale=v_scale,
                         sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks)
@@ -117,7 +121,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         head_dim=head_dim, page_size=page_size, q_dtype=q.dtype,
         kv_dtype=k_cache.dtype, num_tokens=num_tokens, scale=scale, max_seq_len=max_seq_len,
         partition_size=partition_size, workspace=workspace,
-        fused_combine=fused_combine, impl=impl)
+        fused_combine=fused_combine, tree_mask=tree_mask, impl=impl)
     return plan.run(q, k_cache, v_cache, out=out, k_scale=k_scale, v_scale=v_scale,
                     sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks)
 

@@ -191,6 +191,9 @@ class DecodePlan:
     native_stages: int = 0  # impl "native": its loop (tuning.native_loop_stages)
     native_tile: int = tuning.NATIVE_LOOP_TILE  # and the split-N loop's tile
     native_max_rows: int = 0  # rows a native program takes at most (0: fit to the device)
+    #: ``[num_seqs * num_tokens, W]`` int32 packed tree mask of a verify batch (the drafts
+    #: are each sequence's last ``num_tokens`` keys; ``ops.prefill.tree``); None: the chain
+    tree_mask: Optional[torch.Tensor] = None
     # the native launch's side of the plan (native.plan_args), built on first use
     _native_args: Optional[tuple] = field(default=None, repr=False)
     _variants: Dict[int, tuple] = field(default_factory=dict, repr=False)
@@ -255,6 +258,9 @@ class DecodePlan:
         :class:`DecodeLayer` across steps."""
         if out is None:
             out = torch.empty_like(q)
+        if self.tree_mask is not None and layer.sliding_window is not None:
+            raise ValueError(f"a tree mask needs a layer without a sliding window, got "
+                             f"sliding_window={layer.sliding_window}")
         if self.impl != "triton" or self.num_seqs == 0 or self.config is None:
             return self._run_other(layer, q, out)
         variant = layer.variant
@@ -277,7 +283,7 @@ class DecodePlan:
                 q, layer.k_cache, layer.v_cache, self.block_table, self.seq_lens,
                 scale=scale, out=out, k_scale=layer.k_scale, v_scale=layer.v_scale,
                 sliding_window=layer.sliding_window, soft_cap=layer.soft_cap,
-                sinks=layer.sinks)
+                sinks=layer.sinks, tree_mask=self.tree_mask)
         if self.num_seqs == 0:
             return out
         if self.config is None:  # an empty block table: no key is readable
@@ -312,7 +318,9 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                       partition_size: Optional[int] = None,
                       workspace: Optional[DecodeWorkspace] = None, kv_head_grid: bool = True,
                       tile=None, fused_combine: Optional[bool] = None,
-                      native_split_n: bool = True, impl: str = "auto") -> DecodePlan:
+                      native_split_n: bool = True,
+                      tree_mask: Optional[torch.Tensor] = None,
+                      impl: str = "auto") -> DecodePlan:
     """Plan paged decode for one batch (once per step; every layer reuses the plan).
 
     block_table: ``[num_seqs, max_blocks]`` int32/int64; seq_lens: ``[num_seqs]``
@@ -338,6 +346,12 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
     kv_head_grid: ``False`` runs the per-query-head grid (a benchmark baseline; Triton).
     native_split_n: ``False`` runs the native decode's shared-softmax loop where the
        split-N loop would apply (tests and benchmarks of that loop).
+    tree_mask: ``[num_seqs * num_tokens, W]`` int32 packed tree mask of a speculative
+       verify batch (``ops.prefill.tree``): the drafts are each sequence's last
+       ``num_tokens`` keys, and token ``t`` sees the keys before them and the drafts its
+       row's bits name (in place of the causal chain; layers without a sliding window).
+       The plan keeps the tensor (a CUDA graph refills it in place); Triton only (the
+       native decode has the chain).
     impl: ``"auto"`` | ``"triton"`` | ``"native"`` (``csrc/``, see ``docs/native.md``) |
        ``"reference"``; ``"auto"`` takes native where ``tuning.native_preferred`` says so.
     """
@@ -366,6 +380,13 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                          f"{partition_size!r}")
     if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 0):
         raise ValueError(f"max_seq_len must be a non-negative int or None, got {max_seq_len!r}")
+    if tree_mask is not None:
+        _checks.check_tensor("tree_mask", tree_mask, ndim=2, dtypes=(torch.int32,),
+                             device=device, shape=(num_seqs * num_tokens, None))
+        if tree_mask.shape[1] < 1 or 32 * tree_mask.shape[1] < num_tokens or (
+                tree_mask.shape[1] > 1 and tree_mask.stride(1) != 1):
+            raise ValueError(f"tree_mask must hold >= cdiv(num_tokens={num_tokens}, 32) int32 "
+                             f"words a row with unit stride, got {_checks.describe(tree_mask)}")
     max_blocks = block_table.shape[1]
     max_context = max_seq_len if max_seq_len is not None else max_blocks * page_size
     choice = tuning.choose(
@@ -376,7 +397,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         tile=tile, fused_combine=fused_combine,
         workspace_slots=None if workspace is None else workspace.max_logits.shape[0],
         workspace_counters=workspace is None or workspace.counters is not None,
-        native_split_n=native_split_n)
+        native_split_n=native_split_n, tree=tree_mask is not None)
     config = choice.config
     if config is not None and config.num_partitions > 1:
         slots, rows = num_seqs * config.num_partitions, num_tokens * num_q_heads
@@ -395,4 +416,5 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         device=device, max_seq_len=max_context,
         scale=float(scale) if scale is not None else head_dim ** -0.5, config=config,
         workspace=workspace, kv_head_grid=kv_head_grid, fused_combine=choice.fused_combine,
-        pdl=choice.pdl, native_stages=choice.native_stages, native_tile=choice.native_tile)
+        pdl=choice.pdl, native_stages=choice.native_stages, native_tile=choice.native_tile,
+        tree_mask=tree_mask)

@@ -399,12 +399,14 @@ def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
            q_dtype: torch.dtype, kv_dtype: torch.dtype, num_tokens: int, max_context: int,
            partition_size: Optional[int] = None, kv_head_grid: bool = True, tile=None,
            fused_combine: Optional[bool] = None, workspace_slots: Optional[int] = None,
-           workspace_counters: bool = True, native_split_n: bool = True) -> DecodeChoice:
+           workspace_counters: bool = True, native_split_n: bool = True,
+           tree: bool = False) -> DecodeChoice:
     """The decode's whole configuration for one batch: the implementation (``impl``
     resolved by :func:`native_preferred`), the launch config, the combine's form, and the
     native loop. ``workspace_slots``: the slots a caller's workspace holds (None: the plan
     allocates one to fit); ``workspace_counters``: whether it has the fused combine's
-    counters. Arguments are validated by the plan."""
+    counters. ``tree``: the batch has a tree mask, which only the Triton kernel reads.
+    Arguments are validated by the plan."""
     group = num_q_heads // num_kv_heads
     if q_dtype not in DECODE_Q_DTYPES:  # float32 queries: the reference serves them
         if impl in ("triton", "native"):
@@ -414,7 +416,8 @@ def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
     num_sms = _device.num_sms_of(device)
     chosen = select_impl(
         impl, device, native_unsupported=native.unsupported(
-            head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype, kv_head_grid=kv_head_grid),
+            head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype, kv_head_grid=kv_head_grid)
+        or ("a tree mask (the native decode has the causal chain only)" if tree else None),
         native_preferred=native_preferred(
             is_hip=_device.gpu_is_hip(), group=group, head_dim=head_dim, num_tokens=num_tokens,
             programs=num_seqs * num_kv_heads, num_sms=num_sms,
