@@ -24,8 +24,10 @@ pointing at the padding slot 0).
 Start-up: every prefix-prefill kernel specialization the model can reach is compiled
 when the backend is built (``warmup.py``), so no extend compiles after serving starts.
 
-Speculative decoding: a target-verify batch runs as a prefix prefill of its drafts under
-the batch's tree mask (``spec.py``); draft extend runs as an extend batch.
+Speculative decoding: a target-verify batch runs its drafts under the batch's tree mask
+(``spec.py``), as a multi-token decode over the pool (the drafts' K/V written first) where
+``ops.decode.verify_on_decode`` says so, else as a prefix prefill of the drafts; draft
+extend runs as an extend batch.
 
 CUDA graphs of verify batches keep static query offsets, key lengths and a packed tree-mask
 buffer beside the decode ones.
@@ -55,8 +57,8 @@ from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from hygon_attn_backend import envs
 from hygon_attn_backend.ops._dispatch import select_impl
 from hygon_attn_backend.integrations.sglang import warmup
-from hygon_attn_backend.ops.decode import (DecodeLayer, allocate_decode_workspace,
-                                           plan_paged_decode)
+from hygon_attn_backend.ops.decode import (DecodeLayer, DecodePlan, allocate_decode_workspace,
+                                           plan_paged_decode, verify_on_decode)
 from hygon_attn_backend.ops._device import num_sms_of
 from hygon_attn_backend.ops.prefill import PrefillLayer, plan_prefix_prefill
 from hygon_attn_backend.ops.prefill import tree as tree_pack
@@ -94,6 +96,8 @@ class HygonForwardMetadata:
     host_cu_seqlens_q: Optional[list] = None
     host_seq_lens: Optional[list] = None
     tree_mask: Optional[torch.Tensor] = None
+    #: target verify: drafts a request (0: not a verify batch)
+    verify_width: int = 0
 
 
 def _unsupported_mode(mode) -> Optional[str]:
@@ -358,7 +362,9 @@ class HygonAttnBackend(AttentionBackend):
                                                     num_blocks=num_blocks)
         meta = HygonForwardMetadata(block_table=block_table, seq_lens=prefix + width,
                                     host_seq_lens=None if host_prefix is None
-                                    else [n + width for n in host_prefix])
+                                    else [n + width for n in host_prefix],
+                                    max_seq_len=None if not host_prefix
+                                    else max(host_prefix) + width, verify_width=width)
         meta.cu_seqlens_q = torch.arange(0, (bs + 1) * width, width, dtype=torch.int32,
                                          device=prefix.device)
         meta.host_cu_seqlens_q = list(range(0, (bs + 1) * width, width))
@@ -381,7 +387,18 @@ class HygonAttnBackend(AttentionBackend):
         plan = meta.plans.get(key)
         if plan is not None:
             return plan
-        if extend:
+        if meta.verify_width and verify_on_decode(num_tokens=meta.verify_width,
+                                                  group=num_q_heads // num_kv_heads):
+            # the drafts as a multi-token decode over the pool (written before the call)
+            plan = plan_paged_decode(
+                meta.block_table, meta.seq_lens, num_q_heads=num_q_heads,
+                num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=self.page_size,
+                q_dtype=q_dtype, kv_dtype=self.kv_dtype, num_tokens=meta.verify_width,
+                max_seq_len=None if meta.graph else meta.max_seq_len,
+                workspace=self._decode_workspace(num_q_heads, num_kv_heads, head_dim, q_dtype,
+                                                 num_tokens=meta.verify_width),
+                tree_mask=meta.tree_mask, impl=self.impl)
+        elif extend:
             total_q = meta.host_cu_seqlens_q[-1] if meta.host_cu_seqlens_q is not None \
                 else None
             if total_q is None:
@@ -410,17 +427,20 @@ class HygonAttnBackend(AttentionBackend):
         meta.plans[key] = plan
         return plan
 
-    def _decode_workspace(self, num_q_heads: int, num_kv_heads: int, head_dim: int, q_dtype):
+    def _decode_workspace(self, num_q_heads: int, num_kv_heads: int, head_dim: int, q_dtype,
+                          num_tokens: int = 1):
         """Split-KV scratch for every batch size this backend serves (eager and graph) and
-        the full context, per head layout; allocated once, never inside a capture."""
+        the full context, per head layout and query tokens a request (verify: the drafts);
+        allocated once, never inside a capture."""
         if not self._triton_here or q_dtype not in (torch.float16, torch.bfloat16):
             return None
-        key = (num_q_heads, num_kv_heads, head_dim)
+        key = (num_q_heads, num_kv_heads, head_dim, num_tokens)
         if key not in self._decode_workspaces:
             self._decode_workspaces[key] = allocate_decode_workspace(
                 max_num_seqs=max(1, self._graph_max_bs, self.req_to_token.shape[0]),
                 num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                max_context_len=self.max_blocks * self.page_size, device=self.device)
+                max_context_len=self.max_blocks * self.page_size, device=self.device,
+                num_tokens=num_tokens)
         return self._decode_workspaces[key]
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, **kwargs):
@@ -493,7 +513,7 @@ class HygonAttnBackend(AttentionBackend):
                 block_table=self._graph_block_table[:bs], seq_lens=bufs["lens"][:bs],
                 cu_seqlens_q=bufs["cu"][:bs + 1], graph=True,
                 host_cu_seqlens_q=list(range(0, (bs + 1) * width, width)),
-                tree_mask=bufs["tree"][:bs * width])
+                tree_mask=bufs["tree"][:bs * width], verify_width=width)
             self._graph_meta[("verify", bs, width)] = meta
         mask = getattr(info, "custom_mask", None) if info is not None else None
         if mask is None:
@@ -562,6 +582,11 @@ class HygonAttnBackend(AttentionBackend):
         out = q.new_empty((q3.shape[0], st.num_heads * st.head_dim))
         plan = self._plan(meta, st.num_heads, st.num_kv_heads, st.head_dim, q.dtype,
                           extend=True)
+        if isinstance(plan, DecodePlan):  # a verify batch on the decode structure
+            width = meta.verify_width
+            plan.run_layer(st.decode_layer(sinks), q3.reshape(-1, width, st.num_heads, st.head_dim),
+                           out.view(-1, width, st.num_heads, st.head_dim))
+            return out
         k_new = v_new = None
         if k is not None:  # SGLang passes [tokens, Hkv, D]; a flat [tokens, Hkv * D] too
             k_new = k if k.dim() == 3 else k.view(-1, st.num_kv_heads, st.head_dim)

@@ -7,7 +7,8 @@ from hygon_attn_backend.ops.decode.plan import (DecodeLayer, DecodePlan, DecodeW
                                                 allocate_decode_workspace, plan_paged_decode)
 from hygon_attn_backend.ops.decode.tuning import DecodeConfig
 from hygon_attn_backend.ops.decode.tuning import launch_config as decode_launch_config
+from hygon_attn_backend.ops.decode.tuning import verify_on_decode
 
 __all__ = ["paged_decode_attention", "plan_paged_decode", "DecodePlan", "DecodeLayer",
            "DecodeWorkspace", "DecodeConfig", "allocate_decode_workspace",
-           "decode_launch_config"]
+           "decode_launch_config", "verify_on_decode"]

@@ -443,3 +443,23 @@ def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
     return DecodeChoice(chosen, config, fused_combine=fused,
                         pdl=split and not fused and combine_pdl(device),
                         native_stages=stages)
+
+
+#: rows (draft tokens x GQA group) up to which a verify step runs on the decode structure
+VERIFY_DECODE_MAX_ROWS = 64
+
+
+def verify_on_decode(*, num_tokens: int, group: int) -> bool:
+    """Whether a speculative verify step (``num_tokens`` drafts a request) runs as a
+    multi-token decode (drafts read back from the cache, a KV-head grid, split-KV) rather
+    than as a prefix prefill of the drafts.
+
+    Reasoning: a verify step reads the whole prefix once per KV head, as a decode step
+    does; the prefill path has no split over the keys, so a small batch leaves the GPU
+    idle, while the decode structure keeps a program's ``T x G`` rows in one M tile and
+    splits long prefixes. Past 64 rows the decode tile grows beyond what it was tuned for.
+    Measurement (H200, bf16, 32/8 heads, page 16, 2026-12-03): T=4, (64, 32k) 1.11x a
+    decode step against 1.18x through the prefill, (8, 8k) 1.08x against 1.47x, (1, 32k)
+    1.08x against 8.6x; T=8 (64, 32k) 1.74x against 2.81x (``docs/benchmarks.md``).
+    """
+    return num_tokens * group <= VERIFY_DECODE_MAX_ROWS

@@ -27,6 +27,7 @@ from sglang.test.kits.attention_unittest.runner_modes import (  # noqa: E402
 )
 
 from hygon_attn_backend.integrations.sglang import register, spec  # noqa: E402
+from hygon_attn_backend.ops.decode import DecodePlan  # noqa: E402
 from hygon_attn_backend.ops.prefill import PrefillPlan  # noqa: E402
 from hygon_attn_backend.ops.prefill.tree import pack_tree_mask  # noqa: E402
 from hygon_attn_backend.reference import unpack_tree_mask  # noqa: E402
@@ -41,16 +42,17 @@ class _KitTestCase:
 
 @pytest.fixture
 def tree_calls(monkeypatch):
-    """The prefill layer calls of this test, by (impl, whether the plan had a tree)."""
+    """The layer calls of this test, by (op, impl, whether the plan had a tree)."""
     calls = {}
-    real = PrefillPlan.run_layer
+    for op, cls in (("decode", DecodePlan), ("prefill", PrefillPlan)):
+        real = cls.run_layer
 
-    def counted(self, *args, **kwargs):
-        key = (self.impl, self.tree_mask is not None)
-        calls[key] = calls.get(key, 0) + 1
-        return real(self, *args, **kwargs)
+        def counted(self, *args, _real=real, _op=op, **kwargs):
+            key = (_op, self.impl, self.tree_mask is not None)
+            calls[key] = calls.get(key, 0) + 1
+            return _real(self, *args, **kwargs)
 
-    monkeypatch.setattr(PrefillPlan, "run_layer", counted)
+        monkeypatch.setattr(cls, "run_layer", counted)
     torch.set_grad_enabled(False)
     register()
     yield calls
@@ -78,7 +80,7 @@ def test_kit_target_verify(kind, topk, page, dtype, device, tree_calls):
     would fail it."""
     kit.run_dense_spec_verify_case(_KitTestCase(), _case(page), topk=topk, spec_kind=kind,
                                    dtype=dtype, device=str(device))
-    assert tree_calls == {(_expected_impl(dtype), True): 1}, tree_calls
+    assert tree_calls == {("decode", _expected_impl(dtype), True): 1}, tree_calls
 
 
 @pytest.mark.parametrize("layout", ["nhd", "hnd"])
@@ -87,7 +89,7 @@ def test_kit_target_verify_pool_layouts(layout, device, tree_calls, monkeypatch)
     kit.run_dense_spec_verify_case(_KitTestCase(), _case(16, prefix=(0, 33, 9), heads=(8, 2)),
                                    topk=3, spec_kind="eagle", dtype=torch.float16,
                                    device=str(device))
-    assert tree_calls == {("triton", True): 1}, tree_calls
+    assert tree_calls == {("decode", "triton", True): 1}, tree_calls
 
 
 # The kit's CUDA-graph verify fixture fails for SGLang's own `triton` backend too with page
@@ -103,7 +105,7 @@ def test_kit_target_verify_cuda_graph(topk, page, prefix, dtype, device, tree_ca
     kit.run_dense_spec_verify_cuda_graph_case(_KitTestCase(), case,
                                               topk=topk, spec_kind="eagle", dtype=dtype,
                                               device=str(device))
-    assert set(tree_calls) == {(_expected_impl(dtype), True)}, tree_calls
+    assert set(tree_calls) == {("decode", _expected_impl(dtype), True)}, tree_calls
 
 
 def test_packed_tree_mask_reads_the_draft_columns():
@@ -141,3 +143,15 @@ def test_short_custom_mask_is_refused(device, tree_calls, monkeypatch):
     with pytest.raises(ValueError, match="custom_mask holds"):
         kit.run_dense_spec_verify_case(_KitTestCase(), _case(16), topk=3, spec_kind="eagle",
                                        dtype=torch.float16, device=str(device))
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_kit_target_verify_on_the_prefill_path(page, device, tree_calls, monkeypatch):
+    """Past the decode structure's rows (``verify_on_decode``) the drafts run as a prefix
+    prefill under the packed mask: the same kit cases pass there."""
+    from hygon_attn_backend.integrations.sglang import backend as sgl_backend
+
+    monkeypatch.setattr(sgl_backend, "verify_on_decode", lambda **kw: False)
+    kit.run_dense_spec_verify_case(_KitTestCase(), _case(page), topk=3, spec_kind="eagle",
+                                   dtype=torch.float16, device=str(device))
+    assert tree_calls == {("prefill", "triton", True): 1}, tree_calls
