@@ -100,13 +100,13 @@ def as_canonical_view(cache: torch.Tensor) -> torch.Tensor:
 
 def _block_ids(cache: torch.Tensor, block_table_row: torch.Tensor, start: int, stop: int
                ) -> torch.Tensor:
-    """int64 ``[stop - start]`` block id of each token ``[start, stop)``, ``-1`` where absent
-    (see :func:`key_presence`)."""
+    """int64 ``[max(0, stop - start)]`` block id of each token ``[start, stop)``, ``-1``
+    where absent (see :func:`key_presence`); an empty range (``stop <= start``) has none."""
     view = as_canonical_view(cache)
     num_blocks, page_size = view.shape[0], view.shape[2]
     row = block_table_row.to(device=view.device, dtype=torch.long)
-    cols = torch.arange(start, stop, device=view.device) // page_size
-    if row.shape[0] == 0:
+    cols = torch.arange(start, max(start, stop), device=view.device) // page_size
+    if row.shape[0] == 0 or num_blocks == 0:  # no readable block: every key absent
         return torch.full_like(cols, -1)
     ids = row[cols.clamp(max=row.shape[0] - 1)]  # no host sync (engines call this per step)
     ok = (cols < row.shape[0]) & (ids >= 0) & (ids < num_blocks)
@@ -136,7 +136,10 @@ def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, start: int, st
     """
     view = as_canonical_view(cache)
     ids = _block_ids(cache, block_table_row, start, stop)
-    slots = torch.arange(start, stop, device=view.device) % view.shape[2]
+    if view.shape[0] == 0:  # a cache of no blocks: nothing to read, every key absent
+        return torch.zeros((ids.shape[0],) + tuple(view.shape[1:2]) + tuple(view.shape[3:]),
+                           dtype=dtype, device=view.device)
+    slots = torch.arange(start, start + ids.shape[0], device=view.device) % view.shape[2]
     rows = _load_cache(view[ids.clamp(min=0), :, slots, :], scale, dtype)  # [L, H, D]
     return rows.masked_fill((ids < 0).view(-1, 1, 1), 0.0)
 
@@ -219,8 +222,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_table: ``[num_seqs, max_blocks]`` int32 physical block ids; a bad id (outside
        ``[0, num_blocks)``) or a column past the table makes its keys absent
        (:func:`key_presence`).
-    seq_lens: ``[num_seqs]`` int32 key lengths (>= T); a sequence of length 0 gives 0, as
-       does a row that sees no key (never NaN).
+    seq_lens: ``[num_seqs]`` int32 key lengths (>= T); a sequence of length ``<= 0`` gives
+       0, as does a row that sees no key (never NaN).
     sinks: ``[num_q_heads]`` float32 per-head sink logits (an extra always-visible key
        with value 0), or None. ``partition_size`` is accepted for API parity and ignored.
 
@@ -235,7 +238,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     lens = seq_lens.tolist()
     for s in range(num_seqs):
         length = int(lens[s])
-        if length == 0:
+        if length <= 0:  # no key (a negative length is none either, as in the kernels)
             continue
         k = gather_kv(k_cache, block_table[s], 0, length, scale=k_scale, dtype=compute_dtype)
         v = gather_kv(v_cache, block_table[s], 0, length, scale=v_scale, dtype=compute_dtype)
@@ -275,7 +278,7 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
        (packed like ``q``). Given: the prefix ``[0, Lk - Lq)`` is read from the cache and
        the new tokens from these. Absent: all ``Lk`` keys come from the cache.
     causal: apply ``j <= i + (Lk - Lq)``; otherwise every row sees every key.
-    A row that sees no key (``Lk = 0``, a window or absent keys) gives 0 and lse ``-inf``.
+    A row that sees no key (``Lk <= 0``, a window or absent keys) gives 0 and lse ``-inf``.
 
     Returns ``out [total_q, num_q_heads, D]`` (q's dtype), and with ``return_lse`` also
     ``lse [total_q, num_q_heads]`` float32 (natural log).
@@ -290,7 +293,7 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     for b in range(len(lens)):
         q0, q1 = int(cu[b]), int(cu[b + 1])
         len_q, len_k = q1 - q0, int(lens[b])
-        if len_q == 0 or len_k == 0:
+        if len_q <= 0 or len_k <= 0:  # no query row, or no key: zeros (lse -inf)
             continue
         from_cache = len_k - len_q if k_new is not None else len_k
         k = gather_kv(k_cache, block_table[b], 0, from_cache, scale=k_scale, dtype=compute_dtype)
