@@ -114,6 +114,9 @@ def check_kv_caches(k_cache: torch.Tensor, v_cache: torch.Tensor, *, device: tor
                              f"{16 // k_cache.element_size()}, got x={x} with {describe(k_cache)}")
     else:
         k_shape = tuple(k_cache.shape)
+    if k_shape[2] < 1:
+        raise ValueError(f"page_size must be a positive int, got {k_shape[2]} (the caches' "
+                         f"block_size axis: k_cache {describe(k_cache)})")
     if k_shape != tuple(v_cache.shape):
         raise ValueError(f"k_cache and v_cache must describe the same [num_blocks, kv_heads, "
                          f"block_size, head_dim], got k {k_shape} and v {tuple(v_cache.shape)}")

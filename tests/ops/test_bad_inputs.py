@@ -310,3 +310,18 @@ def test_prefill_negative_seq_len_is_rejected_on_every_path(impl):
     args = dict(prefill_args(), cu_seqlens_q=_i32([0, 0, 9]), seq_lens_k=_i32([-3, 19]))
     with pytest.raises(ValueError, match=r"seq_lens_k\[0\]=-3"):
         _call("prefill", args, impl=impl)
+
+
+@pytest.mark.parametrize("debug", ["0", "1"])
+@pytest.mark.parametrize("impl", PATHS)
+@pytest.mark.parametrize("op", ["decode", "prefill", "write_kv"])
+def test_page_size_zero_is_one_value_error_in_and_out_of_debug_mode(op, impl, debug,
+                                                                    monkeypatch):
+    """The debug checks divide by the page size: the caches' page size is checked first."""
+    monkeypatch.setenv("HYGON_ATTN_DEBUG", debug)
+    args = OPS[op][1]()
+    args.update(k_cache=torch.zeros(8, 2, 0, 64).half(), v_cache=torch.zeros(8, 2, 0, 64).half())
+    if op == "decode":
+        args["seq_lens"] = _i32([0, 0])  # nothing past the (empty) table either
+    with pytest.raises(ValueError, match="page_size must be a positive int, got 0"):
+        _call(op, args, impl=impl)
