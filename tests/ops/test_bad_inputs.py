@@ -12,8 +12,10 @@ import torch
 
 from hygon_attn_backend import reference
 from hygon_attn_backend.ops.cache import copy_blocks, write_kv
-from hygon_attn_backend.ops.decode import allocate_decode_workspace, paged_decode_attention
-from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
+from hygon_attn_backend.ops.decode import (DecodeLayer, allocate_decode_workspace,
+                                           paged_decode_attention, plan_paged_decode)
+from hygon_attn_backend.ops.prefill import (PrefillLayer, plan_prefix_prefill,
+                                            prefix_prefill_attention)
 
 from tests.support.budget import assert_within_budget
 
@@ -325,3 +327,39 @@ def test_page_size_zero_is_one_value_error_in_and_out_of_debug_mode(op, impl, de
         args["seq_lens"] = _i32([0, 0])  # nothing past the (empty) table either
     with pytest.raises(ValueError, match="page_size must be a positive int, got 0"):
         _call(op, args, impl=impl)
+
+
+BAD_SCALES = [0.0, -0.125, float("nan"), float("inf"), -float("inf")]
+
+
+@pytest.mark.parametrize("scale", BAD_SCALES)
+@pytest.mark.parametrize("impl", PATHS)
+@pytest.mark.parametrize("op", ["decode", "prefill"])
+def test_scale_must_be_finite_and_positive_on_every_op(op, impl, scale):
+    with pytest.raises(ValueError, match=rf"scale must be a finite float > 0 or None, got "
+                                         rf"{scale!r}"):
+        _call(op, dict(OPS[op][1](), scale=scale), impl=impl)
+
+
+@pytest.mark.parametrize("scale", BAD_SCALES + ["0.1"])
+def test_scale_rule_holds_for_plans_and_layer_bindings(scale):
+    """The same rule where an engine builds its plans and per-layer bindings once."""
+    d, p = decode_args(), prefill_args()
+    kw = dict(num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=16,
+              q_dtype=F16, kv_dtype=F16)
+    match = "scale must be a finite float > 0 or None"
+    with pytest.raises(ValueError, match=match):
+        plan_paged_decode(d["block_table"], d["seq_lens"], scale=scale, **kw)
+    with pytest.raises(ValueError, match=match):
+        DecodeLayer(d["k_cache"], d["v_cache"], scale=scale)
+    with pytest.raises(ValueError, match=match):
+        PrefillLayer(p["k_cache"], p["v_cache"], scale=scale)
+    plan = plan_paged_decode(d["block_table"], d["seq_lens"], impl="triton", **kw)
+    with pytest.raises(ValueError, match=match):
+        paged_decode_attention(d["q"], d["k_cache"], d["v_cache"], d["block_table"],
+                               d["seq_lens"], plan=plan, scale=scale)
+    pplan = plan_prefix_prefill(p["cu_seqlens_q"], p["seq_lens_k"], total_q=9, num_q_heads=8,
+                                num_kv_heads=2, head_dim=64, impl="reference")
+    with pytest.raises(ValueError, match=match):
+        prefix_prefill_attention(p["q"], p["k_cache"], p["v_cache"], p["block_table"],
+                                 p["cu_seqlens_q"], p["seq_lens_k"], plan=pplan, scale=scale)

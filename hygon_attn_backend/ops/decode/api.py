@@ -45,7 +45,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_table: ``[num_seqs, max_blocks]`` int32/int64 physical block ids; token ``j`` of
        sequence ``s`` is slot ``j % P`` of block ``block_table[s, j // P]``.
     seq_lens: ``[num_seqs]`` int32/int64 key lengths (>= T). A length of 0 gives zeros.
-    scale: softmax scale, default ``1 / sqrt(D)``.
+    scale: softmax scale, a finite float > 0 (else ``ValueError``), default ``1 / sqrt(D)``.
     out: optional ``q``-shaped output (fp16/bf16/fp32), written in place and returned.
     k_scale, v_scale: float or 1-element float32 tensor (read on the device: no sync).
     partition_size: tokens per split-KV partition, a multiple of 16; default

@@ -113,9 +113,7 @@ def check_host_lengths(cu: Sequence[int], lens_k: Sequence[int], *, total_q: int
 
 def check_prefill_options(*, scale, sliding_window, soft_cap) -> None:
     """The per-layer scalar options of prefill."""
-    if scale is not None and not float(scale) > 0:
-        raise ValueError(f"scale must be > 0 (the kernel's running max relies on it), got "
-                         f"{scale}")
+    _checks.check_softmax_scale(scale)
     if sliding_window is not None and int(sliding_window) <= 0:
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window}")
     if soft_cap is not None and float(soft_cap) < 0:
@@ -142,6 +140,7 @@ class PrefillLayer:
                  scale: Optional[float] = None, causal: bool = True, k_scale: ScaleLike = None,
                  v_scale: ScaleLike = None, sliding_window: Optional[int] = None,
                  soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None):
+        _checks.check_softmax_scale(scale)
         self.k_cache, self.v_cache, self.scale, self.causal = k_cache, v_cache, scale, causal
         self.k_scale, self.v_scale = k_scale, v_scale
         self.sliding_window, self.soft_cap, self.sinks = sliding_window, soft_cap, sinks
