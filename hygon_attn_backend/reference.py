@@ -144,10 +144,11 @@ def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, start: int, st
     return rows.masked_fill((ids < 0).view(-1, 1, 1), 0.0)
 
 
-def causal_mask(len_q: int, len_k: int, *, device=None, sliding_window: Optional[int] = None
-                ) -> torch.Tensor:
+def causal_mask(len_q: int, len_k: int, *, device=None, sliding_window: Optional[int] = None,
+                num_keys: Optional[int] = None) -> torch.Tensor:
     """Boolean ``[len_q, len_k]`` mask: row ``i`` sees key ``j`` iff ``j <= i + (Lk - Lq)``
-    (and, with a sliding window ``W``, ``j > i + (Lk - Lq) - W``).
+    (and, with a sliding window ``W``, ``j > i + (Lk - Lq) - W``). ``num_keys``: only the
+    first ``min(num_keys, len_k)`` columns (the keys a table holds of a longer sequence).
 
     ``len_q=3, len_k=7`` (a prefix of 4)::
 
@@ -156,7 +157,8 @@ def causal_mask(len_q: int, len_k: int, *, device=None, sliding_window: Optional
         i=2  1 1 1 1  1 1 1
     """
     i = torch.arange(len_q, device=device).unsqueeze(1)
-    j = torch.arange(len_k, device=device).unsqueeze(0)
+    j = torch.arange(len_k if num_keys is None else min(num_keys, len_k),
+                     device=device).unsqueeze(0)
     diag = i + (len_k - len_q)
     mask = j <= diag
     if sliding_window is not None:
@@ -223,7 +225,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
        ``[0, num_blocks)``) or a column past the table makes its keys absent
        (:func:`key_presence`).
     seq_lens: ``[num_seqs]`` int32 key lengths (>= T); a sequence of length ``<= 0`` gives
-       0, as does a row that sees no key (never NaN).
+       0, as does a row that sees no key (never NaN). Keys past the table's capacity
+       ``max_blocks * P`` are absent and never gathered (a wild length costs nothing).
     sinks: ``[num_q_heads]`` float32 per-head sink logits (an extra always-visible key
        with value 0), or None. ``partition_size`` is accepted for API parity and ignored.
 
@@ -236,14 +239,18 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     sm_scale = _resolve_scale(scale, head_dim)
     result = torch.zeros(q4.shape, dtype=compute_dtype, device=q.device)
     lens = seq_lens.tolist()
+    capacity = block_table.shape[1] * as_canonical_view(v_cache).shape[2]
     for s in range(num_seqs):
         length = int(lens[s])
         if length <= 0:  # no key (a negative length is none either, as in the kernels)
             continue
-        k = gather_kv(k_cache, block_table[s], 0, length, scale=k_scale, dtype=compute_dtype)
-        v = gather_kv(v_cache, block_table[s], 0, length, scale=v_scale, dtype=compute_dtype)
-        mask = causal_mask(num_tokens, length, device=q.device, sliding_window=sliding_window)
-        mask &= key_presence(k_cache, block_table[s], 0, length).to(q.device)
+        # keys past the table are absent: read up to its capacity, whatever the length
+        stop = min(length, capacity)
+        k = gather_kv(k_cache, block_table[s], 0, stop, scale=k_scale, dtype=compute_dtype)
+        v = gather_kv(v_cache, block_table[s], 0, stop, scale=v_scale, dtype=compute_dtype)
+        mask = causal_mask(num_tokens, length, device=q.device, sliding_window=sliding_window,
+                           num_keys=stop)
+        mask &= key_presence(k_cache, block_table[s], 0, stop).to(q.device)
         o, _ = _attend(q4[s].to(compute_dtype), k.to(q.device), v.to(q.device), mask,
                        sm_scale, soft_cap, sinks)
         result[s] = o

@@ -328,7 +328,8 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
        ``1 / sqrt(head_dim)``.
     max_seq_len: host-side bound of ``seq_lens`` sizing the grid (default: the table's
        capacity ``max_blocks * page_size``, what a CUDA graph replayed with longer
-       sequences needs). Every ``seq_len`` must be <= it.
+       sequences needs). A ``seq_len`` above it gets the same answer, slower (the
+       sequence's partitions grow to cover it, up to the table's capacity).
     partition_size / tile: force the split-KV partition (a multiple of 16) / the tile
        ``(BLOCK_N, num_warps, num_stages, page_prefetch)`` of the Triton kernel; default
        the measured rules of ``ops/decode/tuning.py`` (environment overrides included).
