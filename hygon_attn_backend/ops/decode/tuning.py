@@ -426,7 +426,7 @@ def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
         native_preferred=native_preferred(
             is_hip=_device.gpu_is_hip(), group=group, head_dim=head_dim, num_tokens=num_tokens,
             programs=num_seqs * num_kv_heads, num_sms=num_sms,
-            same_kv_dtype=kv_dtype == q_dtype))
+            same_kv_dtype=kv_dtype == q_dtype), q_dtype=q_dtype)
     stages = native_loop_stages(split_n=native_split_n) if chosen == "native" else 0
     if chosen == "reference" or not num_seqs or not max_blocks:
         return DecodeChoice(chosen, None, native_stages=stages)
