@@ -264,7 +264,13 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
   const bool split = p.num_partitions > 1;
   const int part_start = int(int64_t(part) * p.partition_size);
   if (split && part_start >= seq_len) return;
-  const int part_end = int(min(int64_t(part_start) + p.partition_size, int64_t(seq_len)));
+  // keys past the table's columns are absent: the walk ends at the table's capacity whatever
+  // seq_len says (positions still follow seq_len); the last partition takes the keys left past
+  // the grid's partitions (a max_seq_len below seq_len), so none is skipped
+  const int key_end = int(min(int64_t(seq_len), p.max_blocks_per_seq * p.page_size));
+  const int part_end = split && part == int(p.num_partitions) - 1
+                           ? key_end
+                           : int(min(int64_t(part_start) + p.partition_size, int64_t(key_end)));
 
   const float k_scale = p.k_scale_ptr ? *p.k_scale_ptr : p.k_scale_value;
   const float v_scale = p.v_scale_ptr ? *p.v_scale_ptr : p.v_scale_value;

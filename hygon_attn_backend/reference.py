@@ -101,13 +101,13 @@ def as_canonical_view(cache: torch.Tensor) -> torch.Tensor:
 
 def _block_ids(cache: torch.Tensor, block_table_row: torch.Tensor, start: int, stop: int
                ) -> torch.Tensor:
-    """int64 ``[stop - start]`` block id of each token ``[start, stop)``, ``-1`` where absent
-    (see :func:`key_presence`)."""
+    """int64 ``[max(0, stop - start)]`` block id of each token ``[start, stop)``, ``-1``
+    where absent (see :func:`key_presence`); an empty range (``stop <= start``) has none."""
     view = as_canonical_view(cache)
     num_blocks, page_size = view.shape[0], view.shape[2]
     row = block_table_row.to(device=view.device, dtype=torch.long)
-    cols = torch.arange(start, stop, device=view.device) // page_size
-    if row.shape[0] == 0:
+    cols = torch.arange(start, max(start, stop), device=view.device) // page_size
+    if row.shape[0] == 0 or num_blocks == 0:  # no readable block: every key absent
         return torch.full_like(cols, -1)
     ids = row[cols.clamp(max=row.shape[0] - 1)]  # no host sync (engines call this per step)
     ok = (cols < row.shape[0]) & (ids >= 0) & (ids < num_blocks)
@@ -137,15 +137,19 @@ def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, start: int, st
     """
     view = as_canonical_view(cache)
     ids = _block_ids(cache, block_table_row, start, stop)
-    slots = torch.arange(start, stop, device=view.device) % view.shape[2]
+    if view.shape[0] == 0:  # a cache of no blocks: nothing to read, every key absent
+        return torch.zeros((ids.shape[0],) + tuple(view.shape[1:2]) + tuple(view.shape[3:]),
+                           dtype=dtype, device=view.device)
+    slots = torch.arange(start, start + ids.shape[0], device=view.device) % view.shape[2]
     rows = _load_cache(view[ids.clamp(min=0), :, slots, :], scale, dtype)  # [L, H, D]
     return rows.masked_fill((ids < 0).view(-1, 1, 1), 0.0)
 
 
-def causal_mask(len_q: int, len_k: int, *, device=None, sliding_window: Optional[int] = None
-                ) -> torch.Tensor:
+def causal_mask(len_q: int, len_k: int, *, device=None, sliding_window: Optional[int] = None,
+                num_keys: Optional[int] = None) -> torch.Tensor:
     """Boolean ``[len_q, len_k]`` mask: row ``i`` sees key ``j`` iff ``j <= i + (Lk - Lq)``
-    (and, with a sliding window ``W``, ``j > i + (Lk - Lq) - W``).
+    (and, with a sliding window ``W``, ``j > i + (Lk - Lq) - W``). ``num_keys``: only the
+    first ``min(num_keys, len_k)`` columns (the keys a table holds of a longer sequence).
 
     ``len_q=3, len_k=7`` (a prefix of 4)::
 
@@ -154,7 +158,8 @@ def causal_mask(len_q: int, len_k: int, *, device=None, sliding_window: Optional
         i=2  1 1 1 1  1 1 1
     """
     i = torch.arange(len_q, device=device).unsqueeze(1)
-    j = torch.arange(len_k, device=device).unsqueeze(0)
+    j = torch.arange(len_k if num_keys is None else min(num_keys, len_k),
+                     device=device).unsqueeze(0)
     diag = i + (len_k - len_q)
     mask = j <= diag
     if sliding_window is not None:
@@ -221,8 +226,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_table: ``[num_seqs, max_blocks]`` int32 physical block ids; a bad id (outside
        ``[0, num_blocks)``) or a column past the table makes its keys absent
        (:func:`key_presence`).
-    seq_lens: ``[num_seqs]`` int32 key lengths (>= T); a sequence of length 0 gives 0, as
-       does a row that sees no key (never NaN).
+    seq_lens: ``[num_seqs]`` int32 key lengths (>= T); a sequence of length ``<= 0`` gives
+       0, as does a row that sees no key (never NaN). Keys past the table's capacity
+       ``max_blocks * P`` are absent and never gathered (a wild length costs nothing).
     sinks: ``[num_q_heads]`` float32 per-head sink logits (an extra always-visible key
        with value 0), or None. ``partition_size`` is accepted for API parity and ignored.
     tree_mask: ``[num_seqs * T, W]`` int32 packed tree mask (speculative verify): the T
@@ -238,19 +244,25 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     sm_scale = _resolve_scale(scale, head_dim)
     result = torch.zeros(q4.shape, dtype=compute_dtype, device=q.device)
     lens = seq_lens.tolist()
+    capacity = block_table.shape[1] * as_canonical_view(v_cache).shape[2]
     for s in range(num_seqs):
         length = int(lens[s])
-        if length == 0:
+        if length <= 0:  # no key (a negative length is none either, as in the kernels)
             continue
-        k = gather_kv(k_cache, block_table[s], 0, length, scale=k_scale, dtype=compute_dtype)
-        v = gather_kv(v_cache, block_table[s], 0, length, scale=v_scale, dtype=compute_dtype)
-        mask = causal_mask(num_tokens, length, device=q.device, sliding_window=sliding_window)
-        if tree_mask is not None:
-            drafts = min(num_tokens, length)
+        # keys past the table are absent: read up to its capacity, whatever the length
+        stop = min(length, capacity)
+        k = gather_kv(k_cache, block_table[s], 0, stop, scale=k_scale, dtype=compute_dtype)
+        v = gather_kv(v_cache, block_table[s], 0, stop, scale=v_scale, dtype=compute_dtype)
+        mask = causal_mask(num_tokens, length, device=q.device, sliding_window=sliding_window,
+                           num_keys=stop)
+        if tree_mask is not None:  # the drafts are keys length - T .. length - 1
+            first = length - num_tokens
             rows = unpack_tree_mask(tree_mask[s * num_tokens:(s + 1) * num_tokens],
                                     num_tokens).to(q.device)
-            mask[:, length - drafts:] = rows[:, num_tokens - drafts:]
-        mask &= key_presence(k_cache, block_table[s], 0, length).to(q.device)
+            lo = max(0, first)
+            if stop > lo:
+                mask[:, lo:stop] = rows[:, lo - first:stop - first]
+        mask &= key_presence(k_cache, block_table[s], 0, stop).to(q.device)
         o, _ = _attend(q4[s].to(compute_dtype), k.to(q.device), v.to(q.device), mask,
                        sm_scale, soft_cap, sinks)
         result[s] = o
@@ -290,7 +302,7 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
        ``causal``): new token ``i`` of a request sees the whole prefix and new token ``j``
        iff :func:`unpack_tree_mask` says so (bit ``j % 32`` of word ``j // 32`` of its row;
        bits past ``32 * W`` are 0): the causal rule of the new keys is replaced.
-    A row that sees no key (``Lk = 0``, a window or absent keys) gives 0 and lse ``-inf``.
+    A row that sees no key (``Lk <= 0``, a window or absent keys) gives 0 and lse ``-inf``.
 
     Returns ``out [total_q, num_q_heads, D]`` (q's dtype), and with ``return_lse`` also
     ``lse [total_q, num_q_heads]`` float32 (natural log).
@@ -305,7 +317,7 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     for b in range(len(lens)):
         q0, q1 = int(cu[b]), int(cu[b + 1])
         len_q, len_k = q1 - q0, int(lens[b])
-        if len_q == 0 or len_k == 0:
+        if len_q <= 0 or len_k <= 0:  # no query row, or no key: zeros (lse -inf)
             continue
         from_cache = len_k - len_q if k_new is not None else len_k
         k = gather_kv(k_cache, block_table[b], 0, from_cache, scale=k_scale, dtype=compute_dtype)

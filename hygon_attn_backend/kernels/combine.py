@@ -22,12 +22,16 @@ import triton.language as tl
 
 
 @triton.jit
-def seq_partitions(seq_len, partition_size, num_partitions, SEQ_SPLIT: tl.constexpr,
+def seq_partitions(num_keys, partition_size, num_partitions, SEQ_SPLIT: tl.constexpr,
                    ALIGN: tl.constexpr):
     """``(part_size, num_parts)`` of one sequence in a split launch of ``num_partitions``
     partitions (the grid's third axis); ``num_parts >= 1`` (partition 0 always runs).
+    ``num_keys``: the keys its table can hold, ``min(seq_len, max_blocks * P)``
+    (:func:`table_keys`; keys past the table are absent, never walked).
 
-    SEQ_SPLIT=False: fixed partitions of ``partition_size`` tokens (the forced size).
+    SEQ_SPLIT=False: fixed partitions of ``partition_size`` tokens (the forced size); a
+    sequence with more keys than the grid's partitions hold (a ``max_seq_len`` below its
+    length) spreads them over the grid instead, as SEQ_SPLIT does: no key is skipped.
     SEQ_SPLIT=True: the sequence's own length over the grid's partitions, at least
     ``partition_size`` tokens each (the floor), rounded up to ``ALIGN`` (BLOCK_N, so a
     tile never straddles two partitions or, for pages of >= BLOCK_N slots, two pages).
@@ -36,13 +40,22 @@ def seq_partitions(seq_len, partition_size, num_partitions, SEQ_SPLIT: tl.conste
     Mirrored on the host by ``ops.decode.tuning.seq_partitions``.
     """
     if SEQ_SPLIT:
-        size = tl.maximum(tl.cdiv(seq_len, num_partitions), partition_size)
+        size = tl.maximum(tl.cdiv(num_keys, num_partitions), partition_size)
         size = tl.cdiv(size, ALIGN) * ALIGN
-        parts = tl.cdiv(seq_len, size)
+        parts = tl.cdiv(num_keys, size)
     else:
-        size = partition_size
-        parts = tl.minimum(tl.cdiv(seq_len, size), num_partitions)
+        spread = tl.cdiv(tl.cdiv(num_keys, num_partitions), ALIGN) * ALIGN
+        size = tl.where(num_keys > num_partitions * partition_size, spread, partition_size)
+        parts = tl.minimum(tl.cdiv(num_keys, size), num_partitions)
     return size, tl.maximum(parts, 1)
+
+
+@triton.jit
+def table_keys(seq_len, max_blocks_per_seq, PAGE_SIZE: tl.constexpr):
+    """The keys a sequence's table row can hold: ``min(seq_len, max_blocks * P)``. Keys
+    past it are absent, so no program walks them, whatever ``seq_len`` says."""
+    return tl.minimum(seq_len.to(tl.int64),
+                      max_blocks_per_seq.to(tl.int64) * PAGE_SIZE).to(tl.int32)
 
 
 @triton.jit
@@ -104,10 +117,10 @@ def merge_partitions(out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
              mask=r_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["partition_size", "num_partitions"])
+@triton.jit(do_not_specialize=["max_blocks_per_seq", "partition_size", "num_partitions"])
 def combine_partitions_kernel(
     out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr, seq_lens_ptr,
-    partition_size, num_partitions, num_q_heads,
+    max_blocks_per_seq, partition_size, num_partitions, num_q_heads,
     stride_o_seq, stride_o_tok, stride_o_head, stride_o_dim,
     stride_ml_slot, stride_ml_row,
     stride_po_slot, stride_po_row, stride_po_dim,
@@ -116,13 +129,15 @@ def combine_partitions_kernel(
     PART_CHUNK: tl.constexpr,  # partitions read per step
     SEQ_SPLIT: tl.constexpr,   # the decode launch's partitioning (seq_partitions)
     ALIGN: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,   # the decode launch's (table_keys)
     STAGES: tl.constexpr = 1,  # loads of partition chunks in flight
     WAIT_PRIOR: tl.constexpr = False,  # launched early (sm_90 PDL): wait for the decode grid
 ):
     seq = tl.program_id(0).to(tl.int64)
     row = tl.program_id(1)  # t * num_q_heads + h
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
-    _, parts = seq_partitions(seq_len, partition_size, num_partitions, SEQ_SPLIT, ALIGN)
+    _, parts = seq_partitions(table_keys(seq_len, max_blocks_per_seq, PAGE_SIZE),
+                              partition_size, num_partitions, SEQ_SPLIT, ALIGN)
     if WAIT_PRIOR:
         # every write of the decode grid before it is visible after this (griddepcontrol)
         tl.extra.cuda.gdc_wait()

@@ -20,7 +20,11 @@ SPLIT=True: it covers ``[part * size, (part + 1) * size)`` (``kernels/combine.py
 seq_partitions``: ``size`` = ``partition_size``, or with SEQ_SPLIT the sequence's own
 length over the grid's partitions, ``partition_size`` the floor) and
 writes ``(m, l, acc / l)`` to the scratch slot ``seq * num_partitions + part``;
-partitions that start past ``seq_len`` exit at once. Then either a second launch merges
+partitions that start past the sequence's keys exit at once. No program walks past the
+table's capacity ``max_blocks_per_seq * PAGE_SIZE`` (``table_keys``: keys there are
+absent), so a wild ``seq_len`` costs no more than the table; a sequence with more keys than
+the grid's fixed partitions hold (a ``max_seq_len`` below its length) spreads them over
+the grid (``seq_partitions``), so none is skipped. Then either a second launch merges
 the partitions (``kernels/combine.py``), or, with FUSED_COMBINE, the kernel does: each
 program bumps the counter of its (sequence, head group) after its scratch is written; the
 one that sees ``num_parts - 1`` (the last to finish) resets the counter to 0 for the next
@@ -31,7 +35,7 @@ sequence of length 0 still gets its (zero) output written.
 import triton
 import triton.language as tl
 
-from hygon_attn_backend.kernels.combine import merge_partitions, seq_partitions
+from hygon_attn_backend.kernels.combine import merge_partitions, seq_partitions, table_keys
 from hygon_attn_backend.kernels.paged_kv import lookup_tile_pages, tile_row_offsets
 from hygon_attn_backend.kernels.softmax import online_softmax_step, soft_cap_log2
 from hygon_attn_backend.kernels.tree_mask import tree_visibility
@@ -84,15 +88,18 @@ def paged_decode_kernel(
     part = tl.program_id(2)
 
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    # the walk ends at the table's capacity whatever seq_len says (keys past it are
+    # absent); the query positions still follow seq_len
+    key_end = table_keys(seq_len, max_blocks_per_seq, PAGE_SIZE)
     if SPLIT:
-        part_size, num_parts = seq_partitions(seq_len, partition_size, num_partitions,
+        part_size, num_parts = seq_partitions(key_end, partition_size, num_partitions,
                                               SEQ_SPLIT, BLOCK_N)
         if part >= num_parts:
             return
     else:
         part_size = partition_size
     part_start = part * part_size
-    part_end = tl.minimum(part_start + part_size, seq_len)
+    part_end = tl.minimum(part_start + part_size, key_end)
 
     head0 = head_prog * HEADS_PER_PROG
     kv_head = (head0 // GROUP).to(tl.int64)

@@ -8,6 +8,8 @@ tensors' values (slot ranges, block ids) force a host sync and run only in debug
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Iterable, Optional, Sequence, Union
 
 import torch
@@ -114,6 +116,9 @@ def check_kv_caches(k_cache: torch.Tensor, v_cache: torch.Tensor, *, device: tor
                              f"{16 // k_cache.element_size()}, got x={x} with {describe(k_cache)}")
     else:
         k_shape = tuple(k_cache.shape)
+    if k_shape[2] < 1:
+        raise ValueError(f"page_size must be a positive int, got {k_shape[2]} (the caches' "
+                         f"block_size axis: k_cache {describe(k_cache)})")
     if k_shape != tuple(v_cache.shape):
         raise ValueError(f"k_cache and v_cache must describe the same [num_blocks, kv_heads, "
                          f"block_size, head_dim], got k {k_shape} and v {tuple(v_cache.shape)}")
@@ -127,6 +132,21 @@ def check_kv_caches(k_cache: torch.Tensor, v_cache: torch.Tensor, *, device: tor
         raise ValueError(f"k_cache head_dim {k_shape[3]} does not match the head_dim "
                          f"{head_dim} of the query/new keys ({describe(k_cache)})")
     return k_shape
+
+
+def check_softmax_scale(scale) -> None:
+    """The softmax scale of an attention op: ``None`` (``1 / sqrt(head_dim)``) or a finite
+    real number ``> 0``; one rule for every op, plan, layer binding and implementation.
+    A scale ``<= 0`` is no attention layer's (it flattens or inverts the softmax; the
+    prefill kernel takes a tile's running max before scaling, which needs it positive),
+    and NaN or inf give no defined logit."""
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise ValueError(f"scale must be a finite float > 0 or None, got "
+                         f"{type(scale).__name__} {scale!r}")
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a finite float > 0 or None, got {scale!r}")
 
 
 def check_scale(name: str, scale, cache_dtype: torch.dtype, device: torch.device):

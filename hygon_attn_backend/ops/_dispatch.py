@@ -5,24 +5,22 @@ reference (the CPU fallback the engine integrations use on machines without a GP
 Every public op takes ``impl="auto" | "triton" | "native" | "reference"``. ``auto`` picks
 native where ``tuning.native_preferred`` says it is measured faster (and it builds), else
 Triton where it can run, else the reference; an explicit ``triton`` or ``native`` that
-cannot run is an error, never a silent fallback.
+cannot run is an error, never a silent fallback (the one exception, with a warning: bf16
+queries where Triton's CPU interpreter computes bf16 wrong run the reference,
+``_interpreter.py``).
 """
 
 from __future__ import annotations
 
-import os
+from typing import Optional
 
 import torch
 
 from hygon_attn_backend import envs
+from hygon_attn_backend.ops._interpreter import triton_computes, triton_interpreter_on
 
 IMPLS = envs.IMPLS
-
-
-def triton_interpreter_on() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``).
-    Must be set before the kernels are imported: ``@triton.jit`` reads it then."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+__all__ = ["IMPLS", "select_impl", "triton_interpreter_on", "triton_runs_on"]
 
 
 def triton_runs_on(device: torch.device) -> bool:
@@ -32,7 +30,8 @@ def triton_runs_on(device: torch.device) -> bool:
 
 
 def select_impl(impl: str, device: torch.device, *, native_preferred: "bool | None" = None,
-                native_unsupported: "str | None" = None) -> str:
+                native_unsupported: "str | None" = None,
+                q_dtype: Optional[torch.dtype] = None) -> str:
     """Resolve ``impl`` to ``"triton"``, ``"native"`` or ``"reference"`` for tensors on
     ``device``.
 
@@ -40,7 +39,18 @@ def select_impl(impl: str, device: torch.device, *, native_preferred: "bool | No
        for ops without a native kernel (prefix prefill), where ``impl="native"`` runs
        Triton (the engine integrations pass one ``HYGON_ATTN_IMPL`` to every op).
     native_unsupported: why the native kernel does not cover this call, if it does not.
+    q_dtype: an attention op's query dtype, if known: Triton in the CPU interpreter where
+       it computes that dtype wrong (``_interpreter.triton_computes``: bf16 with some numpy
+       / Triton pairs) runs the reference instead, ``"auto"`` or ``"triton"`` alike, with
+       one warning (the engines pass one ``HYGON_ATTN_IMPL=triton`` on CPU).
     """
+    chosen = _select(impl, device, native_preferred, native_unsupported)
+    if chosen == "triton" and q_dtype is not None and not triton_computes(q_dtype):
+        return "reference"
+    return chosen
+
+
+def _select(impl, device, native_preferred, native_unsupported) -> str:
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "native" and native_preferred is None:

@@ -269,7 +269,8 @@ def test_native_decode_call_args_resolved_once(monkeypatch):
 
     monkeypatch.setattr(native, "load", lambda: Ops)
     B, hq, hkv, d, page, ctx = 2, 8, 2, 64, 16, 512
-    k = torch.zeros(B * ctx // page, hkv, page, d, dtype=torch.bfloat16)
+    # fp16: a CPU bf16 plan runs the reference where the interpreter's bf16 is wrong
+    k = torch.zeros(B * ctx // page, hkv, page, d, dtype=torch.float16)
     table = torch.arange(k.shape[0], dtype=torch.int32).view(B, -1)
     lens = torch.full((B,), ctx, dtype=torch.int32)
     ws = allocate_decode_workspace(max_num_seqs=B, num_q_heads=hq, num_kv_heads=hkv,
@@ -284,7 +285,7 @@ def test_native_decode_call_args_resolved_once(monkeypatch):
     layer = DecodeLayer(k, k, scale=0.5, soft_cap=30.0, sliding_window=100, sinks=sinks)
     outs = []
     for _ in range(2):
-        q = torch.randn(B, hq, d, dtype=torch.bfloat16)
+        q = torch.randn(B, hq, d, dtype=torch.float16)
         outs.append((q, torch.empty_like(q)))
         plan.run_layer(layer, q, outs[-1][1])
     assert len(calls) == 2

@@ -12,8 +12,10 @@ import torch
 
 from hygon_attn_backend import reference
 from hygon_attn_backend.ops.cache import copy_blocks, write_kv
-from hygon_attn_backend.ops.decode import allocate_decode_workspace, paged_decode_attention
-from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
+from hygon_attn_backend.ops.decode import (DecodeLayer, allocate_decode_workspace,
+                                           paged_decode_attention, plan_paged_decode)
+from hygon_attn_backend.ops.prefill import (PrefillLayer, plan_prefix_prefill,
+                                            prefix_prefill_attention)
 
 from tests.support.budget import assert_within_budget
 
@@ -64,11 +66,11 @@ OPS = {
 }
 
 
-def _call(op, args):
+def _call(op, args, impl="triton"):
     fn, _, positional = OPS[op]
     args = dict(args)
     pos = [args.pop(n) for n in positional]
-    return fn(*pos, impl="triton", **args)
+    return fn(*pos, impl=impl, **args)
 
 
 @dataclasses.dataclass
@@ -169,12 +171,13 @@ def test_debug_mode_raises_before_launch(bad, monkeypatch):
 # ----------------------------------------------------------------------------- defined results
 
 
-def _check_attention(op, args, **kw):
-    """The kernel against the fp64 reference on the same (hostile) arguments."""
+def _check_attention(op, args, impl="triton", **kw):
+    """The op (``impl``) and the fp64 reference on the same (hostile) arguments; ``kw`` go
+    to both."""
     fn = {"decode": reference.paged_decode_attention,
           "prefill": reference.prefix_prefill_attention}[op]
     positional = [args[n] for n in OPS[op][2]]
-    out = _call(op, dict(args, **kw))
+    out = _call(op, dict(args, **kw), impl=impl)
     kw.pop("partition_size", None)
     ref = fn(*positional, compute_dtype=torch.float64, **kw)
     ref_lp = fn(*positional, compute_dtype=F16, **kw)
@@ -263,3 +266,100 @@ def test_copy_blocks_bad_pairs_are_skipped_without_debug():
     assert torch.equal(args["k_cache"][4], before[0])
     assert torch.equal(args["k_cache"][5], before[5])
     assert torch.equal(args["k_cache"][:4], before[:4])
+
+
+# ----------------------------------------------------------------------------- one answer on every path
+
+PATHS = ("reference", "triton")  # the engines' CPU fallback and the kernels (interpreter)
+NO_BLOCKS = dict(k_cache=torch.zeros(0, 2, 16, 64).half(), v_cache=torch.zeros(0, 2, 16, 64).half())
+
+
+@pytest.mark.parametrize("impl", PATHS)
+def test_decode_cache_of_no_blocks_gives_zeros(impl):
+    """Every key of a cache with no blocks is absent: the rows see no key and give 0."""
+    out = _call("decode", dict(decode_args(), **NO_BLOCKS), impl=impl)
+    assert out.shape == (2, 8, 64) and torch.count_nonzero(out) == 0
+
+
+@pytest.mark.parametrize("k_new", [False, True], ids=["cache_only", "k_new"])
+@pytest.mark.parametrize("impl", PATHS)
+def test_prefill_cache_of_no_blocks_sees_only_the_new_keys(impl, k_new):
+    kw = dict(return_lse=True)
+    if k_new:
+        kw.update(k_new=torch.randn(9, 2, 64).half(), v_new=torch.randn(9, 2, 64).half())
+    (out, lse), ref, ref_lp = _check_attention("prefill", dict(prefill_args(), **NO_BLOCKS),
+                                               impl=impl, **kw)
+    if not k_new:
+        assert torch.count_nonzero(out) == 0 and torch.isneginf(lse).all()
+    assert_within_budget(out, ref[0], ref_lp[0], what=f"prefill no blocks ({impl})")
+
+
+@pytest.mark.parametrize("partition_size", [None, 16])
+@pytest.mark.parametrize("impl", PATHS)
+def test_decode_negative_seq_len_gives_zeros(impl, partition_size):
+    """A negative length is no key at all (debug mode raises, test_debug_mode_...): its row
+    gives 0 and the batch's other rows are unaffected, on every path."""
+    args = dict(decode_args(), seq_lens=_i32([-3, 19]))
+    if impl == "triton":
+        args["partition_size"] = partition_size
+    out, ref, ref_lp = _check_attention("decode", args, impl=impl)
+    assert torch.count_nonzero(out[0]) == 0 and torch.count_nonzero(out[1]) > 0
+    assert_within_budget(out, ref, ref_lp, what=f"decode negative seq_len ({impl})")
+
+
+@pytest.mark.parametrize("impl", PATHS)
+def test_prefill_negative_seq_len_is_rejected_on_every_path(impl):
+    args = dict(prefill_args(), cu_seqlens_q=_i32([0, 0, 9]), seq_lens_k=_i32([-3, 19]))
+    with pytest.raises(ValueError, match=r"seq_lens_k\[0\]=-3"):
+        _call("prefill", args, impl=impl)
+
+
+@pytest.mark.parametrize("debug", ["0", "1"])
+@pytest.mark.parametrize("impl", PATHS)
+@pytest.mark.parametrize("op", ["decode", "prefill", "write_kv"])
+def test_page_size_zero_is_one_value_error_in_and_out_of_debug_mode(op, impl, debug,
+                                                                    monkeypatch):
+    """The debug checks divide by the page size: the caches' page size is checked first."""
+    monkeypatch.setenv("HYGON_ATTN_DEBUG", debug)
+    args = OPS[op][1]()
+    args.update(k_cache=torch.zeros(8, 2, 0, 64).half(), v_cache=torch.zeros(8, 2, 0, 64).half())
+    if op == "decode":
+        args["seq_lens"] = _i32([0, 0])  # nothing past the (empty) table either
+    with pytest.raises(ValueError, match="page_size must be a positive int, got 0"):
+        _call(op, args, impl=impl)
+
+
+BAD_SCALES = [0.0, -0.125, float("nan"), float("inf"), -float("inf")]
+
+
+@pytest.mark.parametrize("scale", BAD_SCALES)
+@pytest.mark.parametrize("impl", PATHS)
+@pytest.mark.parametrize("op", ["decode", "prefill"])
+def test_scale_must_be_finite_and_positive_on_every_op(op, impl, scale):
+    with pytest.raises(ValueError, match=rf"scale must be a finite float > 0 or None, got "
+                                         rf"{scale!r}"):
+        _call(op, dict(OPS[op][1](), scale=scale), impl=impl)
+
+
+@pytest.mark.parametrize("scale", BAD_SCALES + ["0.1"])
+def test_scale_rule_holds_for_plans_and_layer_bindings(scale):
+    """The same rule where an engine builds its plans and per-layer bindings once."""
+    d, p = decode_args(), prefill_args()
+    kw = dict(num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=16,
+              q_dtype=F16, kv_dtype=F16)
+    match = "scale must be a finite float > 0 or None"
+    with pytest.raises(ValueError, match=match):
+        plan_paged_decode(d["block_table"], d["seq_lens"], scale=scale, **kw)
+    with pytest.raises(ValueError, match=match):
+        DecodeLayer(d["k_cache"], d["v_cache"], scale=scale)
+    with pytest.raises(ValueError, match=match):
+        PrefillLayer(p["k_cache"], p["v_cache"], scale=scale)
+    plan = plan_paged_decode(d["block_table"], d["seq_lens"], impl="triton", **kw)
+    with pytest.raises(ValueError, match=match):
+        paged_decode_attention(d["q"], d["k_cache"], d["v_cache"], d["block_table"],
+                               d["seq_lens"], plan=plan, scale=scale)
+    pplan = plan_prefix_prefill(p["cu_seqlens_q"], p["seq_lens_k"], total_q=9, num_q_heads=8,
+                                num_kv_heads=2, head_dim=64, impl="reference")
+    with pytest.raises(ValueError, match=match):
+        prefix_prefill_attention(p["q"], p["k_cache"], p["v_cache"], p["block_table"],
+                                 p["cu_seqlens_q"], p["seq_lens_k"], plan=pplan, scale=scale)

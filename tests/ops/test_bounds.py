@@ -244,6 +244,110 @@ def test_decode_rows_that_see_no_key_give_zero(partition_size, sinks):
     assert_within_budget(out, ref, ref_lp, what="decode empty rows")
 
 
+# ----------------------------------------------------------------------------- lengths past the table
+
+
+def _decode_case(seed=7):
+    gen = torch.Generator().manual_seed(seed)
+    k = torch.randn(8, 1, 16, 64, generator=gen).half()
+    v = torch.randn(8, 1, 16, 64, generator=gen).half()
+    q = torch.randn(2, 4, 64, generator=gen).half()
+    return q, k, v, _i32([[2, 5, 7], [1, 3, 4]], CPU)  # a table of 48 tokens a row
+
+
+def _count_tile_lookups(monkeypatch) -> list:
+    """Record each call of the decode kernel's page lookup (one per K/V tile walked, plus
+    one a program with PAGE_PREFETCH): the interpreter resolves it in the kernel's module."""
+    from hygon_attn_backend.kernels import decode as kernel
+    calls, original = [], kernel.lookup_tile_pages
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(kernel, "lookup_tile_pages", counting)
+    return calls
+
+
+@interpreter
+@pytest.mark.parametrize("sliding_window", [None, 8])
+@pytest.mark.parametrize("partition_size,fused", [(None, None), (16, True), (16, False)])
+def test_decode_walk_is_bounded_by_the_table(partition_size, fused, sliding_window,
+                                             monkeypatch):
+    """seq_len far past a 48-token table: the keys there are absent, and the kernel walks
+    the tiles of seq_len 48 (it walked all 200,000 keys before: 15 s in the interpreter),
+    with the reference's answer (a window past the table: zeros)."""
+    q, k, v, table = _decode_case()
+    calls = _count_tile_lookups(monkeypatch)
+    walked = {}
+    for length in (48, 200_000, 2**31 - 1):
+        if length == 2**31 - 1:  # (only once bounded: unbounded it would walk for hours)
+            assert walked[200_000] <= walked[48]
+        lens = _i32([length, 19], CPU)
+        calls.clear()
+        out = paged_decode_attention(q, k, v, table, lens, partition_size=partition_size,
+                                     fused_combine=fused, sliding_window=sliding_window,
+                                     impl="triton")
+        walked[length] = len(calls)
+        kw = dict(sliding_window=sliding_window)
+        ref = reference.paged_decode_attention(q, k, v, table, lens,
+                                               compute_dtype=torch.float64, **kw)
+        ref_lp = reference.paged_decode_attention(q, k, v, table, lens,
+                                                  compute_dtype=torch.float16, **kw)
+        assert_within_budget(out, ref, ref_lp, what=f"seq_len {length}")
+        if sliding_window and length > 48:
+            assert torch.count_nonzero(out[0]) == 0
+    assert walked[200_000] <= walked[48] and walked[2**31 - 1] <= walked[48]
+
+
+def test_reference_decode_gathers_no_key_past_the_table(monkeypatch):
+    """The reference (the engines' CPU path) follows the same bound: a wild seq_len
+    gathers the table's keys only."""
+    q, k, v, table = _decode_case()
+    stops, original = [], reference.gather_kv
+
+    def recording(cache, row, start, stop, **kw):
+        stops.append(stop)
+        return original(cache, row, start, stop, **kw)
+    monkeypatch.setattr(reference, "gather_kv", recording)
+    for length in (200_000, 2**31 - 1):  # (the second only once bounded: 2^31 keys)
+        wild = reference.paged_decode_attention(q, k, v, table, _i32([length, 19], CPU),
+                                                compute_dtype=torch.float64)
+        assert stops and max(stops) <= 48
+    # T=1 at any length >= 48 sees every key of the table: seq_len 48's answer
+    same = reference.paged_decode_attention(q, k, v, table, _i32([48, 19], CPU),
+                                            compute_dtype=torch.float64)
+    torch.testing.assert_close(wild, same, rtol=0, atol=0)
+
+
+@interpreter
+@pytest.mark.parametrize("fused", [True, False])
+def test_decode_max_seq_len_below_seq_len_reads_every_key(fused, monkeypatch):
+    """max_seq_len 32 sizes a grid of 2 partitions of 16 for a sequence of 48: the
+    partitions grow to cover its keys (keys 32..47 were skipped before), so the answer is
+    the reference's, and the host mirror of the partitioning agrees; the walk stays
+    within the table."""
+    from hygon_attn_backend.ops.decode import plan_paged_decode, tuning
+    q, k, v, table = _decode_case()
+    lens = _i32([48, 19], CPU)
+    plan = plan_paged_decode(table, lens, num_q_heads=4, num_kv_heads=1, head_dim=64,
+                             page_size=16, q_dtype=torch.float16, kv_dtype=torch.float16,
+                             max_seq_len=32, partition_size=16, fused_combine=fused,
+                             impl="triton")
+    assert plan.config.num_partitions == 2
+    for length in (48, 2**31 - 1):  # the table holds 48 keys either way
+        size, parts = tuning.seq_partitions(length, plan.config, table_keys=48)
+        assert parts <= 2 and parts * size >= 48 and size % plan.config.block_n == 0
+    calls = _count_tile_lookups(monkeypatch)
+    out = paged_decode_attention(q, k, v, table, lens, plan=plan)
+    ref = reference.paged_decode_attention(q, k, v, table, lens, compute_dtype=torch.float64)
+    ref_lp = reference.paged_decode_attention(q, k, v, table, lens,
+                                              compute_dtype=torch.float16)
+    assert_within_budget(out, ref, ref_lp, what="max_seq_len below seq_len")
+    # 3 tiles of 16 for sequence 0 and 2 for sequence 1, plus at most one prefetch each
+    # of the 4 programs
+    assert len(calls) <= 5 + 4
+
+
 # ----------------------------------------------------------------------------- cache ops
 
 

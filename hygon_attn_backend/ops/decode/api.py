@@ -45,8 +45,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
        (64, 80, 96, 128, 192, 256 are the tested sizes); any block size P >= 1.
     block_table: ``[num_seqs, max_blocks]`` int32/int64 physical block ids; token ``j`` of
        sequence ``s`` is slot ``j % P`` of block ``block_table[s, j // P]``.
-    seq_lens: ``[num_seqs]`` int32/int64 key lengths (>= T). A length of 0 gives zeros.
-    scale: softmax scale, default ``1 / sqrt(D)``.
+    seq_lens: ``[num_seqs]`` int32/int64 key lengths (>= T). A length <= 0 gives zeros.
+       Keys past the table (``seq_len > max_blocks * P``) are absent and never walked: a
+       sequence costs at most its table's capacity, whatever its ``seq_len``.
+    scale: softmax scale, a finite float > 0 (else ``ValueError``), default ``1 / sqrt(D)``.
     out: optional ``q``-shaped output (fp16/bf16/fp32), written in place and returned.
     k_scale, v_scale: float or 1-element float32 tensor (read on the device: no sync).
     partition_size: tokens per split-KV partition, a multiple of 16; default
@@ -61,8 +63,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
        with it the op allocates nothing and never syncs with the host, so it can be
        captured in a CUDA graph. Without it, split launches allocate scratch per call.
     max_seq_len: host-side upper bound of ``seq_lens`` used to size the grid (default
-       ``max_blocks * P``, the table's capacity). A split launch does not read keys past
-       ``num_partitions * partition_size``, so it must be >= every ``seq_len``.
+       ``max_blocks * P``, the table's capacity). A ``seq_len`` above it gets the same
+       answer, slower: its partitions grow to cover it (up to the table's capacity).
     fused_combine: a split launch merges its partitions inside the decode kernel (one
        launch) instead of a second kernel; default :func:`tuning.use_fused_combine`.
     plan: a :func:`plan_paged_decode` result for this batch (built once per step, reused by

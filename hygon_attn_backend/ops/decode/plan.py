@@ -144,6 +144,7 @@ class DecodeLayer:
                  scale: Optional[float] = None, k_scale: ScaleLike = None,
                  v_scale: ScaleLike = None, sliding_window: Optional[int] = None,
                  soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None):
+        _checks.check_softmax_scale(scale)
         self.k_cache, self.v_cache = k_cache, v_cache
         self.native_args = None  # the native launch's side of the layer, built on first use
         self.scale, self.k_scale, self.v_scale = scale, k_scale, v_scale
@@ -331,10 +332,12 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
        (fp8 caches: ``torch.float8_e4m3fn`` / ``float8_e5m2``).
     q_dtype: float16 / bfloat16 (float32 runs the reference with ``impl="auto"``).
     num_tokens: query tokens per sequence (T > 1: speculative decode, q ``[S, T, Hq, D]``).
-    scale: default softmax scale of the layers' calls, else ``1 / sqrt(head_dim)``.
+    scale: default softmax scale of the layers' calls (a finite float > 0), else
+       ``1 / sqrt(head_dim)``.
     max_seq_len: host-side bound of ``seq_lens`` sizing the grid (default: the table's
        capacity ``max_blocks * page_size``, what a CUDA graph replayed with longer
-       sequences needs). Every ``seq_len`` must be <= it.
+       sequences needs). A ``seq_len`` above it gets the same answer, slower (the
+       sequence's partitions grow to cover it, up to the table's capacity).
     partition_size / tile: force the split-KV partition (a multiple of 16) / the tile
        ``(BLOCK_N, num_warps, num_stages, page_prefetch)`` of the Triton kernel; default
        the measured rules of ``ops/decode/tuning.py`` (environment overrides included).
@@ -372,8 +375,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         raise ValueError(f"head_dim must be <= {MAX_HEAD_DIM}, got {head_dim}")
     if kv_dtype not in _checks.FP8_DTYPES and kv_dtype != q_dtype:
         raise ValueError(f"kv_dtype must be q_dtype ({q_dtype}) or fp8, got {kv_dtype}")
-    if scale is not None and not isinstance(scale, (int, float)):
-        raise ValueError(f"scale must be a float or None, got {type(scale).__name__}")
+    _checks.check_softmax_scale(scale)
     if partition_size is not None and (not isinstance(partition_size, int)
                                        or partition_size <= 0 or partition_size % 16):
         raise ValueError(f"partition_size must be a positive multiple of 16, got "

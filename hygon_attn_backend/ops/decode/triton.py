@@ -107,6 +107,7 @@ def make_launches(plan, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft
         cfixed = dict(
             max_logits_ptr=ws.max_logits, exp_sums_ptr=ws.exp_sums,
             partial_out_ptr=ws.partial_out, seq_lens_ptr=plan.seq_lens,
+            max_blocks_per_seq=plan.block_table.shape[1],
             partition_size=tuning.kernel_partition_size(cfg),
             num_partitions=cfg.num_partitions,
             num_q_heads=plan.num_q_heads,
@@ -116,7 +117,8 @@ def make_launches(plan, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft
             HEAD_DIM=plan.head_dim, HEAD_DIM_PAD=head_dim_pad,
             PART_CHUNK=tuning.combine_chunk(rows_pad=1, head_dim_pad=head_dim_pad,
                                             num_warps=combine_warps, fused=False),
-            SEQ_SPLIT=cfg.seq_split, ALIGN=cfg.block_n, STAGES=1, WAIT_PRIOR=plan.pdl)
+            SEQ_SPLIT=cfg.seq_split, ALIGN=cfg.block_n, PAGE_SIZE=plan.page_size, STAGES=1,
+            WAIT_PRIOR=plan.pdl)
         combine = Launch(combine_partitions_kernel, (plan.num_seqs, rows, 1), cfixed,
                          COMBINE_PER_CALL, num_warps=combine_warps, num_stages=1,
                          launch_pdl=plan.pdl)

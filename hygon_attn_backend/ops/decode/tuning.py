@@ -363,16 +363,24 @@ def kernel_partition_size(config: DecodeConfig) -> int:
     return config.partition_size
 
 
-def seq_partitions(seq_len: int, config: DecodeConfig) -> "tuple[int, int]":
+def seq_partitions(seq_len: int, config: DecodeConfig,
+                   table_keys: Optional[int] = None) -> "tuple[int, int]":
     """``(part_size, num_parts)`` of one sequence under ``config`` (a split launch), as
-    the kernels compute it (``kernels/combine.py: seq_partitions``)."""
+    the kernels compute it (``kernels/combine.py: seq_partitions``) from the keys its table
+    holds, ``min(seq_len, table_keys)`` (``table_keys``: ``max_blocks * page_size``; None:
+    ``seq_len``). Fixed partitions too few for those keys (a ``max_seq_len`` below the
+    length) spread them over the grid instead."""
+    n = seq_len if table_keys is None else min(seq_len, table_keys)
+    parts_max, block_n = config.num_partitions, config.block_n
     if config.seq_split:
-        size = max(-(-seq_len // config.num_partitions), kernel_partition_size(config))
-        size = -(-size // config.block_n) * config.block_n
-        parts = -(-seq_len // size)
+        size = max(-(-n // parts_max), kernel_partition_size(config))
+        size = -(-size // block_n) * block_n
+        parts = -(-n // size)
     else:
         size = config.partition_size
-        parts = min(-(-seq_len // size), config.num_partitions)
+        if n > parts_max * size:
+            size = -(-(-(-n // parts_max)) // block_n) * block_n
+        parts = min(-(-n // size), parts_max)
     return size, max(parts, 1)
 
 
@@ -421,7 +429,7 @@ def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
         native_preferred=native_preferred(
             is_hip=_device.gpu_is_hip(), group=group, head_dim=head_dim, num_tokens=num_tokens,
             programs=num_seqs * num_kv_heads, num_sms=num_sms,
-            same_kv_dtype=kv_dtype == q_dtype))
+            same_kv_dtype=kv_dtype == q_dtype), q_dtype=q_dtype)
     stages = native_loop_stages(split_n=native_split_n) if chosen == "native" else 0
     if chosen == "reference" or not num_seqs or not max_blocks:
         return DecodeChoice(chosen, None, native_stages=stages)

@@ -57,6 +57,7 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     k_new, v_new: optional ``[total_q, num_kv_heads, D]`` (q's dtype) K/V of the new tokens
        (SGLang passes them): the prefix ``[0, Lk - Lq)`` comes from the cache and the new
        keys from these. Absent (vLLM writes the cache first): all ``Lk`` keys from the cache.
+    scale: softmax scale, a finite float > 0 (else ``ValueError``), default ``1 / sqrt(D)``.
     causal: the shifted causal mask, row ``i`` sees key ``j`` iff ``j <= i + (Lk - Lq)``::
 
            L_prefix=4, L_q=3:   prefix      new

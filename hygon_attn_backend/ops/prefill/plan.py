@@ -21,6 +21,7 @@ import torch
 
 from hygon_attn_backend import reference
 from hygon_attn_backend.ops import _checks
+from hygon_attn_backend.ops._interpreter import triton_computes
 from hygon_attn_backend.ops._launch import intern_key, remember_layer, value_or_id
 from hygon_attn_backend.ops.prefill import native, triton, tuning
 from hygon_attn_backend.ops.prefill.tree import check_tree_mask
@@ -114,9 +115,7 @@ def check_host_lengths(cu: Sequence[int], lens_k: Sequence[int], *, total_q: int
 
 def check_prefill_options(*, scale, sliding_window, soft_cap) -> None:
     """The per-layer scalar options of prefill."""
-    if scale is not None and not float(scale) > 0:
-        raise ValueError(f"scale must be > 0 (the kernel's running max relies on it), got "
-                         f"{scale}")
+    _checks.check_softmax_scale(scale)
     if sliding_window is not None and int(sliding_window) <= 0:
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window}")
     if soft_cap is not None and float(soft_cap) < 0:
@@ -143,6 +142,7 @@ class PrefillLayer:
                  scale: Optional[float] = None, causal: bool = True, k_scale: ScaleLike = None,
                  v_scale: ScaleLike = None, sliding_window: Optional[int] = None,
                  soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None):
+        _checks.check_softmax_scale(scale)
         self.k_cache, self.v_cache, self.scale, self.causal = k_cache, v_cache, scale, causal
         self.k_scale, self.v_scale = k_scale, v_scale
         self.sliding_window, self.soft_cap, self.sinks = sliding_window, soft_cap, sinks
@@ -250,12 +250,9 @@ class PrefillPlan:
             raise ValueError(f"a tree mask needs a causal layer without a sliding window, got "
                              f"causal={layer.causal}, sliding_window={layer.sliding_window}")
         if self.impl == "reference":
-            return reference.prefix_prefill_attention(
-                q, layer.k_cache, layer.v_cache, block_table, cu_seqlens_q, seq_lens_k,
-                scale=layer.scale, causal=layer.causal, k_new=k_new, v_new=v_new, out=out,
-                return_lse=return_lse, k_scale=layer.k_scale, v_scale=layer.v_scale,
-                sliding_window=layer.sliding_window, soft_cap=layer.soft_cap,
-                sinks=layer.sinks, tree_mask=self.tree_mask)
+            return _run_reference(layer, q, block_table, cu_seqlens_q, seq_lens_k,
+                                  k_new=k_new, v_new=v_new, out=out, return_lse=return_lse,
+                                  tree_mask=self.tree_mask)
         lse = (torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
                if return_lse else None)
         if self.tile_req.shape[0] == 0 or self.total_q == 0:
@@ -283,12 +280,32 @@ class PrefillPlan:
         if launch is None:
             check_prefill_options(scale=layer.key[8], sliding_window=layer.key[5],
                                   soft_cap=layer.key[6])
+            # a plan built without q's dtype: the interpreter's bf16 probe, once a variant
             launch = self._variants[variant] = triton.make_launch(
                 self, q.dtype, q.shape[2], k_new is not None, bool(return_lse), *layer.key,
-                cu_seqlens_q, seq_lens_k, layer.k_cache)
+                cu_seqlens_q, seq_lens_k, layer.k_cache) \
+                if triton_computes(q.dtype) else _REFERENCE
+        if launch is _REFERENCE:
+            return _run_reference(layer, q, block_table, cu_seqlens_q, seq_lens_k,
+                                  k_new=k_new, v_new=v_new, out=out, return_lse=return_lse,
+                                  tree_mask=self.tree_mask)
         triton.run(launch, layer.args, q, block_table, k_new, v_new, out, lse,
                    self.tile_req)
         return (out, lse) if return_lse else out
+
+
+_REFERENCE = "reference"  # a variant the reference serves (_interpreter.triton_computes)
+
+
+def _run_reference(layer: "PrefillLayer", q, block_table, cu_seqlens_q, seq_lens_k, *,
+                   k_new, v_new, out, return_lse, tree_mask):
+    return reference.prefix_prefill_attention(
+        q, layer.k_cache, layer.v_cache, block_table, cu_seqlens_q, seq_lens_k,
+        scale=layer.scale, causal=layer.causal, k_new=k_new, v_new=v_new, out=out,
+        return_lse=return_lse, k_scale=layer.k_scale, v_scale=layer.v_scale,
+        sliding_window=layer.sliding_window, soft_cap=layer.soft_cap, sinks=layer.sinks,
+        tree_mask=tree_mask)
+
 
 def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                         total_q: int, num_q_heads: int, num_kv_heads: int, head_dim: int,

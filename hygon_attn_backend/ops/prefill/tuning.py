@@ -131,7 +131,8 @@ def choose(*, device: torch.device, impl: str, total_q: int, num_seqs: int,
                 int(tile[0]) != native.BLOCK_M:
             native_why = f"tile BLOCK_M={tile[0]} (a Triton tile)"
     chosen = select_impl(impl, device, native_unsupported=native_why,
-                         native_preferred=native_preferred(is_hip=_device.gpu_is_hip()))
+                         native_preferred=native_preferred(is_hip=_device.gpu_is_hip()),
+                         q_dtype=q_dtype)
     if q_dtype is not None and q_dtype not in PREFILL_Q_DTYPES:
         if chosen == "triton" and impl == "triton":
             raise ValueError(f"impl='triton' takes float16/bfloat16 queries, got {q_dtype}")

@@ -103,6 +103,7 @@ def recording_launches(keys: list, work: "list | None" = None):
     from triton.runtime.interpreter import InterpretedFunction
 
     from hygon_attn_backend import reference
+    from hygon_attn_backend.ops import _interpreter
     from hygon_attn_backend.ops._dispatch import triton_interpreter_on
 
     if not triton_interpreter_on():
@@ -136,6 +137,10 @@ def recording_launches(keys: list, work: "list | None" = None):
     saved = {n: getattr(reference, n) for n in ATTENTION_REFERENCES}
     original_run = InterpretedFunction.run
     randn, full, to = torch.randn, torch.full, torch.Tensor.to
+    # the keys are a GPU run's: bf16 launches as on a GPU, whatever the interpreter's bf16
+    # does here (its probe would be a recorded launch too)
+    bf16_probe = _interpreter.bf16_dot_works
+    _interpreter.bf16_dot_works = lambda: True
     InterpretedFunction.run = run
     torch.randn, torch.full, torch.Tensor.to = no_fill, no_full, convert
     if work is not None:
@@ -145,6 +150,7 @@ def recording_launches(keys: list, work: "list | None" = None):
         yield keys
     finally:
         InterpretedFunction.run = original_run
+        _interpreter.bf16_dot_works = bf16_probe
         torch.randn, torch.full, torch.Tensor.to = randn, full, to
         for n, f in saved.items():
             setattr(reference, n, f)
