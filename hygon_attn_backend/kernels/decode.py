@@ -200,8 +200,10 @@ def paged_decode_kernel(
             s = qk * qk_scale
         visible = tok_ok[None, :]
         if TREE:  # the drafts are the last NUM_TOKENS keys
-            visible = visible & tree_visibility(tree_rows, offs_tok - (seq_len - NUM_TOKENS),
-                                                tree_words)
+            visible = visible & (offs_m >= 0)[:, None]  # [BLOCK_M, BLOCK_N] in both branches
+            if start + BLOCK_N > seq_len - NUM_TOKENS:  # only tiles holding drafts read the mask
+                visible = visible & tree_visibility(
+                    tree_rows, offs_tok - (seq_len - NUM_TOKENS), tree_words)
         elif NUM_TOKENS > 1:
             visible = visible & (offs_tok[None, :] <= pos_m[:, None])
         if USE_WINDOW:
