@@ -467,7 +467,8 @@ def verify_on_decode(*, num_tokens: int, group: int) -> bool:
     idle, while the decode structure keeps a program's ``T x G`` rows in one M tile and
     splits long prefixes. Past 64 rows the decode tile grows beyond what it was tuned for.
     Measurement (H200, bf16, 32/8 heads, page 16, 2026-12-03): T=4, (64, 32k) 1.11x a
-    decode step against 1.18x through the prefill, (8, 8k) 1.08x against 1.47x, (1, 32k)
-    1.08x against 8.6x; T=8 (64, 32k) 1.74x against 2.81x (``docs/benchmarks.md``).
+    decode step against 1.16x through the prefill, (8, 8k) 1.09x against 1.49x, (1, 32k)
+    1.08x against 8.6x; an 8-draft tree at (64, 32k) 2.18x against 2.83x
+    (``docs/benchmarks.md``).
     """
     return num_tokens * group <= VERIFY_DECODE_MAX_ROWS
