@@ -29,11 +29,11 @@ Speculative decoding: a target-verify batch runs its drafts under the batch's tr
 ``ops.decode.verify_on_decode`` says so, else as a prefix prefill of the drafts; draft
 extend runs as an extend batch.
 
-CUDA graphs of verify batches keep static query offsets, key lengths and a packed tree-mask
-buffer beside the decode ones.
+CUDA graphs of verify and draft-extend-v2 batches keep static query offsets, key lengths
+and a packed tree-mask buffer beside the decode ones.
 
-Not supported (a clear error, never a wrong answer): dLLM modes, CUDA graphs of
-draft-extend batches, cross-attention, different QK and V head dims, SWA hybrid pools,
+Not supported (a clear error, never a wrong answer): dLLM modes, CUDA graphs of other
+non-decode batches, cross-attention, different QK and V head dims, SWA hybrid pools,
 quantized (fp4 / custom-method) pools, score mods.
 
 Environment: ``HYGON_ATTN_IMPL`` = ``auto`` (default) | ``triton`` | ``reference``;
@@ -119,6 +119,17 @@ def _verify_width_of(model_runner) -> Optional[int]:
     except Exception:  # a mock runner, a runner built without speculative config
         return None
     return width if width > 0 else None
+
+
+def _draft_tokens() -> Optional[int]:
+    """SGLang's ``speculative_num_draft_tokens`` (runtime context), None when unset."""
+    try:
+        from sglang.srt.runtime_context import get_spec
+
+        n = get_spec().speculative_num_draft_tokens
+    except Exception:  # no runtime context published, an older SGLang
+        return None
+    return n if isinstance(n, int) and n > 0 else None
 
 
 def _attention_tp_size() -> Optional[int]:
@@ -476,8 +487,8 @@ class HygonAttnBackend(AttentionBackend):
         """Point the metadata at the static graph buffers (capture and replay alike)."""
         del in_capture
         mode = forward_batch.forward_mode
-        if mode.is_target_verify():
-            return self._verify_out_graph(forward_batch)
+        if mode.is_target_verify() or mode.is_draft_extend_v2():
+            return self._spec_out_graph(forward_batch)
         if not mode.is_decode_or_idle():
             raise NotImplementedError(f"hygon attention backend: CUDA graphs are supported for "
                                       f"decode only, got {mode.name}")
@@ -497,30 +508,43 @@ class HygonAttnBackend(AttentionBackend):
         if self._model_heads is not None:
             self._plan(meta, *self._model_heads, extend=False)  # cached in meta.plans
 
-    def _verify_out_graph(self, forward_batch):
-        """Verify graphs: the metadata over the static buffers (built at capture, reused
-        by every replay of the batch size), and the batch's tree mask packed into the
-        static mask buffer (its source changes size with the prefixes: done here, outside
-        the graph, at capture and at every replay; padded rows may read stale bits, their
-        output is discarded)."""
+    def _graph_width(self, forward_batch) -> int:
+        """Tokens a request of a verify / draft-extend-v2 graph batch: the batch's uniform
+        width, else the runner's (verify) or the speculative config's draft tokens (draft
+        extend v2, as SGLang's Triton backend sizes it)."""
+        info = forward_batch.spec_info
+        if forward_batch.forward_mode.is_target_verify():
+            return spec.verify_width(info, self._verify_width)
+        return spec.verify_width(info, _draft_tokens() or self._verify_width)
+
+    def _spec_out_graph(self, forward_batch):
+        """Verify and draft-extend-v2 graphs: the metadata over the static buffers (built
+        at capture, reused by every replay of the batch size). A verify batch's tree mask
+        is packed into the static mask buffer here, outside the graph, at capture and at
+        every replay (its source changes size with the prefixes; padded rows may read stale
+        bits, their output is discarded); draft extend is the causal chain."""
         bs = forward_batch.batch_size
         info = forward_batch.spec_info
-        width = spec.verify_width(info, self._verify_width)
+        verify = forward_batch.forward_mode.is_target_verify()
+        width = self._graph_width(forward_batch)
         bufs = self._verify_buffers(width)
-        meta = self._graph_meta.get(("verify", bs, width))
+        key = ("verify" if verify else "draft_extend", bs, width)
+        meta = self._graph_meta.get(key)
         if meta is None:
             meta = HygonForwardMetadata(
                 block_table=self._graph_block_table[:bs], seq_lens=bufs["lens"][:bs],
                 cu_seqlens_q=bufs["cu"][:bs + 1], graph=True,
                 host_cu_seqlens_q=list(range(0, (bs + 1) * width, width)),
-                tree_mask=bufs["tree"][:bs * width], verify_width=width)
-            self._graph_meta[("verify", bs, width)] = meta
-        mask = getattr(info, "custom_mask", None) if info is not None else None
-        if mask is None:
-            meta.tree_mask.copy_(bufs["chain"].repeat(bs, 1))
-        else:
-            spec.packed_tree_mask(mask, forward_batch.seq_lens[:bs], width,
-                                  out=meta.tree_mask)
+                tree_mask=bufs["tree"][:bs * width] if verify else None,
+                verify_width=width if verify else 0)
+            self._graph_meta[key] = meta
+        if verify:
+            mask = getattr(info, "custom_mask", None) if info is not None else None
+            if mask is None:
+                meta.tree_mask.copy_(bufs["chain"].repeat(bs, 1))
+            else:
+                spec.packed_tree_mask(mask, forward_batch.seq_lens[:bs], width,
+                                      out=meta.tree_mask)
         self.forward_metadata = meta
         if self._model_heads is not None:
             self._plan(meta, *self._model_heads, extend=True)  # cached in meta.plans
@@ -530,11 +554,17 @@ class HygonAttnBackend(AttentionBackend):
         bs = forward_batch.batch_size
         page_table.req_to_token_table(self.req_to_token, forward_batch.req_pool_indices[:bs],
                                  page_size=self.page_size, out=self._graph_block_table[:bs])
-        if forward_batch.forward_mode.is_target_verify():
-            width = spec.verify_width(forward_batch.spec_info, self._verify_width)
+        mode = forward_batch.forward_mode
+        if mode.is_target_verify() or mode.is_draft_extend_v2():
+            width = self._graph_width(forward_batch)
             lens = self._verify_buffers(width)["lens"][:bs]
             lens.copy_(forward_batch.seq_lens[:bs])
-            lens.add_(width)  # keys: the prefix and the drafts
+            if mode.is_draft_extend_v2():  # seq_lens count the extend: keep the prefix
+                ext = getattr(forward_batch.spec_info, "extend_seq_lens_tensor", None)
+                if ext is not None:
+                    lens.sub_(ext[:bs].to(lens.dtype))
+                lens.clamp_(min=0)
+            lens.add_(width)  # keys: the prefix and the request's new tokens
             return
         self._graph_seq_lens[:bs].copy_(forward_batch.seq_lens[:bs])
 

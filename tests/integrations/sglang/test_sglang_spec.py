@@ -23,6 +23,9 @@ from sglang.test.kits.attention_unittest.attention_methods.dense_attention impor
     DenseAttentionCase,
 )
 from sglang.test.kits.attention_unittest.runner_modes import (  # noqa: E402
+    speculative_draft_extend_runner as draft_kit,
+)
+from sglang.test.kits.attention_unittest.runner_modes import (  # noqa: E402
     speculative_target_verify_runner as kit,
 )
 
@@ -155,3 +158,17 @@ def test_kit_target_verify_on_the_prefill_path(page, device, tree_calls, monkeyp
     kit.run_dense_spec_verify_case(_KitTestCase(), _case(page), topk=3, spec_kind="eagle",
                                    dtype=torch.float16, device=str(device))
     assert tree_calls == {("prefill", "triton", True): 1}, tree_calls
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("page", [1, 16])
+def test_kit_draft_extend_v2_cuda_graph(page, dtype, device, tree_calls):
+    """EAGLE v2's draft extend from CUDA-graph metadata (fixed tokens a request, padded
+    replay rows): the new tokens over the prefix (seq_lens less the extend) under the
+    causal chain, equal to the kit's reference."""
+    case = DenseAttentionCase(name="v", backend="hygon", forward_mode=ForwardMode.DRAFT_EXTEND_V2,
+                              num_heads=4, num_kv_heads=2, page_size=page, prefix_lens=(5, 17),
+                              extend_lens=(3, 3))
+    draft_kit.run_dense_draft_extend_v2_cuda_graph_case(_KitTestCase(), case, dtype=dtype,
+                                                        device=str(device))
+    assert set(tree_calls) == {("prefill", _expected_impl(dtype), False)}, tree_calls
