@@ -271,7 +271,7 @@ class HygonAttnBackend(AttentionBackend):
         self._graph_seq_lens: Optional[torch.Tensor] = None
         self._graph_max_bs = 0
         self._graph_meta: dict = {}  # batch size -> metadata over the static graph buffers
-        self._graph_verify: dict = {}  # draft width -> static verify buffers
+        self._graph_spec: dict = {}  # tokens a request -> static verify / draft-extend buffers
         # split-KV decode scratch per (Hq, Hkv, D), eager and graph alike: allocated by the
         # first pass (the warm-up that precedes capture), so captured launches allocate
         # nothing
@@ -464,19 +464,20 @@ class HygonAttnBackend(AttentionBackend):
         self._graph_block_table = torch.zeros((max_bs, self.max_blocks), dtype=torch.int32,
                                               device=self.device)
         self._graph_seq_lens = torch.ones((max_bs,), dtype=torch.int32, device=self.device)
-        self._graph_verify = {}  # draft width -> static verify buffers (_verify_buffers)
+        self._graph_spec = {}  # tokens a request -> static buffers (_spec_buffers)
 
-    def _verify_buffers(self, width: int) -> dict:
-        """Static buffers of verify graphs with ``width`` drafts a request: ``cu``
-        ``[max_bs + 1]`` int32 query offsets (fixed), ``lens`` ``[max_bs]`` int32 key
-        lengths (prefix + drafts), ``tree`` ``[max_bs * width, W]`` int32 packed mask, and
-        ``chain`` (the causal chain's packed rows, for a batch without a custom mask)."""
-        bufs = self._graph_verify.get(width)
+    def _spec_buffers(self, width: int) -> dict:
+        """Static buffers of verify and draft-extend-v2 graphs with ``width`` tokens a
+        request: ``cu`` ``[max_bs + 1]`` int32 query offsets (fixed), ``lens`` ``[max_bs]``
+        int32 key lengths (prefix + new tokens), ``tree`` ``[max_bs * width, W]`` int32
+        packed mask, and ``chain`` (the causal chain's packed rows, for a verify batch
+        without a custom mask)."""
+        bufs = self._graph_spec.get(width)
         if bufs is None:
             max_bs = self._graph_max_bs
             chain = tree_pack.pack_tree_mask(torch.tril(torch.ones(
                 (width, width), dtype=torch.bool, device=self.device)))
-            bufs = self._graph_verify[width] = dict(
+            bufs = self._graph_spec[width] = dict(
                 cu=torch.arange(0, (max_bs + 1) * width, width, dtype=torch.int32,
                                 device=self.device),
                 lens=torch.ones((max_bs,), dtype=torch.int32, device=self.device),
@@ -527,7 +528,7 @@ class HygonAttnBackend(AttentionBackend):
         info = forward_batch.spec_info
         verify = forward_batch.forward_mode.is_target_verify()
         width = self._graph_width(forward_batch)
-        bufs = self._verify_buffers(width)
+        bufs = self._spec_buffers(width)
         key = ("verify" if verify else "draft_extend", bs, width)
         meta = self._graph_meta.get(key)
         if meta is None:
@@ -557,7 +558,7 @@ class HygonAttnBackend(AttentionBackend):
         mode = forward_batch.forward_mode
         if mode.is_target_verify() or mode.is_draft_extend_v2():
             width = self._graph_width(forward_batch)
-            lens = self._verify_buffers(width)["lens"][:bs]
+            lens = self._spec_buffers(width)["lens"][:bs]
             lens.copy_(forward_batch.seq_lens[:bs])
             if mode.is_draft_extend_v2():  # seq_lens count the extend: keep the prefix
                 ext = getattr(forward_batch.spec_info, "extend_seq_lens_tensor", None)
