@@ -27,7 +27,8 @@ from prefill_ptxas import compile_offline, ptxas_report  # noqa: E402
 POINTERS = {"out_ptr": "*bf16", "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16",
             "block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "sinks_ptr": "*fp32",
             "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "max_logits_ptr": "*fp32",
-            "exp_sums_ptr": "*fp32", "partial_out_ptr": "*fp32", "counters_ptr": "*i32"}
+            "exp_sums_ptr": "*fp32", "partial_out_ptr": "*fp32", "counters_ptr": "*i32",
+            "tree_ptr": "*i32"}
 FLOATS = {"scale", "k_scale_value", "v_scale_value", "soft_cap"}
 # innermost strides of contiguous tensors: Triton specializes an argument equal to 1
 UNIT_STRIDES = {"stride_q_dim", "stride_o_dim", "stride_k_dim", "stride_v_dim",
@@ -50,7 +51,7 @@ def compile_config(group: int, block_n: int, stages: int, split: bool, *, warps:
                  K_SPLIT_X=0, SPLIT=split, SEQ_SPLIT=split, SCALES_FROM_PTR=False,
                  USE_SOFT_CAP=False, USE_WINDOW=False, USE_SINKS=False, PAGE_PREFETCH=True,
                  FUSED_COMBINE=split, COMBINE_ROWS_PAD=rows_pad, COMBINE_CHUNK=chunk,
-                 LAUNCH_DEPENDENTS=False)
+                 LAUNCH_DEPENDENTS=False, TREE=False)
     return compile_offline(kernel, const, POINTERS, FLOATS, UNIT_STRIDES, warps=warps,
                            stages=stages, target=target), chunk
 

@@ -28,7 +28,7 @@ POINTERS = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "k
             "v_new_ptr": "*bf16", "out_ptr": "*bf16", "lse_ptr": "*fp32", "sinks_ptr": "*fp32",
             "block_table_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "seq_lens_k_ptr": "*i32",
             "tile_req_ptr": "*i32", "tile_mblock_ptr": "*i32", "k_scale_ptr": "*fp32",
-            "v_scale_ptr": "*fp32"}
+            "v_scale_ptr": "*fp32", "tree_ptr": "*i32"}
 FLOATS = {"sm_scale", "k_scale_val", "v_scale_val", "soft_cap"}
 # innermost strides of contiguous tensors: Triton specializes an argument equal to 1
 UNIT_STRIDES = {"stride_qd", "stride_kd", "stride_vd", "stride_knd", "stride_vnd", "stride_od",
@@ -96,7 +96,7 @@ def compile_tile_for(block_m: int, block_n: int, warps: int, stages: int, *, pag
     const = dict(GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
                  PAGE_SIZE=page, CAUSAL=True, HAS_K_NEW=k_new, RETURN_LSE=False,
                  SCALE_FROM_PTR=False, WINDOW=False, SOFT_CAP=False, HAS_SINKS=False,
-                 KV_SCALED=fp8, PAD_D=False, TWO_WALKS=two_walks)
+                 KV_SCALED=fp8, PAD_D=False, TWO_WALKS=two_walks, TREE=False)
     pointers = dict(POINTERS)
     if fp8:
         pointers.update(k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv")
