@@ -134,6 +134,19 @@ def check_kv_caches(k_cache: torch.Tensor, v_cache: torch.Tensor, *, device: tor
     return k_shape
 
 
+def soft_cap_value(soft_cap) -> Optional[float]:
+    """The logit soft cap of an attention op, one rule for every op, plan, layer binding
+    and implementation: ``None`` or ``0`` (no cap, as the engines pass it) gives None; a
+    finite float ``> 0`` is the cap; a negative, NaN or inf cap is a ``ValueError``."""
+    if soft_cap is None:
+        return None
+    if isinstance(soft_cap, bool) or not isinstance(soft_cap, numbers.Real) or \
+            not math.isfinite(soft_cap) or soft_cap < 0:
+        raise ValueError(f"soft_cap must be a finite float >= 0 (0: no cap) or None, got "
+                         f"{soft_cap!r}")
+    return float(soft_cap) if soft_cap > 0 else None
+
+
 def check_softmax_scale(scale) -> None:
     """The softmax scale of an attention op: ``None`` (``1 / sqrt(head_dim)``) or a finite
     real number ``> 0``; one rule for every op, plan, layer binding and implementation.

@@ -363,3 +363,20 @@ def test_scale_rule_holds_for_plans_and_layer_bindings(scale):
     with pytest.raises(ValueError, match=match):
         prefix_prefill_attention(p["q"], p["k_cache"], p["v_cache"], p["block_table"],
                                  p["cu_seqlens_q"], p["seq_lens_k"], plan=pplan, scale=scale)
+
+
+@pytest.mark.parametrize("impl", PATHS)
+@pytest.mark.parametrize("op", ["decode", "prefill"])
+def test_soft_cap_rule_is_one_on_every_op(op, impl):
+    """``soft_cap`` 0 means no cap on both ops (the engines pass 0 for an uncapped layer):
+    the answer equals the call without it; negative, NaN and inf are one ValueError."""
+    args = OPS[op][1]()
+    torch.manual_seed(0)
+    plain = _call(op, args, impl=impl)
+    zero = _call(op, dict(args, soft_cap=0.0), impl=impl)
+    assert torch.equal(zero, plain)
+    capped = _call(op, dict(args, soft_cap=0.5), impl=impl)
+    assert not torch.allclose(capped.float(), plain.float())
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"soft_cap must be a finite float >= 0"):
+            _call(op, dict(args, soft_cap=bad), impl=impl)

@@ -116,8 +116,7 @@ def check_layer_options(*, num_q_heads: int, device, sliding_window, soft_cap, s
     """The per-layer options of decode (checked once per variant of a plan)."""
     if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window <= 0):
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
-    if soft_cap is not None and not (isinstance(soft_cap, (int, float)) and soft_cap > 0):
-        raise ValueError(f"soft_cap must be a positive float or None, got {soft_cap!r}")
+    _checks.soft_cap_value(soft_cap)
     if sinks is not None:
         _checks.check_tensor("sinks", sinks, ndim=1, device=device, shape=(num_q_heads,),
                              dtypes=(torch.float32, torch.float16, torch.bfloat16))
@@ -145,6 +144,7 @@ class DecodeLayer:
                  v_scale: ScaleLike = None, sliding_window: Optional[int] = None,
                  soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None):
         _checks.check_softmax_scale(scale)
+        soft_cap = _checks.soft_cap_value(soft_cap)
         self.k_cache, self.v_cache = k_cache, v_cache
         self.native_args = None  # the native launch's side of the layer, built on first use
         self.scale, self.k_scale, self.v_scale = scale, k_scale, v_scale

@@ -118,8 +118,7 @@ def check_prefill_options(*, scale, sliding_window, soft_cap) -> None:
     _checks.check_softmax_scale(scale)
     if sliding_window is not None and int(sliding_window) <= 0:
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window}")
-    if soft_cap is not None and float(soft_cap) < 0:
-        raise ValueError(f"soft_cap must be >= 0 or None, got {soft_cap}")
+    _checks.soft_cap_value(soft_cap)
 
 
 class PrefillLayer:
@@ -143,6 +142,7 @@ class PrefillLayer:
                  v_scale: ScaleLike = None, sliding_window: Optional[int] = None,
                  soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None):
         _checks.check_softmax_scale(scale)
+        soft_cap = _checks.soft_cap_value(soft_cap)
         self.k_cache, self.v_cache, self.scale, self.causal = k_cache, v_cache, scale, causal
         self.k_scale, self.v_scale = k_scale, v_scale
         self.sliding_window, self.soft_cap, self.sinks = sliding_window, soft_cap, sinks
