@@ -1,4 +1,4 @@
-"""Speculative verify's tree masks (``ops/prefill/tree.py``) through the prefix prefill and
+"""Speculative verify's tree masks (``ops/tree_mask.py``) through the prefix prefill and
 the multi-token decode.
 
 The packed mask's helpers against brute force; the reference's tree rule against the
@@ -19,7 +19,7 @@ import torch
 from hygon_attn_backend import reference
 from hygon_attn_backend.ops.decode import paged_decode_attention, plan_paged_decode
 from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
-from hygon_attn_backend.ops.prefill.tree import pack_tree_mask, tree_mask_from_parents
+from hygon_attn_backend.ops.tree_mask import pack_tree_mask, tree_mask_from_parents
 from tests.ops.test_decode import blocks_needed, make_cache, make_table
 from tests.ops.test_decode import run_case as run_decode_case
 from tests.ops.test_prefill import Case, make_inputs, run_case

@@ -61,7 +61,7 @@ from hygon_attn_backend.ops.decode import (DecodeLayer, DecodePlan, allocate_dec
                                            plan_paged_decode, verify_on_decode)
 from hygon_attn_backend.ops._device import num_sms_of
 from hygon_attn_backend.ops.prefill import PrefillLayer, plan_prefix_prefill
-from hygon_attn_backend.ops.prefill import tree as tree_pack
+from hygon_attn_backend.ops import tree_mask as tree_pack
 from hygon_attn_backend.integrations.sglang import page_table, spec
 
 logger = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ is ``spec_info.custom_mask``: per request, a flattened bool ``[T, prefix + T]`` 
 block, the requests back to back (block ``b`` starts at ``sum(T * (prefix_b' + T))`` over
 the requests before it). As SGLang's own Triton backend reads it, the prefix columns are
 not consulted (every draft sees the whole prefix); the last ``T`` columns become the
-packed tree mask of ``ops.prefill.tree``.
+packed tree mask of ``ops.tree_mask``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from hygon_attn_backend.ops.prefill.tree import pack_tree_mask
+from hygon_attn_backend.ops.tree_mask import pack_tree_mask
 
 __all__ = ["verify_width", "packed_tree_mask"]
 

@@ -22,6 +22,7 @@ from hygon_attn_backend.ops._device import num_sms_of
 from hygon_attn_backend.ops._launch import intern_key, remember_layer, value_or_id
 from hygon_attn_backend.ops.decode import native, triton, tuning
 from hygon_attn_backend.ops.decode.tuning import DecodeConfig  # noqa: F401 (re-exported)
+from hygon_attn_backend.ops.tree_mask import check_tree_mask
 
 __all__ = ["DecodePlan", "DecodeLayer", "DecodeWorkspace", "DecodeConfig", "plan_paged_decode",
            "allocate_decode_workspace"]
@@ -193,7 +194,7 @@ class DecodePlan:
     native_tile: int = tuning.NATIVE_LOOP_TILE  # and the split-N loop's tile
     native_max_rows: int = 0  # rows a native program takes at most (0: fit to the device)
     #: ``[num_seqs * num_tokens, W]`` int32 packed tree mask of a verify batch (the drafts
-    #: are each sequence's last ``num_tokens`` keys; ``ops.prefill.tree``); None: the chain
+    #: are each sequence's last ``num_tokens`` keys; ``ops.tree_mask``); None: the chain
     tree_mask: Optional[torch.Tensor] = None
     # the native launch's side of the plan (native.plan_args), built on first use
     _native_args: Optional[tuple] = field(default=None, repr=False)
@@ -350,7 +351,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
     native_split_n: ``False`` runs the native decode's shared-softmax loop where the
        split-N loop would apply (tests and benchmarks of that loop).
     tree_mask: ``[num_seqs * num_tokens, W]`` int32 packed tree mask of a speculative
-       verify batch (``ops.prefill.tree``): the drafts are each sequence's last
+       verify batch (``ops.tree_mask``): the drafts are each sequence's last
        ``num_tokens`` keys, and token ``t`` sees the keys before them and the drafts its
        row's bits name (in place of the causal chain; layers without a sliding window).
        The plan keeps the tensor (a CUDA graph refills it in place); Triton only (the
@@ -383,12 +384,8 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
     if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 0):
         raise ValueError(f"max_seq_len must be a non-negative int or None, got {max_seq_len!r}")
     if tree_mask is not None:
-        _checks.check_tensor("tree_mask", tree_mask, ndim=2, dtypes=(torch.int32,),
-                             device=device, shape=(num_seqs * num_tokens, None))
-        if tree_mask.shape[1] < 1 or 32 * tree_mask.shape[1] < num_tokens or (
-                tree_mask.shape[1] > 1 and tree_mask.stride(1) != 1):
-            raise ValueError(f"tree_mask must hold >= cdiv(num_tokens={num_tokens}, 32) int32 "
-                             f"words a row with unit stride, got {_checks.describe(tree_mask)}")
+        check_tree_mask(tree_mask, total_q=num_seqs * num_tokens, device=device,
+                        longest=num_tokens)
     max_blocks = block_table.shape[1]
     max_context = max_seq_len if max_seq_len is not None else max_blocks * page_size
     choice = tuning.choose(

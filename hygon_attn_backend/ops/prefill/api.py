@@ -70,7 +70,7 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     soft_cap: logits become ``cap * tanh(s / cap)``. sinks: ``[num_q_heads]`` float32 sink
        logits (an always-visible key of value 0), or None.
     tree_mask: ``[total_q, W]`` int32 packed tree mask of a speculative verify batch
-       (``ops.prefill.tree.pack_tree_mask``): new token ``i`` of a request sees the whole
+       (``ops.tree_mask.pack_tree_mask``): new token ``i`` of a request sees the whole
        prefix and new token ``j`` iff bit ``j % 32`` of word ``j // 32`` of its row is set
        (the causal rule of the new keys replaced; causal, no sliding window). With a plan,
        it is the plan's (``plan_prefix_prefill(tree_mask=)``).

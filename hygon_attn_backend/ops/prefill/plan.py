@@ -24,7 +24,7 @@ from hygon_attn_backend.ops import _checks
 from hygon_attn_backend.ops._interpreter import triton_computes
 from hygon_attn_backend.ops._launch import intern_key, remember_layer, value_or_id
 from hygon_attn_backend.ops.prefill import native, triton, tuning
-from hygon_attn_backend.ops.prefill.tree import check_tree_mask
+from hygon_attn_backend.ops.tree_mask import check_tree_mask
 
 __all__ = ["PrefillPlan", "PrefillLayer", "plan_prefix_prefill", "check_host_lengths"]
 
@@ -191,7 +191,7 @@ class PrefillPlan:
     sched: Optional[torch.Tensor] = None
     #: the Triton kernel's second unmasked walk forced on / off (None: ``tuning.two_walks``)
     two_walks: Optional[bool] = None
-    #: ``[total_q, W]`` int32 packed tree mask of a speculative verify batch (``tree.py``),
+    #: ``[total_q, W]`` int32 packed tree mask of a speculative verify batch (``ops/tree_mask.py``),
     #: read by every layer's launch; None: the causal mask
     tree_mask: Optional[torch.Tensor] = None
     _variants: Dict[tuple, object] = field(default_factory=dict, repr=False)
@@ -340,7 +340,7 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     two_walks: force the Triton kernel's second unmasked walk on or off (None:
     :func:`tuning.two_walks`; tests and benchmarks).
     tree_mask: ``[total_q, W]`` int32 packed tree mask of a speculative verify batch
-    (``ops.prefill.tree``: new token ``i`` sees the prefix and the new tokens its row's bits
+    (``ops.tree_mask``: new token ``i`` sees the prefix and the new tokens its row's bits
     name, in place of the causal rule; causal layers without a window). The plan keeps the
     tensor: every layer reads it, and a CUDA graph replays it refilled in place. It runs
     the Triton kernel (the native prefill has the causal and window masks only).

@@ -32,7 +32,7 @@ from sglang.test.kits.attention_unittest.runner_modes import (  # noqa: E402
 from hygon_attn_backend.integrations.sglang import register, spec  # noqa: E402
 from hygon_attn_backend.ops.decode import DecodePlan  # noqa: E402
 from hygon_attn_backend.ops.prefill import PrefillPlan  # noqa: E402
-from hygon_attn_backend.ops.prefill.tree import pack_tree_mask  # noqa: E402
+from hygon_attn_backend.ops.tree_mask import pack_tree_mask  # noqa: E402
 from hygon_attn_backend.reference import unpack_tree_mask  # noqa: E402
 
 DTYPES = (torch.float16, torch.float32)

@@ -68,17 +68,20 @@ def tree_mask_from_parents(parents: torch.Tensor) -> torch.Tensor:
 
 
 def check_tree_mask(tree_mask: torch.Tensor, *, total_q: int, device: torch.device,
-                    host_cu_seqlens_q: Optional[Sequence[int]] = None) -> None:
+                    host_cu_seqlens_q: Optional[Sequence[int]] = None,
+                    longest: Optional[int] = None) -> None:
     """A packed tree mask must be ``[total_q, W]`` int32 on ``device`` with rows of unit
-    stride; given the host query offsets, ``32 * W`` must cover the longest request."""
+    stride; ``32 * W`` must cover the longest request: ``longest`` new tokens, or as the
+    host query offsets say."""
     _checks.check_tensor("tree_mask", tree_mask, ndim=2, dtypes=(torch.int32,),
                          device=device, shape=(total_q, None))
     if tree_mask.shape[1] < 1 or (tree_mask.shape[1] > 1 and tree_mask.stride(1) != 1):
         raise ValueError(f"tree_mask must hold >= 1 int32 word per row with unit stride, got "
                          f"{_checks.describe(tree_mask)}")
-    if host_cu_seqlens_q is not None and len(host_cu_seqlens_q) > 1:
+    if longest is None and host_cu_seqlens_q is not None and len(host_cu_seqlens_q) > 1:
         cu = [int(x) for x in host_cu_seqlens_q]
         longest = max(b - a for a, b in zip(cu[:-1], cu[1:]))
+    if longest is not None:
         if longest > 32 * tree_mask.shape[1]:
             raise ValueError(f"tree_mask {_checks.describe(tree_mask)} holds {32 * tree_mask.shape[1]} "
                              f"draft bits per row, but a request has {longest} new tokens")
