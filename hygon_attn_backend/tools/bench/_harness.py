@@ -36,11 +36,27 @@ def check_heads(cmd: str, num_q_heads: int, divisors: dict) -> None:
                              f"multiple of {option} {value}")
 
 
+def parse_impls(text: str) -> list:
+    """``--impl``: a comma list of ``auto``, ``triton``, ``native`` (no repeats)."""
+    impls = [x.strip() for x in str(text).split(",") if x.strip()]
+    bad = [x for x in impls if x not in ("auto", "triton", "native")]
+    if not impls or bad or len(set(impls)) != len(impls):
+        raise ValueError(f"--impl: a comma list of auto, triton, native without repeats, "
+                         f"got {text!r}")
+    return impls
+
+
 def start(args, cmd: str):
-    """``(peers, device)`` for a ``bench decode|prefill`` run, or None without a device (after
-    saying so). Bad ``--compare`` lists and a missing matplotlib stop here, before the run."""
+    """``(impls, peers, device)`` for a ``bench decode|prefill`` run, or None without a
+    device (after saying so). A bad ``--impl`` list, heads that ``--num-kv-heads`` does not
+    divide, bad ``--compare`` lists and a missing matplotlib stop here, before the run."""
     from hygon_attn_backend.tools.bench.peers import parse_compare
 
+    try:
+        impls = parse_impls(args.impl)
+    except ValueError as exc:
+        raise SystemExit(f"hygon-attn bench {cmd}: {exc}") from None
+    check_heads(cmd, args.num_q_heads, {"--num-kv-heads": args.num_kv_heads})
     try:
         peers = parse_compare(args.compare)
     except ValueError as exc:
@@ -59,7 +75,7 @@ def start(args, cmd: str):
         if problem:
             print(problem, file=sys.stderr)
             return None
-    return peers, device
+    return impls, peers, device
 
 
 def header(device) -> dict:

@@ -141,16 +141,6 @@ def _partition_size(choice, prob, device):
     return int(choice)
 
 
-def parse_impls(text: str) -> list:
-    """``--impl``: a comma list of ``auto``, ``triton``, ``native`` (no repeats)."""
-    impls = [x.strip() for x in str(text).split(",") if x.strip()]
-    bad = [x for x in impls if x not in ("auto", "triton", "native")]
-    if not impls or bad or len(set(impls)) != len(impls):
-        raise ValueError(f"--impl: a comma list of auto, triton, native without repeats, "
-                         f"got {text!r}")
-    return impls
-
-
 def _our_label(choice) -> str:
     return {"auto": "hygon", "auto-fused": "hygon (fused combine)",
             "auto-launch": "hygon (combine launch)", "dcu": "hygon (dcu rule)",
@@ -163,15 +153,10 @@ def run_decode_bench(args) -> dict:
     import torch
     from hygon_attn_backend.tools.bench import _timing
 
-    try:
-        impls = parse_impls(args.impl)  # a bad list fails before any device work
-    except ValueError as exc:
-        raise SystemExit(f"hygon-attn bench decode: {exc}") from None
-    _harness.check_heads("decode", args.num_q_heads, {"--num-kv-heads": args.num_kv_heads})
     started = _harness.start(args, "decode")
     if started is None:
         return {}
-    peers, device = started
+    impls, peers, device = started
     for name, value in (GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)

@@ -19,7 +19,7 @@ import sys
 
 from hygon_attn_backend.tools.argtypes import count, int_list, tuple_list
 from hygon_attn_backend.tools.bench import _harness, output, problems
-from hygon_attn_backend.tools.bench.decode import _add_common, parse_impls
+from hygon_attn_backend.tools.bench.decode import _add_common
 from hygon_attn_backend.tools.bench.peers import make_peers, ours_prefill
 
 DEFAULT_SHAPES = "1,0,8192;1,4096,4096;8,2048,512;32,1024,128;4,16384,1024"
@@ -90,15 +90,10 @@ def run_prefill_bench(args) -> dict:
     import torch
     from hygon_attn_backend.tools.bench import _timing
 
-    try:
-        impls = parse_impls(args.impl)  # a bad list fails before any device work
-    except ValueError as exc:
-        raise SystemExit(f"hygon-attn bench prefill: {exc}") from None
-    _harness.check_heads("prefill", args.num_q_heads, {"--num-kv-heads": args.num_kv_heads})
     started = _harness.start(args, "prefill")
     if started is None:
         return {}
-    peers, device = started
+    impls, peers, device = started
     dtype = getattr(torch, args.dtype)
     hq, hkv, dim = args.num_q_heads, args.num_kv_heads, args.head_dim
     pages = [int(x) for x in str(args.block_sizes).split(",") if x]
