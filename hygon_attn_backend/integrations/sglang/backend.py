@@ -352,9 +352,10 @@ class HygonAttnBackend(AttentionBackend):
             self._plan(meta, *self._model_heads, extend=not mode.is_decode_or_idle())
 
     def _init_verify_metadata(self, forward_batch):
-        """A target-verify batch: ``T`` drafts per request as the new tokens of a prefix
-        prefill over the request's cached prefix (``forward_batch.seq_lens``), under the
-        batch's tree mask (``spec.packed_tree_mask``; none given: the causal chain)."""
+        """A target-verify batch: ``T`` drafts per request over the request's cached prefix
+        (``forward_batch.seq_lens``), under the batch's tree mask (``spec.packed_tree_mask``;
+        none given: the causal chain); :meth:`_plan` runs them as a multi-token decode or a
+        prefix prefill (``verify_on_decode``)."""
         info = forward_batch.spec_info
         if getattr(info, "ragged_verify_layout", None) is not None:
             raise NotImplementedError("hygon attention backend: ragged verify layouts "
@@ -470,18 +471,18 @@ class HygonAttnBackend(AttentionBackend):
         """Static buffers of verify and draft-extend-v2 graphs with ``width`` tokens a
         request: ``cu`` ``[max_bs + 1]`` int32 query offsets (fixed), ``lens`` ``[max_bs]``
         int32 key lengths (prefix + new tokens), ``tree`` ``[max_bs * width, W]`` int32
-        packed mask, and ``chain`` (the causal chain's packed rows, for a verify batch
-        without a custom mask)."""
+        packed mask, and ``chain`` (the causal chain's packed rows, ``tree``'s shape, for a
+        verify batch without a custom mask)."""
         bufs = self._graph_spec.get(width)
         if bufs is None:
             max_bs = self._graph_max_bs
             chain = tree_pack.pack_tree_mask(torch.tril(torch.ones(
-                (width, width), dtype=torch.bool, device=self.device)))
+                (width, width), dtype=torch.bool, device=self.device))).repeat(max_bs, 1)
             bufs = self._graph_spec[width] = dict(
                 cu=torch.arange(0, (max_bs + 1) * width, width, dtype=torch.int32,
                                 device=self.device),
                 lens=torch.ones((max_bs,), dtype=torch.int32, device=self.device),
-                tree=chain.repeat(max_bs, 1), chain=chain)
+                tree=chain.clone(), chain=chain)
         return bufs
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
@@ -542,7 +543,7 @@ class HygonAttnBackend(AttentionBackend):
         if verify:
             mask = getattr(info, "custom_mask", None) if info is not None else None
             if mask is None:
-                meta.tree_mask.copy_(bufs["chain"].repeat(bs, 1))
+                meta.tree_mask.copy_(bufs["chain"][:bs * width])
             else:
                 spec.packed_tree_mask(mask, forward_batch.seq_lens[:bs], width,
                                       out=meta.tree_mask)
@@ -615,7 +616,8 @@ class HygonAttnBackend(AttentionBackend):
                           extend=True)
         if isinstance(plan, DecodePlan):  # a verify batch on the decode structure
             width = meta.verify_width
-            plan.run_layer(st.decode_layer(sinks), q3.reshape(-1, width, st.num_heads, st.head_dim),
+            plan.run_layer(st.decode_layer(sinks),
+                           q3.reshape(-1, width, st.num_heads, st.head_dim),
                            out.view(-1, width, st.num_heads, st.head_dim))
             return out
         k_new = v_new = None
