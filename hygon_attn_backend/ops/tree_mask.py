@@ -18,7 +18,7 @@ import torch
 
 from hygon_attn_backend.ops import _checks
 
-__all__ = ["pack_tree_mask", "tree_mask_from_parents", "check_tree_mask"]
+__all__ = ["pack_tree_mask", "tree_mask_from_parents", "check_tree_mask", "launch_args"]
 
 _SHIFTS = {}  # device -> int64 [32] bit weights
 
@@ -85,3 +85,13 @@ def check_tree_mask(tree_mask: torch.Tensor, *, total_q: int, device: torch.devi
         if longest > 32 * tree_mask.shape[1]:
             raise ValueError(f"tree_mask {_checks.describe(tree_mask)} holds {32 * tree_mask.shape[1]} "
                              f"draft bits per row, but a request has {longest} new tokens")
+
+
+def launch_args(tree_mask: Optional[torch.Tensor], placeholder: torch.Tensor) -> dict:
+    """The kernels' tree-mask arguments (``tree_ptr``, ``stride_tree``, ``tree_words``,
+    ``TREE``, as ``kernels/decode.py`` and ``kernels/prefill.py`` name them) for a plan's
+    mask, or for none: ``placeholder`` (any tensor of the plan) stands in, never read."""
+    if tree_mask is None:
+        return dict(tree_ptr=placeholder, stride_tree=0, tree_words=0, TREE=False)
+    return dict(tree_ptr=tree_mask, stride_tree=tree_mask.stride(0),
+                tree_words=tree_mask.shape[1], TREE=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from hygon_attn_backend.ops import tree_mask
 from hygon_attn_backend.ops._device import next_pow2
 from hygon_attn_backend.ops._launch import NO_LAYER, LayerArgs, Launch
 from hygon_attn_backend.ops.decode import tuning
@@ -72,11 +73,8 @@ def make_launches(plan, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft
                        stride_ml_slot=0, stride_ml_row=0,
                        stride_po_slot=0, stride_po_row=0, stride_po_dim=1)
     split_x = 16 // plan.kv_dtype.itemsize if k_ndim == 5 else 0
-    tree = plan.tree_mask
     fixed = dict(
-        tree_ptr=tree if tree is not None else plan.seq_lens,  # placeholder: never read
-        stride_tree=tree.stride(0) if tree is not None else 0,
-        tree_words=tree.shape[1] if tree is not None else 0, TREE=tree is not None,
+        **tree_mask.launch_args(plan.tree_mask, plan.seq_lens),
         block_table_ptr=plan.block_table, seq_lens_ptr=plan.seq_lens,
         scale=float(scale),
         soft_cap=float(soft_cap) if soft_cap is not None else 1.0,

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from hygon_attn_backend.ops import _checks
+from hygon_attn_backend.ops import _checks, tree_mask
 from hygon_attn_backend.ops._device import next_pow2
 from hygon_attn_backend.ops._launch import LayerArgs, Launch
 from hygon_attn_backend.ops.prefill import tuning
@@ -54,11 +54,8 @@ def make_launch(plan, q_dtype, head_dim, has_new, return_lse, kv_dtype, page_siz
                          f"prefill (the split-x K cache is decode-only), got "
                          f"{_checks.describe(k_cache)}")
     head_dim_pad = max(16, next_pow2(head_dim))
-    tree = plan.tree_mask
     fixed = dict(
-        tree_ptr=tree if tree is not None else plan.tile_req,  # placeholder: never read
-        stride_tree=tree.stride(0) if tree is not None else 0,
-        tree_words=tree.shape[1] if tree is not None else 0, TREE=tree is not None,
+        **tree_mask.launch_args(plan.tree_mask, plan.tile_req),
         cu_seqlens_q_ptr=cu_seqlens_q, seq_lens_k_ptr=seq_lens_k,
         tile_req_ptr=plan.tile_req, tile_mblock_ptr=plan.tile_mblock,
         sm_scale=float(scale) if scale is not None else 1.0 / math.sqrt(head_dim),
