@@ -65,6 +65,10 @@ HAB_DEV void derive_tile(const HabPrefillParams& p, int m_block, TileInfo& ti) {
   ti.diag_min = ti.len_p + ti.m_tok0;
   ti.diag_max = ti.len_p + tok_hi - 1;
   ti.key_end = p.causal ? min(ti.len_k, ti.diag_max + 1) : ti.len_k;
+  // every key in the cache: the keys past what a table row holds are absent, never walked
+  // (a wild seq_lens_k costs no more than the table; with dense new K/V the prefix is
+  // walked to len_p, its keys past the table masked)
+  if (p.k_new == nullptr) ti.key_end = int(min(int64_t(ti.key_end), p.max_blocks * p.page_size));
   int key_lo = 0;
   if (p.causal && p.sliding_window > 0) key_lo = max(0, ti.diag_min - int(p.sliding_window) + 1);
   ti.tile_lo = key_lo / BLOCK_N;

@@ -5,7 +5,8 @@ Runs on CPU (and on any device torch supports) in float32 by default, or in any
 reference's own low-precision error). It is also the CPU fallback of the engine
 integrations, so the hot paths are vectorised per sequence rather than per token.
 
-This module imports nothing of ours (one-way layers, see DESIGN.md).
+This module imports nothing of ours but its own parts (``reference_mla_prefill``, which
+imports nothing of ours; one-way layers, see DESIGN.md).
 
 KV caches are read through the canonical 4-D views
 ``[num_blocks, num_kv_heads, block_size, head_dim]`` with any strides; vLLM's legacy
@@ -23,6 +24,9 @@ import torch
 
 __all__ = [
     "paged_decode_attention",
+    "mla_decode_attention",
+    "mla_decode_reference",
+    "write_mla_cache",
     "prefix_prefill_attention",
     "write_kv",
     "copy_blocks",
@@ -215,7 +219,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            soft_cap: Optional[float] = None,
                            sinks: Optional[torch.Tensor] = None,
                            tree_mask: Optional[torch.Tensor] = None,
-                           compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                           return_lse: bool = False,
+                           compute_dtype: torch.dtype = torch.float32):
     """Reference paged decode attention.
 
     q: ``[num_seqs, num_q_heads, D]`` (one token per sequence) or
@@ -234,8 +239,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     tree_mask: ``[num_seqs * T, W]`` int32 packed tree mask (speculative verify): the T
        tokens are the last T keys of their sequence (the drafts); token ``t`` sees the
        keys before them and draft ``j`` iff :func:`unpack_tree_mask` of its row says so.
+    return_lse: also return ``lse`` ``[num_seqs, num_q_heads]`` (``[num_seqs, T,
+       num_q_heads]``) float32: ``ln sum_j exp(s_j)`` over the keys a row sees (sinks
+       included), ``-inf`` for a row that sees none (a length ``<= 0`` included).
 
-    Returns ``out`` (``q``'s shape and dtype) holding the result.
+    Returns ``out`` (``q``'s shape and dtype) holding the result, or ``(out, lse)``.
     """
     del partition_size
     squeeze = q.dim() == 3
@@ -243,6 +251,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     num_seqs, num_tokens, num_q_heads, head_dim = q4.shape
     sm_scale = _resolve_scale(scale, head_dim)
     result = torch.zeros(q4.shape, dtype=compute_dtype, device=q.device)
+    lse = torch.full(q4.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
     lens = seq_lens.tolist()
     capacity = block_table.shape[1] * as_canonical_view(v_cache).shape[2]
     for s in range(num_seqs):
@@ -263,14 +272,17 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             if stop > lo:
                 mask[:, lo:stop] = rows[:, lo - first:stop - first]
         mask &= key_presence(k_cache, block_table[s], 0, stop).to(q.device)
-        o, _ = _attend(q4[s].to(compute_dtype), k.to(q.device), v.to(q.device), mask,
-                       sm_scale, soft_cap, sinks)
+        o, row_lse = _attend(q4[s].to(compute_dtype), k.to(q.device), v.to(q.device), mask,
+                             sm_scale, soft_cap, sinks)
         result[s] = o
+        lse[s] = row_lse.to(torch.float32)
     result = result.squeeze(1) if squeeze else result
+    lse = lse.squeeze(1) if squeeze else lse
     if out is None:
-        return result.to(q.dtype)
-    out.copy_(result)
-    return out
+        out = result.to(q.dtype)
+    else:
+        out.copy_(result)
+    return (out, lse) if return_lse else out
 
 
 def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -383,6 +395,104 @@ def combine_partitions(max_logits: torch.Tensor, exp_sums: torch.Tensor,
     return res.to(out_dtype or partial_out.dtype)
 
 
+# ----------------------------------------------------------------------------- MLA (latent)
+
+
+def _mla_cache_view(kv_cache: torch.Tensor) -> torch.Tensor:
+    """``[num_blocks, P, W]`` latent cache as the ``[num_blocks, 1, P, W]`` canonical view
+    (one KV head) that :func:`gather_kv` and :func:`key_presence` read."""
+    if kv_cache.dim() != 3:
+        raise ValueError(f"kv_cache must be [num_blocks, page_size, width], got shape "
+                         f"{tuple(kv_cache.shape)}")
+    return kv_cache.unsqueeze(1)
+
+
+def mla_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                         seq_lens: torch.Tensor, *, kv_lora_rank: int,
+                         scale: Optional[float] = None, kv_scale: ScaleLike = None,
+                         out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+                         return_lse: bool = False,
+                         compute_dtype: torch.dtype = torch.float32):
+    """Reference multi-head latent attention (MLA) decode over a paged latent cache.
+
+    q: ``[B, Hq, W]`` or ``[B, T, Hq, W]`` absorbed queries, ``W = kv_lora_rank + rope_dim``
+       (``q_nope`` already multiplied into the latent space, then ``q_pe``); token ``t``
+       sits at position ``seq_len - T + t`` and sees keys ``j <= seq_len - T + t``.
+    kv_cache: ``[num_blocks, P, W]`` (any strides): one latent row a token, the key is the
+       whole row and the value its first ``kv_lora_rank`` columns. fp8 rows are read as
+       ``code * kv_scale``.
+    block_table ``[B, max_blocks]`` / seq_lens ``[B]``: as :func:`paged_decode_attention`
+       (the same bounds rule: absent keys are never read; a length ``<= 0`` gives zeros).
+    scale: softmax scale, default ``1 / sqrt(W)``.
+    out: ``[B, (T,) Hq, kv_lora_rank]``; lse: ``[B, (T,) Hq]`` float32, the natural log of
+       each row's softmax normaliser (``-inf`` where a row sees no key).
+    Returns ``out`` (q's dtype unless given), or ``(out, lse)`` with ``return_lse`` or
+    ``lse``.
+    """
+    view = _mla_cache_view(kv_cache)
+    rank = int(kv_lora_rank)
+    squeeze = q.dim() == 3
+    q4 = q.unsqueeze(1) if squeeze else q
+    num_seqs, num_tokens, num_q_heads, width = q4.shape
+    sm_scale = _resolve_scale(scale, width)
+    result = torch.zeros((num_seqs, num_tokens, num_q_heads, rank), dtype=compute_dtype,
+                         device=q.device)
+    lse_all = torch.full((num_seqs, num_tokens, num_q_heads), float("-inf"),
+                         dtype=torch.float32, device=q.device)
+    lens = seq_lens.tolist()
+    capacity = block_table.shape[1] * view.shape[2]
+    for s in range(num_seqs):
+        length = int(lens[s])
+        if length <= 0:
+            continue
+        stop = min(length, capacity)
+        rows = gather_kv(view, block_table[s], 0, stop, scale=kv_scale,
+                         dtype=compute_dtype).to(q.device)  # [L, 1, W]
+        mask = causal_mask(num_tokens, length, device=q.device, num_keys=stop)
+        mask &= key_presence(view, block_table[s], 0, stop).to(q.device)
+        o, row_lse = _attend(q4[s].to(compute_dtype), rows, rows[..., :rank], mask,
+                             sm_scale, None, None)
+        result[s] = o
+        lse_all[s] = row_lse.to(torch.float32)
+    if squeeze:
+        result, lse_all = result.squeeze(1), lse_all.squeeze(1)
+    if out is None:
+        out = result.to(q.dtype)
+    else:
+        out.copy_(result)
+    if lse is not None:
+        lse.copy_(lse_all)
+    elif return_lse:
+        lse = lse_all
+    return (out, lse) if lse is not None else out
+
+
+def write_mla_cache(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor, *, kv_scale: ScaleLike = None) -> None:
+    """Write new tokens' latent rows into the paged MLA cache (in place).
+
+    kv_c: ``[N, kv_lora_rank]``, k_pe: ``[N, rope_dim]``; kv_cache: ``[num_blocks, P,
+    kv_lora_rank + rope_dim]`` (any strides). Token ``i`` goes to block
+    ``slot_mapping[i] // P``, offset ``slot_mapping[i] % P``, as ``[kv_c | k_pe]``; a slot
+    outside ``[0, num_blocks * P)`` (``-1`` marks padding) is skipped. fp8 caches store
+    ``x / kv_scale`` saturated (:func:`quantize_fp8`), others a plain cast.
+    """
+    slots = slot_mapping.to(device=kv_c.device, dtype=torch.long)
+    num_blocks, page_size = kv_cache.shape[0], kv_cache.shape[1]
+    keep = (slots >= 0) & (slots < num_blocks * page_size)
+    slots = slots[keep]
+    vals = torch.cat([kv_c[keep].to(torch.float32), k_pe[keep].to(torch.float32)], dim=1)
+    if kv_cache.dtype in FP8_DTYPES:
+        vals = quantize_fp8(vals, kv_cache.dtype, kv_scale)
+    else:
+        vals = vals.to(kv_cache.dtype)
+    kv_cache[slots // page_size, slots % page_size, :] = vals
+
+
+#: the name the MLA decode's oracle is known by beside the op's own
+mla_decode_reference = mla_decode_attention
+
+
 # ----------------------------------------------------------------------------- cache ops
 
 
@@ -435,3 +545,9 @@ def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor,
     pairs = pairs[((pairs >= 0) & (pairs < n)).all(dim=1)]  # a pair with a bad id: skipped
     for cache in (k_cache, v_cache):
         cache[pairs[:, 1]] = cache[pairs[:, 0]].clone()
+
+
+# ----------------------------------------------------------------------------- MLA prefill
+# (its own module; the only module of ours this one imports)
+from hygon_attn_backend.reference_mla_prefill import (  # noqa: E402,F401
+    merge_attn_states, mla_extend_attention, ragged_attention)

@@ -28,7 +28,7 @@ POINTERS = {"out_ptr": "*bf16", "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*b
             "block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "sinks_ptr": "*fp32",
             "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "max_logits_ptr": "*fp32",
             "exp_sums_ptr": "*fp32", "partial_out_ptr": "*fp32", "counters_ptr": "*i32",
-            "tree_ptr": "*i32"}
+            "tree_ptr": "*i32", "lse_ptr": "*fp32"}
 FLOATS = {"scale", "k_scale_value", "v_scale_value", "soft_cap"}
 # innermost strides of contiguous tensors: Triton specializes an argument equal to 1
 UNIT_STRIDES = {"stride_q_dim", "stride_o_dim", "stride_k_dim", "stride_v_dim",

@@ -3,7 +3,7 @@ inputs, small enough to run under compute-sanitizer (10-100x slower).
 
 Triton kernels (the default): paged decode (one partition, split + combine kernel, split +
 fused combine, speculative tokens, split-x K), prefix prefill (cache only, with k_new),
-write_kv, copy_blocks, the SGLang page table. Inputs: the reported prefill case (block ids
+write_kv, copy_blocks, the MLA decode and its cache write, the SGLang page table. Inputs: the reported prefill case (block ids
 -5 and 1000 inside the used part of every row), bad ids in decode tables, slots -1 / past
 the end / int32 max, copy pairs past the end, empty requests, seq_len 0, one-token pages,
 D = 80 / 96 / 256, fp8 caches.
@@ -33,6 +33,7 @@ from hygon_attn_backend import (copy_blocks, paged_decode_attention,  # noqa: E4
                                 prefix_prefill_attention, reference, write_kv)
 from hygon_attn_backend.tools.fuzz import problems as pb  # noqa: E402
 from hygon_attn_backend.tools.fuzz.budget import budget_error  # noqa: E402
+from hygon_attn_backend.ops.tree_mask import pack_tree_mask, tree_mask_from_parents  # noqa: E402
 
 DEV = torch.device("cuda")
 LAUNCHES = []
@@ -117,9 +118,39 @@ def cache_ops(name, *, layout, dim, page, dtype, slots, pairs, num_blocks=6, hkv
     LAUNCHES.append(name)
 
 
+def mla(name, *, page, heads, tokens=1, rank=512, rope=64, kv_dtype=torch.bfloat16, table,
+        lens, num_blocks=8, slots=(), **kw):
+    """The MLA decode (and its cache write first, hostile slots included) against the
+    reference."""
+    from hygon_attn_backend.ops.mla import mla_decode_attention, write_mla_cache
+
+    kv = torch.randn((num_blocks, page, rank + rope), device=DEV)
+    scale = 0.6 if kv_dtype in pb.FP8 else None
+    kv = reference.quantize_fp8(kv, kv_dtype, scale) if scale else kv.to(kv_dtype)
+    if slots:
+        kv_c = torch.randn(len(slots), rank, device=DEV).to(torch.bfloat16)
+        k_pe = torch.randn(len(slots), rope, device=DEV).to(torch.bfloat16)
+        want = kv.cpu()
+        write_mla_cache(kv_c, k_pe, kv, _i32(list(slots)), kv_scale=scale, impl="triton")
+        reference.write_mla_cache(kv_c.cpu(), k_pe.cpu(), want, _i32(list(slots)).cpu(),
+                                  kv_scale=scale)
+        if not torch.equal(kv.cpu().view(torch.uint8), want.view(torch.uint8)):
+            raise SystemExit(f"sanitize_cases: {name}: cache differs from the reference")
+    shape = (len(lens), heads, rank + rope) if tokens == 1 else (len(lens), tokens, heads,
+                                                                 rank + rope)
+    q = torch.randn(shape, device=DEV).to(torch.bfloat16)
+    args = (q, kv, _i32(table), _i32(list(lens)))
+    out, _ = mla_decode_attention(*args, kv_lora_rank=rank, kv_scale=scale, return_lse=True,
+                                  impl="triton", **kw)
+    args = _cpu(args)
+    ref = dict(kv_lora_rank=rank, kv_scale=scale)
+    _check(name, out, reference.mla_decode_attention(*args, **ref, compute_dtype=torch.float64),
+           reference.mla_decode_attention(*args, **ref, compute_dtype=torch.bfloat16))
+
+
 def page_table(name, *, page, rows):
     """SGLang's req_to_token -> block table kernel, bad rows included (never read)."""
-    from hygon_attn_backend.kernels.page_table import launch_req_to_token_table
+    from hygon_attn_backend.ops.page_table import launch_req_to_token_table
 
     req_to_token = torch.randint(0, 4096, (4, 96), dtype=torch.int32, device=DEV)
     out = torch.empty((len(rows), 96 // page), dtype=torch.int32, device=DEV)
@@ -174,6 +205,19 @@ def triton_cases() -> None:
     decode("decode D=64 (128-key tile), bad ids, split + fused combine", dim=64,
            dtype=torch.float16, num_blocks=60, table=d64_table, lens=(300, 0, 77),
            partition_size=128, fused_combine=True)
+    # speculative verify: packed tree masks (two words at T=40), bad ids inside the rows
+    tree4 = pack_tree_mask(tree_mask_from_parents(torch.tensor([[-1, 0, 0, 1]] * 3))).to(DEV)
+    prefill("prefill tree mask T=4, bad ids", cu=(0, 4, 8, 12), lens=(20, 9, 60),
+            tree_mask=tree4)
+    tree40 = pack_tree_mask(tree_mask_from_parents(
+        torch.tensor([[i - 1 if i % 3 else -1 for i in range(40)]]))).to(DEV)
+    prefill("prefill tree mask T=40 (two words), k_new", dim=64, cu=(0, 40), lens=(70,),
+            table=[[2, 1000, 0, 3, 4]], k_new=True, tree_mask=tree40)
+    decode("decode verify T=4 tree, bad ids, split", tokens=4, table=[[0, -5, 1000],
+           [1, 2, 3], [4, 5, 6]], lens=(40, 4, 33), partition_size=16, tree_mask=tree4)
+    # seq_lens past what the table holds: the work stops at the table's end
+    decode("decode seq_lens past the table", table=[[0, 1, 2], [3, 4, 5]],
+           lens=(200000, 40), partition_size=16)
     cache_ops("write_kv/copy_blocks bshd fp16, hostile", layout="bshd", dim=128, page=16,
               dtype=torch.float16, slots=[-1, 5, 96, 2**31 - 1, -7, 95, 0],
               pairs=[[0, 3], [1, 6], [-1, 4], [2, 5]])
@@ -181,6 +225,13 @@ def triton_cases() -> None:
               dtype=torch.float8_e4m3fn, slots=[-1, 5, 6, 2**31 - 1], pairs=[[0, 3], [1, 99]])
     cache_ops("write_kv/copy_blocks vLLM BLHNC D=256", layout="vllm_BLHNC", dim=256, page=16,
               dtype=torch.bfloat16, slots=[3, 200, -2, 17], pairs=[[5, 0], [6, 1]])
+    mla("mla decode page 64 Hq 128, bad ids, seq_len 0, hostile cache writes", page=64,
+        heads=128, table=[[0, -5, 1000], [1, 2, 3], [4, 5, 2**31 - 1]], lens=(150, 0, 140),
+        slots=(-1, 5, 8 * 64, 2**31 - 1, 77))
+    mla("mla decode page 1 Hq 16 T=3 fp8, split, past the table", page=1, heads=16, tokens=3,
+        num_blocks=80, kv_dtype=torch.float8_e4m3fn,
+        table=[list(range(40)), list(range(40, 80))], lens=(40, 500), max_seq_len=40,
+        slots=(3, -1, 79, 80))
     page_table("page table, page 16, bad rows", page=16, rows=[3, -1, 4, 2**40, 0])
     page_table("page table, page 1", page=1, rows=[0, 1, 2, 3])
     torch.cuda.synchronize()
@@ -189,7 +240,7 @@ def triton_cases() -> None:
 
 def native_decode(name, *, hkv, group, d, p, lens, layout="bshd", dtype=torch.bfloat16,
                   kv_dtype=None, tokens=1, partition_size=None, bad_ids=False, v_layout=None,
-                  **opts):
+                  past_table=0, **opts):
     gen = torch.Generator(device=DEV).manual_seed(0)
     need = sum(-(-s // p) for s in lens) + 2
     shape = {"bshd": (need, p, hkv, d), "bhsd": (need, hkv, p, d), "bhds": (need, hkv, d, p)}
@@ -213,7 +264,8 @@ def native_decode(name, *, hkv, group, d, p, lens, layout="bshd", dtype=torch.bf
         table[0, 0] = -1
     table = table.to(DEV)
     q = torch.randn(len(lens), tokens, hkv * group, d, device=DEV, generator=gen).to(dtype)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    # past_table: the first length runs this far past what its table row holds
+    seq_lens = torch.tensor([lens[0] + past_table, *lens[1:]], dtype=torch.int32, device=DEV)
     scales = dict(k_scale=0.5, v_scale=torch.tensor([0.25], device=DEV)) if kv_dtype else {}
     out = paged_decode_attention(q, k, v, table, seq_lens, partition_size=partition_size,
                                  impl="native", **scales, **opts)
@@ -248,6 +300,10 @@ def native_cases() -> None:
     native_decode("row chunks T2 G64 + options", hkv=1, group=64, d=128, p=16, lens=[500, 40],
                   tokens=2, partition_size=256, sliding_window=100, soft_cap=20.0,
                   sinks=torch.randn(64, device=DEV))
+    native_decode("seq_lens past the table, split", hkv=2, group=4, d=128, p=16,
+                  lens=[300, 40], past_table=200000, partition_size=256)
+    native_decode("seq_lens past the table, unsplit", hkv=2, group=8, d=128, p=16,
+                  lens=[300, 40], past_table=200000)
     k = torch.randn(9, 4, 128, device=DEV).to(torch.bfloat16)
     slots = torch.tensor([-1, 3, 700, 5, 10 ** 9, -7, 0, 63, 64], device=DEV)
     kc = torch.zeros(4, 16, 4, 128, device=DEV, dtype=torch.bfloat16).permute(0, 2, 1, 3)

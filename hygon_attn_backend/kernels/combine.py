@@ -70,9 +70,12 @@ def merge_partitions(out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
                      HEAD_DIM: tl.constexpr,
                      HEAD_DIM_PAD: tl.constexpr,
                      PART_CHUNK: tl.constexpr,  # partitions read per step
-                     STAGES: tl.constexpr = 1):  # loads in flight (1 when fused: below)
+                     STAGES: tl.constexpr = 1,  # loads in flight (1 when fused: below)
+                     lse_ptr=None, stride_lse_seq=0, stride_lse_tok=0, stride_lse_head=0,
+                     RETURN_LSE: tl.constexpr = False):
     """Merge partitions ``[0, num_parts)`` of rows ``r < ROWS``: token
-    ``tok0 + r // HEADS``, query head ``head0 + r % HEADS``; one pass, online rescale."""
+    ``tok0 + r // HEADS``, query head ``head0 + r % HEADS``; one pass, online rescale.
+    RETURN_LSE: also store each row's ``ln(sum_p l_p 2^m_p)`` (``-inf`` if all empty)."""
     offs_p = tl.arange(0, PART_CHUNK)
     offs_r = tl.arange(0, ROWS_PAD)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -108,6 +111,11 @@ def merge_partitions(out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
         acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 0)
         total = total * alpha + tl.sum(w, 0)
         big_m = m_new
+    if RETURN_LSE:
+        lse = tl.where(total > 0.0, (big_m + tl.log2(tl.where(total > 0.0, total, 1.0)))
+                       * 0.6931471805599453, float("-inf"))  # [ROWS_PAD] natural log
+        tl.store(lse_ptr + seq * stride_lse_seq + tok_r.to(tl.int64) * stride_lse_tok
+                 + head_r.to(tl.int64) * stride_lse_head, lse, mask=r_ok)
     total = tl.where(total > 0.0, total, 1.0)
     result = acc / total[:, None]  # [ROWS_PAD, HEAD_DIM_PAD]
     o_offs = (seq * stride_o_seq + tok_r[:, None].to(tl.int64) * stride_o_tok
@@ -124,6 +132,7 @@ def combine_partitions_kernel(
     stride_o_seq, stride_o_tok, stride_o_head, stride_o_dim,
     stride_ml_slot, stride_ml_row,
     stride_po_slot, stride_po_row, stride_po_dim,
+    lse_ptr, stride_lse_seq, stride_lse_tok, stride_lse_head,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     PART_CHUNK: tl.constexpr,  # partitions read per step
@@ -132,6 +141,7 @@ def combine_partitions_kernel(
     PAGE_SIZE: tl.constexpr,   # the decode launch's (table_keys)
     STAGES: tl.constexpr = 1,  # loads of partition chunks in flight
     WAIT_PRIOR: tl.constexpr = False,  # launched early (sm_90 PDL): wait for the decode grid
+    RETURN_LSE: tl.constexpr = False,  # also write each row's log-sum-exp (natural log)
 ):
     seq = tl.program_id(0).to(tl.int64)
     row = tl.program_id(1)  # t * num_q_heads + h
@@ -147,4 +157,7 @@ def combine_partitions_kernel(
                      stride_o_seq, stride_o_tok, stride_o_head, stride_o_dim,
                      stride_ml_slot, stride_ml_row, stride_po_slot, stride_po_row,
                      stride_po_dim, ROWS=1, ROWS_PAD=1, HEADS=1, HEAD_DIM=HEAD_DIM,
-                     HEAD_DIM_PAD=HEAD_DIM_PAD, PART_CHUNK=PART_CHUNK, STAGES=STAGES)
+                     HEAD_DIM_PAD=HEAD_DIM_PAD, PART_CHUNK=PART_CHUNK, STAGES=STAGES,
+                     lse_ptr=lse_ptr, stride_lse_seq=stride_lse_seq,
+                     stride_lse_tok=stride_lse_tok, stride_lse_head=stride_lse_head,
+                     RETURN_LSE=RETURN_LSE)

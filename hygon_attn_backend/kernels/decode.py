@@ -20,6 +20,8 @@ SPLIT=True: it covers ``[part * size, (part + 1) * size)`` (``kernels/combine.py
 seq_partitions``: ``size`` = ``partition_size``, or with SEQ_SPLIT the sequence's own
 length over the grid's partitions, ``partition_size`` the floor) and
 writes ``(m, l, acc / l)`` to the scratch slot ``seq * num_partitions + part``;
+(RETURN_LSE: each row's log-sum-exp ``ln(sum_j exp(s_j))`` too, written by whoever writes
+the output: the one-partition program or the merge; ``-inf`` for a row that saw no key);
 partitions that start past the sequence's keys exit at once. No program walks past the
 table's capacity ``max_blocks_per_seq * PAGE_SIZE`` (``table_keys``: keys there are
 absent), so a wild ``seq_len`` costs no more than the table; a sequence with more keys than
@@ -36,6 +38,7 @@ import triton
 import triton.language as tl
 
 from hygon_attn_backend.kernels.combine import merge_partitions, seq_partitions, table_keys
+from hygon_attn_backend.kernels.fp8 import WIDEN_NONE, fp16_query, widen_kv
 from hygon_attn_backend.kernels.paged_kv import lookup_tile_pages, tile_row_offsets
 from hygon_attn_backend.kernels.softmax import online_softmax_step, soft_cap_log2
 from hygon_attn_backend.kernels.tree_mask import tree_visibility
@@ -57,6 +60,7 @@ def paged_decode_kernel(
     stride_ml_slot, stride_ml_row,
     stride_po_slot, stride_po_row, stride_po_dim,
     stride_tree, tree_words,
+    lse_ptr, stride_lse_seq, stride_lse_tok, stride_lse_head,
     GROUP: tl.constexpr,            # query heads per KV head
     HEADS_PER_PROG: tl.constexpr,   # GROUP (KV-head grid) or 1 (per-query-head grid)
     NUM_TOKENS: tl.constexpr,       # query tokens per sequence (speculative decode)
@@ -78,6 +82,8 @@ def paged_decode_kernel(
     COMBINE_CHUNK: tl.constexpr,    # partitions the merge reads per step
     LAUNCH_DEPENDENTS: tl.constexpr = False,  # let the combine launch start (sm_90 PDL)
     TREE: tl.constexpr = False,     # NUM_TOKENS drafts under a packed tree mask
+    KV_WIDEN: tl.constexpr = 0,     # kernels/fp8.py: fp8 caches widen to fp16, fp16 dots
+    RETURN_LSE: tl.constexpr = False,  # also write each row's log-sum-exp (natural log)
 ):
     if LAUNCH_DEPENDENTS:
         # programmatic dependent launch: the combine grid may be scheduled once every
@@ -124,6 +130,11 @@ def paged_decode_kernel(
     else:
         k_scale = k_scale_value
         v_scale = v_scale_value
+    if KV_WIDEN != WIDEN_NONE:
+        # fp8 KV: both dots in fp16 (kernels/fp8.py); the query's power-of-two range
+        # scale folds into the logit scale
+        q, q_up = fp16_query(q)
+        k_scale = k_scale * q_up
     sm_scale = scale * k_scale  # natural units, K's dequant scale folded in
     qk_scale = sm_scale * 1.4426950408889634  # log2(e), for exp2
 
@@ -193,6 +204,8 @@ def paged_decode_kernel(
             v_mask = tok_ok[:, None] & d_ok[None, :]
         k = tl.load(k_head_ptr + tok_off_k[None, :] + d_off_k[:, None], mask=k_mask, other=0.0)
         # k: [HEAD_DIM_PAD, BLOCK_N] (K^T)
+        if KV_WIDEN != WIDEN_NONE:
+            k = widen_kv(k, KV_WIDEN)
         qk = tl.dot(q, k.to(q.dtype))  # [BLOCK_M, BLOCK_N] fp32
         if USE_SOFT_CAP:
             s = soft_cap_log2(qk * sm_scale, soft_cap)
@@ -213,6 +226,8 @@ def paged_decode_kernel(
         p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i)
         v = tl.load(v_head_ptr + tok_off_v[:, None] + d_off_v[None, :], mask=v_mask, other=0.0)
         # v: [BLOCK_N, HEAD_DIM_PAD]
+        if KV_WIDEN != WIDEN_NONE:
+            v = widen_kv(v, KV_WIDEN)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -242,10 +257,18 @@ def paged_decode_kernel(
                                  stride_po_slot, stride_po_row, stride_po_dim,
                                  ROWS=NUM_TOKENS * HEADS_PER_PROG, ROWS_PAD=COMBINE_ROWS_PAD,
                                  HEADS=HEADS_PER_PROG, HEAD_DIM=HEAD_DIM,
-                                 HEAD_DIM_PAD=HEAD_DIM_PAD, PART_CHUNK=COMBINE_CHUNK)
+                                 HEAD_DIM_PAD=HEAD_DIM_PAD, PART_CHUNK=COMBINE_CHUNK,
+                                 lse_ptr=lse_ptr, stride_lse_seq=stride_lse_seq,
+                                 stride_lse_tok=stride_lse_tok,
+                                 stride_lse_head=stride_lse_head, RETURN_LSE=RETURN_LSE)
     else:
         o_offs = (seq * stride_o_seq + tok_m[:, None].to(tl.int64) * stride_o_tok
                   + head_m[:, None].to(tl.int64) * stride_o_head
                   + offs_d[None, :].to(tl.int64) * stride_o_dim)
         tl.store(out_ptr + o_offs, result.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
+        if RETURN_LSE:  # rows that saw no key: -inf (m_i is in log2 units)
+            lse = tl.where(l_i > 0.0, (m_i + tl.log2(l_safe)) * 0.6931471805599453,
+                           float("-inf"))
+            tl.store(lse_ptr + seq * stride_lse_seq + tok_m.to(tl.int64) * stride_lse_tok
+                     + head_m.to(tl.int64) * stride_lse_head, lse, mask=row_ok)

@@ -281,19 +281,23 @@ def prefix_prefill_kernel(
     k_base = k_cache_ptr + kv_head.to(tl.int64) * stride_kh
     v_base = v_cache_ptr + kv_head.to(tl.int64) * stride_vh
 
+    # keys a table row can hold: cache keys past them are absent, so no stage walks them
+    # (a wild seq_lens_k, unchecked under validate=False, costs no more than the table)
+    table_end = tl.minimum(max_blocks.to(tl.int64) * PAGE_SIZE, 2147483647).to(tl.int32)
     if HAS_K_NEW:
-        # ---- stage 1: the paged prefix [0, len_p), no mask
+        # ---- stage 1: the paged prefix [0, len_c), no mask (len_c: its keys in the table)
+        len_c = tl.minimum(len_p, table_end)
         lo1 = 0
         if WINDOW and CAUSAL:
             lo1 = tl.maximum(0, len_p + m_tok0 - window + 1) // BLOCK_N * BLOCK_N
-        full1 = len_p // BLOCK_N * BLOCK_N
+        full1 = len_c // BLOCK_N * BLOCK_N
         present = table_row_present(bt_row, stride_bt_block, (full1 + PAGE_SIZE - 1) // PAGE_SIZE,
                                     max_blocks, num_blocks, SCAN=SCAN)
         acc, l_i, m_i = _prefill_stage(
             acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
             stride_bt_block, max_blocks, num_blocks,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-            lo1, full1, len_p, 0, 0, window, qk_scale_c, cap_scale_c, soft_cap, v_scale,
+            lo1, full1, len_c, 0, 0, window, qk_scale_c, cap_scale_c, soft_cap, v_scale,
             offs_n, offs_d, head_dim, present, tree_rows, len_p, tree_words,
             FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=False,
             CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
@@ -303,7 +307,7 @@ def prefix_prefill_kernel(
             acc, l_i, m_i, q, diag, k_base, v_base, bt_row,
             stride_bt_block, max_blocks, num_blocks,
             stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-            tl.maximum(full1, lo1), len_p, len_p, 0, 0, window, qk_scale_c, cap_scale_c,
+            tl.maximum(full1, lo1), len_c, len_c, 0, 0, window, qk_scale_c, cap_scale_c,
             soft_cap, v_scale, offs_n, offs_d, head_dim, present, tree_rows, len_p,
             tree_words, FROM_CACHE=True, PAGE_SIZE=PAGE_SIZE, BOUND=True,
             CAUSAL=False, WINDOW=WINDOW and CAUSAL, SOFT_CAP=SOFT_CAP, SCALE_V=KV_SCALED,
@@ -363,6 +367,8 @@ def prefix_prefill_kernel(
         else:
             free_hi = len_k // BLOCK_N * BLOCK_N
             hi = len_k
+        hi = tl.minimum(hi, table_end)
+        free_hi = tl.minimum(free_hi, table_end // BLOCK_N * BLOCK_N)
         lo = 0
         if WINDOW and CAUSAL:
             lo = tl.maximum(0, len_p + m_tok0 - window + 1) // BLOCK_N * BLOCK_N

@@ -98,6 +98,17 @@ def check_tensor(name: str, t, *, ndim: Optional[Sequence[int] | int] = None,
     return t
 
 
+def check_cu_seqlens(cu_seqlens_q: torch.Tensor, *,
+                     device: Optional[torch.device] = None) -> int:
+    """Check a ragged batch's ``cu_seqlens_q`` (``[B + 1]`` int32/int64); returns ``B``."""
+    check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=INDEX_DTYPES, device=device)
+    num_seqs = cu_seqlens_q.shape[0] - 1
+    if num_seqs < 0:
+        raise ValueError(f"cu_seqlens_q must hold B + 1 >= 1 entries, got "
+                         f"{describe(cu_seqlens_q)}")
+    return num_seqs
+
+
 def check_kv_caches(k_cache: torch.Tensor, v_cache: torch.Tensor, *, device: torch.device,
                     num_kv_heads: Optional[int] = None, head_dim: Optional[int] = None):
     """Validate a K/V cache pair given as canonical views.

@@ -31,6 +31,12 @@ def cuda_major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
+@functools.lru_cache(maxsize=None)
+def cuda_capability(index: int) -> "tuple[int, int]":
+    """Compute capability ``(major, minor)`` of CUDA device ``index``."""
+    return tuple(torch.cuda.get_device_capability(index))
+
+
 def gpu_is_hip() -> bool:
     """True on ROCm/DTK torch (AMD and Hygon GPUs)."""
     return bool(getattr(torch.version, "hip", None))

@@ -8,8 +8,11 @@
     hygon-attn build-native    build the native CUDA/HIP kernels now (GPU torch)
     hygon-attn bench decode    decode benchmark (GPU)
     hygon-attn bench prefill   prefix-prefill benchmark (GPU)
+    hygon-attn bench mla       MLA (latent) decode benchmark (GPU)
+    hygon-attn bench mla-prefill  MLA's ragged 192/128 prefill benchmark (GPU)
     hygon-attn bench cache     write_kv / copy_blocks bandwidth (GPU)
     hygon-attn bench overhead  host microseconds per attention call (GPU)
+    hygon-attn bench verify    speculative verify vs plain decode, a copy, SGLang (GPU)
     hygon-attn bench step      a vLLM step's attention: builder + layers, eager against
                                graph-replayed (GPU)
     hygon-attn bench engine    SGLang engine step times and greedy tokens, hygon beside
@@ -116,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_build_native)
     p = sub.add_parser("bench", help="benchmarks beside the peers (GPU)")
     bench_sub = p.add_subparsers(dest="bench", required=True)
-    for name in ("decode", "prefill", "cache", "overhead", "step", "engine"):
+    for name in ("decode", "prefill", "mla", "mla_prefill", "cache", "overhead", "step",
+                 "engine", "verify"):
         try:
             module = importlib.import_module(f"hygon_attn_backend.tools.bench.{name}")
         except ImportError as exc:

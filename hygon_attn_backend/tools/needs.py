@@ -14,8 +14,8 @@ from typing import List, Optional
 INTERPRETER_NEEDS = {"triton": "triton", "numpy": "numpy"}
 #: what the install hints name: the same requirements as pyproject.toml's extras
 #: (tests/test_packaging.py holds them equal)
-VLLM = "vllm>=0.32,<0.34"
-SGLANG = "sglang>=0.5.23,<0.6"
+VLLM = "vllm>=0.15,<0.35"
+SGLANG = "sglang>=0.5.10,<0.6"
 PLOT = "matplotlib"
 
 

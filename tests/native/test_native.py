@@ -636,10 +636,10 @@ def test_native_preferred_rule():
     edge = int(tuning.NATIVE_DECODE_MIN_PROGRAMS_PER_SM * 132)
     assert tuning.native_preferred(**{**step, "programs": edge + 1})
     assert not tuning.native_preferred(**{**step, "programs": edge - 1})  # splits
-    for change in ({"group": 1}, {"group": 32}, {"head_dim": 64}, {"head_dim": 256},
+    for change in ({"group": 32}, {"head_dim": 64}, {"head_dim": 256},
                    {"num_tokens": 2}, {"same_kv_dtype": False}, {"programs": 8 * 8}):
         assert not tuning.native_preferred(**{**step, **change}), change
-    for group in (2, 8, 16):
+    for group in (1, 2, 8, 16):
         assert tuning.native_preferred(**{**step, "group": group})
 
 

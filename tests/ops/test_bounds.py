@@ -186,6 +186,42 @@ def test_prefill_table_past_its_end_and_empty_table(k_new):
         assert_within_budget(out, ref, ref_lp, what="empty table")
 
 
+@interpreter
+@pytest.mark.parametrize("k_new", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+def test_prefill_walk_is_bounded_by_the_table(k_new, causal, monkeypatch):
+    """seq_lens_k far past a 32-token table (validation off, as under graph capture): the
+    cache keys there are absent and the kernel walks the table's tiles only (it walked all
+    200,000 keys before), with the reference's answer."""
+    from hygon_attn_backend.kernels import prefill as kernel
+    gen = torch.Generator().manual_seed(5)
+    k = torch.randn(6, 1, 16, 32, generator=gen).half()
+    v = torch.randn(6, 1, 16, 32, generator=gen).half()
+    q = torch.randn(3, 2, 32, generator=gen).half()
+    kn, vn = (torch.randn(3, 1, 32, generator=gen).half() for _ in range(2))
+    kw = dict(k_new=kn, v_new=vn, causal=causal) if k_new else dict(causal=causal)
+    cu, table = _i32([0, 3], CPU), _i32([[4, 1]], CPU)
+    calls, original = [], kernel.lookup_tile_pages
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(kernel, "lookup_tile_pages", counting)
+    walked = {}
+    for length in (35, 200_000):  # 32 keys in the table (+ 3 new ones with k_new)
+        lens = _i32([length], CPU)
+        calls.clear()
+        out = prefix_prefill_attention(q, k, v, table, cu, lens, validate=False,
+                                       impl="triton", **kw)
+        walked[length] = len(calls)
+        ref = reference.prefix_prefill_attention(q, k, v, table, cu, lens,
+                                                 compute_dtype=torch.float64, **kw)
+        ref_lp = reference.prefix_prefill_attention(q, k, v, table, cu, lens,
+                                                    compute_dtype=torch.float16, **kw)
+        assert_within_budget(out, ref, ref_lp, what=f"seq_len_k {length}")
+    assert walked[200_000] <= walked[35]
+
+
 # ----------------------------------------------------------------------------- empty rows
 
 

@@ -279,8 +279,8 @@ def test_prefill_host_tile_map_equals_device(lens, tok_m):
     for n in lens:
         cu.append(cu[-1] + n)
     max_tiles = -(-cu[-1] // tok_m) + len(lens)
-    host = prefill_plan._tile_map_host(cu, tok_m, max_tiles)
-    req, mblock = prefill_plan._tile_map(torch.tensor(cu), len(lens), tok_m, max_tiles)
+    host = prefill_plan.tile_map_host(cu, tok_m, max_tiles)
+    req, mblock = prefill_plan.tile_map(torch.tensor(cu), len(lens), tok_m, max_tiles)
     assert host.dtype == torch.int32 and host.shape == (2, max_tiles)
     assert torch.equal(host[0], req) and torch.equal(host[1], mblock)
     assert int((host[0] >= 0).sum()) == sum(-(-n // tok_m) for n in lens)

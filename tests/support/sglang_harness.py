@@ -25,8 +25,12 @@ from typing import List, Optional
 import torch
 
 from sglang.srt.layers.radix_attention import RadixAttention
-from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+try:  # SGLang 0.5.17 on: one module per allocator
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+except ImportError:  # 0.5.10: both in mem_cache/allocator.py
+    from sglang.srt.mem_cache.allocator import (PagedTokenToKVPoolAllocator,
+                                                TokenToKVPoolAllocator)
 from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -165,13 +169,27 @@ class Server:
         """Match ``tokens`` against the tree, lock the hit, take a row, write the prefix."""
         match = self.tree.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
         node = match.last_device_node
-        cached = match.device_prefix_len
+        if hasattr(match, "device_prefix_len"):  # SGLang 0.5.17 on
+            cached = match.device_prefix_len
+            slots = self.tree.path_device_indices(node) if cached else None
+        else:  # 0.5.10: the match carries the prefix's slots
+            slots = match.device_indices
+            cached = len(slots)
         self.tree.inc_lock_ref(node)
-        row = self.req_to_token_pool.alloc_rows(1)[0]
+        row = _take_row(self.req_to_token_pool)
         if cached:
-            self.req_to_token_pool.req_to_token[row, :cached] = (
-                self.tree.path_device_indices(node)[:cached].to(torch.int32))
+            self.req_to_token_pool.req_to_token[row, :cached] = slots[:cached].to(torch.int32)
         return Request(tokens=list(tokens), row=row, node=node, cached_len=cached, kv_len=cached)
+
+    def path_slots(self, node) -> torch.Tensor:
+        """The KV slots of the tree path ending at ``node`` (root first)."""
+        if hasattr(self.tree, "path_device_indices"):  # SGLang 0.5.17 on
+            return self.tree.path_device_indices(node)
+        parts = []
+        while node is not None and node is not self.tree.root_node:
+            parts.append(node.value)
+            node = node.parent
+        return torch.cat(parts[::-1]) if parts else torch.empty(0, dtype=torch.int64)
 
     def _alloc(self, reqs: List[Request], new_lens: List[int]) -> torch.Tensor:
         dev = self.device
@@ -243,13 +261,17 @@ class Server:
         return [out[i:i + 1] for i in range(len(reqs))]
 
     def decode_graph(self, reqs: List[Request], next_tokens: List[int], *, graph_bs: int,
-                     state: dict):
+                     state: dict, legacy: bool = False):
         """One decode step through the CUDA-graph hooks, as SGLang's decode graph runner
         drives them: static input buffers padded to ``graph_bs`` (padding rows use row 0,
         the backend's seq-len fill value and slot 0); ``init_forward_metadata_out_graph``
         before the step, ``init_forward_metadata_in_graph`` inside it. On CUDA the step is
         captured once (after one warm-up run) and replayed; on CPU it runs the same hooks
-        eagerly. ``state`` (a dict owned by the caller) keeps the buffers and the graph."""
+        eagerly. ``state`` (a dict owned by the caller) keeps the buffers and the graph.
+        ``legacy``: drive SGLang 0.5.10's pair instead, as its graph runner does
+        (``init_forward_metadata_capture_cuda_graph`` before capture,
+        ``init_forward_metadata_replay_cuda_graph`` before each replay, both outside the
+        graph)."""
         dev, n = self.device, len(reqs)
         backend = self.backend
         for r, t in zip(reqs, next_tokens):
@@ -294,10 +316,19 @@ class Server:
         batch = st["batch"]
 
         def step():
-            backend.init_forward_metadata_in_graph(batch)
+            if not legacy:
+                backend.init_forward_metadata_in_graph(batch)
             st["out"] = backend.forward(st["q"], st["k"], st["v"], self.layer, batch)
 
-        backend.init_forward_metadata_out_graph(batch, in_capture=first)
+        if not legacy:
+            backend.init_forward_metadata_out_graph(batch, in_capture=first)
+        elif first:
+            backend.init_forward_metadata_capture_cuda_graph(
+                graph_bs, graph_bs, st["rows"], st["seq_lens"], None, ForwardMode.DECODE, None)
+        else:
+            backend.init_forward_metadata_replay_cuda_graph(
+                graph_bs, st["rows"], st["seq_lens"], int(st["seq_lens"].sum()), None,
+                ForwardMode.DECODE, None, seq_lens_cpu=st["seq_lens"].cpu())
         if dev.type == "cuda":
             if first:
                 step()  # warm-up: lazy allocations happen here, outside the capture
@@ -329,7 +360,7 @@ class Server:
         if aligned < req.kv_len:
             self.allocator.free(kv[aligned:])
         self.tree.dec_lock_ref(req.node)
-        self.req_to_token_pool.free_rows([req.row])
+        _release_row(self.req_to_token_pool, req.row)
         return result.prefix_len
 
     # ------------------------------------------------------------------ plumbing
@@ -358,6 +389,21 @@ class Server:
             "the backend wrote req_to_token"
         self.backend_calls += 1
         return out.view(-1, self.model.num_heads, self.model.head_dim)
+
+
+def _take_row(pool: ReqToTokenPool) -> int:
+    """One free ``req_to_token`` row (SGLang 0.5.10's pool hands rows to ``Req`` objects
+    only: its free list is taken directly)."""
+    if hasattr(pool, "alloc_rows"):
+        return pool.alloc_rows(1)[0]
+    return pool.free_slots.pop(0)
+
+
+def _release_row(pool: ReqToTokenPool, row: int) -> None:
+    if hasattr(pool, "free_rows"):
+        pool.free_rows([row])
+    else:
+        pool.free_slots.append(row)
 
 
 def tree_snapshot(tree: RadixCache):

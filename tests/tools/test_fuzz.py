@@ -13,7 +13,7 @@ from hygon_attn_backend.tools import fuzz
 from hygon_attn_backend.tools.cli import build_parser
 
 CPU = torch.device("cpu")
-SLICE = {"decode": 24, "prefill": 24, "write_kv": 32, "copy_blocks": 24}
+SLICE = {"decode": 24, "prefill": 24, "mla": 24, "write_kv": 32, "copy_blocks": 24}
 
 
 @pytest.mark.parametrize("op", fuzz.OPS)
@@ -254,3 +254,22 @@ def test_budget_floor_is_two_ulps_at_the_outputs_magnitude():
     assert budget_error(one_up, ref64, ref_lp, floor=FLOOR[bf16])[2] is not None  # old floor
     three_up = (ref64 + 3 * 2.0 ** -5).to(bf16)
     assert budget_error(three_up, ref64, ref_lp)[2] is not None
+
+
+def test_kv_dtype_filter_keeps_only_those_profiles():
+    """--kv-dtype fp8 runs the seed's fp8 profiles only (each case names its filter in the
+    rerun line); the cache ops refuse it."""
+    import contextlib
+
+    args = build_parser().parse_args(["fuzz", "--op", "decode", "--kv-dtype", "fp8"])
+    assert args.kv_dtype == "fp8"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert fuzz.fuzz("decode", cases=4, seed=3, device="cpu", kv_dtype="fp8_e5m2",
+                         out=out) == 0
+    assert "kv fp8_e5m2" in out.getvalue()
+    kept = [p for p in fuzz.profiles_for("decode", 3, True)
+            if fuzz.kv_dtype_matches(p["kv_dtype"], "fp8_e5m2")]
+    assert kept and all(p["kv_dtype"] == torch.float8_e5m2 for p in kept)
+    with pytest.raises(ValueError, match="kv_dtype='fp8'.*op='write_kv'"):
+        fuzz.fuzz("write_kv", cases=1, seed=1, device="cpu", kv_dtype="fp8", out=io.StringIO())

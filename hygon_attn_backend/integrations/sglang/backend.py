@@ -24,7 +24,8 @@ pointing at the padding slot 0).
 Start-up: every prefix-prefill kernel specialization the model can reach is compiled
 when the backend is built (``warmup.py``), so no extend compiles after serving starts.
 
-Speculative decoding: a target-verify batch runs its drafts under the batch's tree mask
+Speculative decoding: EAGLE's draft decode steps are ``draft.HygonMultiStepDraftBackend``
+(one backend of this class a step); a target-verify batch runs its drafts under the batch's tree mask
 (``spec.py``), as a multi-token decode over the pool (the drafts' K/V written first) where
 ``ops.decode.verify_on_decode`` says so, else as a prefix prefill of the drafts; draft
 extend runs as an extend batch.
@@ -35,6 +36,9 @@ and a packed tree-mask buffer beside the decode ones.
 Not supported (a clear error, never a wrong answer): dLLM modes, CUDA graphs of other
 non-decode batches, cross-attention, different QK and V head dims, SWA hybrid pools,
 quantized (fp4 / custom-method) pools, score mods.
+
+SGLang versions: 0.5.10 to 0.5.23; the interfaces that differ between them (the KV write
+location, the CUDA-graph hooks) go through ``compat.py``.
 
 Environment: ``HYGON_ATTN_IMPL`` = ``auto`` (default) | ``triton`` | ``reference``;
 ``HYGON_SGLANG_CHECK_PAGES=1`` checks page contiguity of every batch (debugging).
@@ -51,7 +55,6 @@ import torch
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
-from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
 from hygon_attn_backend import envs
@@ -62,7 +65,7 @@ from hygon_attn_backend.ops.decode import (DecodeLayer, DecodePlan, allocate_dec
 from hygon_attn_backend.ops._device import num_sms_of
 from hygon_attn_backend.ops.prefill import PrefillLayer, plan_prefix_prefill
 from hygon_attn_backend.ops import tree_mask as tree_pack
-from hygon_attn_backend.integrations.sglang import page_table, spec
+from hygon_attn_backend.integrations.sglang import compat, page_table, spec
 
 logger = logging.getLogger(__name__)
 
@@ -236,11 +239,15 @@ class _LayerState:
                    k_view=k_view, v_view=v_view)
 
 
-class HygonAttnBackend(AttentionBackend):
+class HygonAttnBackend(*compat.backend_bases(AttentionBackend)):
     """Attention backend ``hygon`` for dense MHA/GQA/MQA models."""
 
-    def __init__(self, model_runner):
+    def __init__(self, model_runner, *, draft_rows_per_request: Optional[int] = None):
+        """draft_rows_per_request: set for one step of the multi-step draft decode
+        (``draft.HygonMultiStepDraftBackend``): its decode batches hold that many rows a
+        request (EAGLE's ``topk`` branches), and it serves no prefill (no warm-up)."""
         super().__init__()
+        self._rows_per_request = draft_rows_per_request or 1
         self.device = torch.device(model_runner.device)
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
@@ -280,7 +287,7 @@ class HygonAttnBackend(AttentionBackend):
                     self.page_size, layout, self.impl,
                     "Triton kernels, native where impl=auto's rule takes it"
                     if self._triton_here else "torch reference")
-        if self._triton_here and self.device.type == "cuda":
+        if self._triton_here and self.device.type == "cuda" and draft_rows_per_request is None:
             self._warm_up_prefill(getattr(model_runner, "model", None),
                                   getattr(model_runner, "dtype", None))
 
@@ -449,7 +456,8 @@ class HygonAttnBackend(AttentionBackend):
         key = (num_q_heads, num_kv_heads, head_dim, num_tokens)
         if key not in self._decode_workspaces:
             self._decode_workspaces[key] = allocate_decode_workspace(
-                max_num_seqs=max(1, self._graph_max_bs, self.req_to_token.shape[0]),
+                max_num_seqs=max(1, self._graph_max_bs, self.req_to_token.shape[0])
+                * self._rows_per_request,
                 num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                 max_context_len=self.max_blocks * self.page_size, device=self.device,
                 num_tokens=num_tokens)
@@ -588,7 +596,7 @@ class HygonAttnBackend(AttentionBackend):
         return state
 
     def _save_kv(self, layer, forward_batch, k, v):
-        loc = KVWriteLoc.for_layer(forward_batch, layer)
+        loc = compat.write_loc(forward_batch, layer)
         if layer.k_scale is None:
             self.token_to_kv_pool.set_kv_buffer(layer, loc, k, v)
         else:

@@ -19,24 +19,41 @@ process, so ``register`` points ``CUSTOM`` at our backend class (vLLM's own
 ``register`` call makes ``CUSTOM`` resolve to our class before any backend is selected.
 If another plugin already owns ``CUSTOM``, ``register`` leaves it alone and registers a
 separate ``HYGON`` member instead (works in one process and with forked workers; a
-warning says spawned workers cannot see it).
+warning says spawned workers cannot see it). vLLM before 0.32 cannot create members
+(no ``AttentionBackendEnum.register``): there ``register`` refuses instead.
 
 CPU platform
 ------------
-vLLM 0.32's ``CpuPlatform.get_attn_backend_cls`` ignores the selected backend and always
-returns its own CPU backend. ``register`` installs a version-gated wrapper
-(:mod:`.cpu_platform`, recorded in ``patches/vllm-0.32-cpu-backend-choice.md``) that
+vLLM's ``CpuPlatform.get_attn_backend_cls`` (0.15 to 0.32 at least) ignores the selected
+backend and always returns its own CPU backend. ``register`` installs a version-gated
+wrapper (:mod:`.cpu_platform`, recorded in ``patches/vllm-cpu-backend-choice.md``) that
 returns our backend only when the selection is ours; every other selection goes to
 vLLM's original method unchanged.
 
-Supported vLLM versions: :data:`SUPPORTED_VLLM` (0.32 is tested on CPU, 0.33 is the GPU
-release). On any other version ``register`` logs a warning and changes nothing.
+Speculative decoding on ROCm
+----------------------------
+vLLM 0.32's drafter accepts, on ROCm platforms and with more than one speculative token,
+only an allow-list of vLLM's own attention-metadata classes. ``register`` installs a
+version-gated wrapper of the drafter's ``__init__`` (:mod:`.spec_decode`, recorded in
+``patches/vllm-0.32-rocm-drafter-allow-list.md``) that adds ours to that list only when
+``hygon`` is the selected backend; it is installed when the drafter's module is imported.
+
+Supported vLLM versions
+-----------------------
+:data:`compat.SUPPORTED_RANGE <.compat.SUPPORTED_RANGE>` (0.15 to 0.34; measured per
+version by ``scripts/compat/run.py``, ``docs/compat.md``). The interface differences
+between them are adapted in :mod:`.compat`, the one module that knows versions. On a
+version outside the range, or a vLLM lacking what registration needs
+(:func:`.compat.missing_capabilities`), ``register`` logs one warning line and changes
+nothing.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Optional, Tuple
+from typing import Optional
+
+from . import compat
 
 # Under vLLM's logger namespace, so messages appear with vLLM's own (in every process).
 logger = logging.getLogger("vllm.hygon_attn_backend")
@@ -45,18 +62,8 @@ logger = logging.getLogger("vllm.hygon_attn_backend")
 BACKEND_NAME = "HYGON"
 #: Class path vLLM resolves when our backend is selected.
 BACKEND_PATH = "hygon_attn_backend.integrations.vllm.backend.HygonAttentionBackend"
-#: vLLM versions (major, minor) this integration is written against.
-SUPPORTED_VLLM: Tuple[Tuple[int, int], ...] = ((0, 32), (0, 33))
 
 _registered_member = None
-
-
-def _version_tuple(text: str) -> Optional[Tuple[int, int]]:
-    parts = text.split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def vllm_version() -> Optional[str]:
@@ -69,7 +76,20 @@ def vllm_version() -> Optional[str]:
 
 
 def is_supported_version(version: Optional[str]) -> bool:
-    return version is not None and _version_tuple(version) in SUPPORTED_VLLM
+    return version is not None and compat.in_range(version, compat.SUPPORTED_RANGE)
+
+
+def unsupported_reason(version: Optional[str]) -> Optional[str]:
+    """Why ``register`` would refuse this vLLM, or None when it can register."""
+    if version is None:
+        return "vLLM is not importable"
+    if not is_supported_version(version):
+        return (f"vLLM {version} is outside the supported range "
+                f"{compat.range_text(compat.SUPPORTED_RANGE)}")
+    missing = compat.missing_capabilities()
+    if missing:
+        return f"vLLM {version} lacks {', '.join(missing)}"
+    return None
 
 
 def register():
@@ -82,10 +102,9 @@ def register():
     if _registered_member is not None:
         return _registered_member
     version = vllm_version()
-    if not is_supported_version(version):
-        logger.warning("hygon-attn-backend supports vLLM %s; found %s: not registering the "
-                       "'hygon' attention backend.",
-                       " and ".join(f"{a}.{b}" for a, b in SUPPORTED_VLLM), version)
+    reason = unsupported_reason(version)
+    if reason is not None:
+        _refuse(reason)
         return None
 
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
@@ -102,6 +121,10 @@ def register():
         # name -> member map only, so iterating the enum does not list CUSTOM twice.
         setattr(enum, BACKEND_NAME, member)
         enum._member_map_[BACKEND_NAME] = member
+    elif not compat.can_add_members():
+        _refuse(f"vLLM's CUSTOM attention backend slot already points at "
+                f"{enum.CUSTOM.get_path()} and vLLM {version} cannot add a 'hygon' member")
+        return None
     else:
         logger.warning("vLLM's CUSTOM attention backend slot already points at %s; "
                        "registering 'hygon' as its own name instead. Spawned workers "
@@ -110,11 +133,17 @@ def register():
         register_backend(BACKEND_NAME, BACKEND_PATH)  # creates the member HYGON
         member = enum[BACKEND_NAME]
 
-    from . import cpu_platform
+    from . import cpu_platform, spec_decode
 
     cpu_platform.install(version, member)
+    spec_decode.install(version)
     _registered_member = member
     return member
+
+
+def _refuse(reason: str) -> None:
+    logger.warning("hygon-attn-backend: %s; the 'hygon' attention backend is not registered "
+                   "and vLLM is left unchanged.", reason)
 
 
 def is_selected(backend) -> bool:

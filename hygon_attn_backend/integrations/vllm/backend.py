@@ -4,8 +4,11 @@ Selected with ``--attention-backend hygon`` (see :mod:`hygon_attn_backend.integr
 for how the name is registered). vLLM keeps its own KVCacheManager, BlockPool and prefix
 caching; this backend only reads and writes the per-layer cache tensor vLLM hands it:
 logical ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` (K = ``[..., :D]``,
-V = ``[..., D:]``) in whatever physical order vLLM's ``KVCacheLayout`` resolved to; the
+V = ``[..., D:]``) in whatever physical order vLLM's ``KVCacheLayout`` resolved to (vLLM
+0.32+), or exactly that shape (older vLLM, which allocates ``get_kv_cache_shape``); the
 kernels read K and V as two strided views, with no copy.
+
+Written against several vLLM versions: the differences are adapted in :mod:`.compat`.
 
 Capabilities declared here are the ones the kernels and the reference both implement;
 the routing of a batch to the kernels is in :mod:`.step` (engine-free).
@@ -27,18 +30,16 @@ from vllm.v1.attention.backend import (
     AttentionType,
     CommonAttentionMetadata,
     MultipleOf,
-    max_decode_query_len,
 )
-from vllm.v1.attention.backends.utils import (
-    get_num_attention_heads_from_layers,
-    split_decodes_and_prefills,
-)
-from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
+from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+from vllm.v1.kv_cache_interface import AttentionSpec
 
 from hygon_attn_backend import envs
 from hygon_attn_backend.ops._dispatch import select_impl
+from hygon_attn_backend.ops.lse_merge import merge_partials
 
-from . import BACKEND_NAME, logger, step
+from . import BACKEND_NAME, compat, logger, step
+from .dcp import ContextParallel
 from .step import HygonAttentionMetadata
 
 __all__ = [
@@ -57,6 +58,10 @@ class HygonAttentionBackend(AttentionBackend):
 
     # vLLM writes the new K/V through do_kv_cache_update before forward.
     forward_includes_kv_cache_update: bool = False
+    # forward writes into the output buffer vLLM passes. vLLM 0.18 and older read this
+    # (default False: no buffer, which they refuse with a split KV update); later
+    # versions always pass one and have no such attribute.
+    accept_output_buffer: bool = True
 
     # The kernels take fp16/bf16 queries (the Triton interpreter on CPU: fp16 only).
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
@@ -85,12 +90,23 @@ class HygonAttentionBackend(AttentionBackend):
         return list(SUPPORTED_HEAD_SIZES)
 
     @classmethod
-    def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
+    def supported_kv_cache_layouts(cls) -> tuple:
         # The kernels take K/V as [block, kv_head, slot, dim] views with arbitrary
         # strides, so every physical order works. Head-major block interiors first: a
         # decode program reads one KV head's tokens, contiguous in LBHNC.
-        return (KVCacheLayout.LBHNC, KVCacheLayout.LBNHC, KVCacheLayout.BLHNC,
-                KVCacheLayout.BLNHC, KVCacheLayout.BHLNC, KVCacheLayout.LHBNC)
+        layout = compat.kv_cache_layout_enum()
+        if layout is None:  # vLLM without layouts: get_kv_cache_shape below decides
+            return ()
+        return (layout.LBHNC, layout.LBNHC, layout.BLHNC, layout.BLNHC, layout.BHLNC,
+                layout.LHBNC)
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
+                           head_size: int, cache_dtype_str: str = "auto"
+                           ) -> tuple[int, ...]:
+        # vLLM before KVCacheLayout allocates this shape (no stride order declared, so
+        # physical = logical: the block-major, head-major interior of LBHNC).
+        return (num_blocks, num_kv_heads, block_size, 2 * head_size)
 
     @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
@@ -110,7 +126,9 @@ class HygonAttentionBackend(AttentionBackend):
 
     @classmethod
     def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla,
-                             has_sink, use_sparse, use_mm_prefix, device_capability):
+                             has_sink, use_sparse, *rest):
+        # rest: (use_mm_prefix, device_capability), or (device_capability,) on vLLM
+        # whose selector has no use_mm_prefix; neither is read here.
         # A 16-bit cache must hold the model's own dtype (the kernels do not convert).
         named = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(kv_cache_dtype)
         if named is not None and named != dtype:
@@ -148,14 +166,18 @@ class HygonAttentionMetadataBuilder(AttentionMetadataBuilder[HygonAttentionMetad
         self.block_size = kv_cache_spec.block_size
         self.num_kv_heads = kv_cache_spec.num_kv_heads
         self.head_size = kv_cache_spec.head_size
-        self.num_heads = (get_num_attention_heads_from_layers(vllm_config, layer_names)
-                          or model_config.get_num_attention_heads(vllm_config.parallel_config))
+        self.num_heads = compat.num_attention_heads(vllm_config, layer_names)
         self.q_dtype = model_config.dtype
         self.kv_dtype = step.kv_dtype_for(vllm_config.cache_config.cache_dtype,
                                            model_config.dtype)
         self.impl = envs.impl()
         self.use_triton = select_impl(self.impl, torch.device(device)) == "triton"
         self.workspace = None
+        # decode context parallelism: the rank's shard of every sequence (.dcp)
+        self.cp = context_parallel(vllm_config, kv_cache_spec, device)
+        world = 1 if self.cp is None else self.cp.world_size
+        self.dcp_lens = None if self.cp is None else torch.zeros(
+            vllm_config.scheduler_config.max_num_seqs, dtype=torch.int32, device=device)
         logger.info("hygon attention backend: %s (HYGON_ATTN_IMPL=%s) for layers %s",
                     "Triton kernels, native where impl=auto's rule takes it"
                     if self.use_triton else "reference ops (plain torch)",
@@ -167,11 +189,12 @@ class HygonAttentionMetadataBuilder(AttentionMetadataBuilder[HygonAttentionMetad
             from hygon_attn_backend.ops.decode import allocate_decode_workspace
 
             max_blocks = -(-model_config.max_model_len // self.block_size)
+            # under DCP a rank's decode runs the group's W * H query heads
             self.workspace = allocate_decode_workspace(
                 max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
-                num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                num_q_heads=self.num_heads * world, num_kv_heads=self.num_kv_heads,
                 head_dim=self.head_size, max_context_len=max_blocks * self.block_size,
-                device=device, num_tokens=max_decode_query_len(vllm_config))
+                device=device, num_tokens=compat.max_decode_query_len(vllm_config, self))
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> HygonAttentionMetadata:
@@ -189,12 +212,14 @@ class HygonAttentionMetadataBuilder(AttentionMetadataBuilder[HygonAttentionMetad
             block_table=cm.block_table_tensor, slot_mapping=cm.slot_mapping,
             num_reqs=cm.num_reqs, num_actual_tokens=cm.num_actual_tokens,
             max_query_len=cm.max_query_len, max_seq_len=cm.max_seq_len,
-            num_decodes=num_decodes, num_decode_tokens=num_decode_tokens, causal=causal)
+            num_decodes=num_decodes, num_decode_tokens=num_decode_tokens, causal=causal,
+            one_token_decodes=self.cp is not None)
         step.plan_metadata(
             md, num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
             head_size=self.head_size, block_size=self.block_size, q_dtype=self.q_dtype,
             kv_dtype=self.kv_dtype, impl=self.impl, workspace=self.workspace,
-            for_graph=for_graph, query_start_loc_cpu=cm.query_start_loc_cpu)
+            for_graph=for_graph, query_start_loc_cpu=cm.query_start_loc_cpu, cp=self.cp,
+            decode_lens_buffer=self.dcp_lens)
         return md
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata
@@ -206,8 +231,62 @@ class HygonAttentionMetadataBuilder(AttentionMetadataBuilder[HygonAttentionMetad
         return md
 
 
+def context_parallel(vllm_config: VllmConfig, kv_cache_spec,
+                     device: torch.device) -> Optional[ContextParallel]:
+    """This rank's decode-context-parallel group with vLLM's collectives, or None without
+    DCP (one rank, or a cache vLLM does not shard, such as a replicated draft's).
+
+    The merge is vLLM's own combine on a GPU. On a CPU its correction kernel (Triton,
+    through vLLM's launcher) cannot run, so the ranks' partial outputs and LSEs are
+    all-gathered over the group and merged with ``ops.lse_merge`` (the same arithmetic,
+    W times the bytes moved)."""
+    from vllm.distributed.parallel_state import get_dcp_group, get_dcp_world_size_and_rank
+
+    world, rank = get_dcp_world_size_and_rank(getattr(kv_cache_spec, "dcp_sharded", True))
+    if world <= 1:
+        return None
+    from vllm.v1.attention.ops.dcp import cp_lse_ag_out_rs, dcp_a2a_lse_reduce
+
+    parallel = vllm_config.parallel_config
+    # the combine vLLM's own backends use: all-gather the LSEs and reduce-scatter the heads,
+    # or all-to-all (--dcp-comm-backend a2a)
+    combine = (dcp_a2a_lse_reduce if getattr(parallel, "dcp_comm_backend", None) == "a2a"
+               else cp_lse_ag_out_rs)
+
+    def gather_heads(q):
+        return get_dcp_group().all_gather(q, dim=1)
+
+    def merge_ranks(out, lse):
+        return combine(out, lse, get_dcp_group(), return_lse=True, is_lse_base_on_e=True)
+
+    def merge_ranks_gathered(out, lse):
+        group = get_dcp_group()
+        outs = group.all_gather(out.contiguous(), dim=0).view((world,) + tuple(out.shape))
+        lses = group.all_gather(lse.contiguous(), dim=0).view((world,) + tuple(lse.shape))
+        merged, merged_lse = merge_partials(outs, lses)
+        heads = out.shape[1] // world
+        mine = slice(rank * heads, (rank + 1) * heads)
+        return merged[:, mine].to(out.dtype), merged_lse[:, mine]
+
+    return ContextParallel(world_size=world, rank=rank,
+                           interleave=int(getattr(parallel, "cp_kv_cache_interleave_size", 1)),
+                           gather_heads=gather_heads,
+                           merge_ranks=merge_ranks if torch.device(device).type == "cuda"
+                           else merge_ranks_gathered)
+
+
 class HygonAttentionImpl(AttentionImpl[HygonAttentionMetadata]):
-    """Per-layer attention: writes new K/V with our cache kernel, then routes the batch."""
+    """Per-layer attention: writes new K/V with our cache kernel, then routes the batch.
+
+    Decode context parallelism (vLLM's ``--decode-context-parallel-size``): the decode
+    returns its log-sum-exp (``can_return_lse_for_decode``, natural log:
+    ``lse_base_on_e``) and the step runs the sharded launches of :mod:`.dcp`; vLLM sets
+    ``dcp_world_size`` / ``dcp_rank`` / ``need_to_return_lse_for_decode`` on the instance.
+    """
+
+    can_return_lse_for_decode: bool = True
+    lse_base_on_e: bool = True
+    supports_dcp: bool = True
 
     def __init__(self, num_heads: int, head_size: int, scale: float,
                  num_kv_heads: Optional[int] = None,
@@ -228,6 +307,12 @@ class HygonAttentionImpl(AttentionImpl[HygonAttentionMetadata]):
             raise NotImplementedError("the hygon backend does not implement attention sinks")
         if unsupported:
             raise NotImplementedError(f"the hygon backend does not take {sorted(unsupported)}")
+        if getattr(self, "dcp_world_size", 1) > 1 and (sliding_window is not None
+                                                        or sinks is not None):
+            # a window is in global positions, a rank's shard has local ones; a sink would
+            # be counted once a rank
+            raise NotImplementedError("the hygon backend's decode context parallelism does "
+                                      "not take sliding windows or attention sinks")
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -269,4 +354,5 @@ class HygonAttentionImpl(AttentionImpl[HygonAttentionMetadata]):
         if attn_metadata is None:  # vLLM's memory-profiling run
             return output.fill_(0)
         return step.attention(query, kv_cache, attn_metadata, output, self.layer_spec,
-                               k_scale=layer._k_scale, v_scale=layer._v_scale)
+                               k_scale=layer._k_scale, v_scale=layer._v_scale, key=key,
+                               value=value)

@@ -1,34 +1,28 @@
 """Runtime patch: let an explicit ``--attention-backend hygon`` work on vLLM's CPU platform.
 
-vLLM 0.32's ``CpuPlatform.get_attn_backend_cls`` returns its own CPU backend whatever the
+vLLM's ``CpuPlatform.get_attn_backend_cls`` returns its own CPU backend whatever the
 user selected (it logs "Cannot use X backend on CPU."). :func:`install` wraps that class
 method so that when the selected backend is ours, it validates the configuration against
 our backend (as vLLM's CUDA platform does for any selected backend) and returns our class
 path; for every other selection, including none, it calls vLLM's original method with the
-same arguments. The patch is recorded in ``patches/vllm-0.32-cpu-backend-choice.md``.
+same arguments. The patch is recorded in ``patches/vllm-cpu-backend-choice.md``.
 
 Gated to the vLLM versions where the wrapped method was read and tested
-(:data:`PATCHED_VERSIONS`); elsewhere it does nothing.
+(:data:`compat.CPU_PATCH_RANGE <.compat.CPU_PATCH_RANGE>`); elsewhere it does nothing.
+The original is called with the ``num_heads`` keyword only where its signature takes it
+(vLLM 0.15's has none).
 """
 
 from __future__ import annotations
 
 import logging
 
+from . import compat
+
 # Under vLLM's logger namespace, so messages appear with vLLM's own (in every process).
 logger = logging.getLogger("vllm.hygon_attn_backend")
 
-#: vLLM (major, minor) versions whose CpuPlatform selector this patch was written for.
-PATCHED_VERSIONS = ((0, 32),)
 _MARK = "_hygon_attn_backend_patched"
-
-
-def _version_tuple(text):
-    parts = str(text).split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def install(version, member) -> bool:
@@ -37,7 +31,7 @@ def install(version, member) -> bool:
     version: the installed vLLM's version string; member: the ``AttentionBackendEnum``
     member that ``hygon`` parses to. Returns True when the wrapper is in place.
     """
-    if _version_tuple(version) not in PATCHED_VERSIONS:
+    if not compat.in_range(version, compat.CPU_PATCH_RANGE):
         return False
     from vllm.platforms import current_platform
 
@@ -58,8 +52,8 @@ def install(version, member) -> bool:
         from . import BACKEND_PATH, is_selected
 
         if not is_selected(selected_backend):
-            return original_func(cls, selected_backend, attn_selector_config,
-                                 num_heads=num_heads)
+            return compat.call_with_supported(original_func, cls, selected_backend,
+                                              attn_selector_config, num_heads=num_heads)
         backend_cls = selected_backend.get_class()
         reasons = backend_cls.validate_configuration(
             device_capability=cls.get_device_capability(),

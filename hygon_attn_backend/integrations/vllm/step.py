@@ -35,6 +35,9 @@ from hygon_attn_backend.ops.decode import (DecodeLayer, DecodePlan, DecodeWorksp
                                            plan_paged_decode)
 from hygon_attn_backend.ops.prefill import PrefillLayer, PrefillPlan, plan_prefix_prefill
 
+from .dcp import ContextParallel, DcpMetadata, plan_step
+from .dcp import attention as dcp_attention
+
 #: vLLM's ``kv_cache_dtype`` strings for fp8 caches, and the torch dtype each stores.
 FP8_CACHE_DTYPES = {
     "fp8": torch.float8_e4m3fn,
@@ -74,7 +77,7 @@ class LayerSpec:
         self._kv_src = None
         self._kv = None
         self._decode: Optional[DecodeLayer] = None
-        self._prefill: Optional[PrefillLayer] = None
+        self._prefill: dict = {}  # causal -> PrefillLayer (DCP runs both in one step)
 
     @property
     def fp8(self) -> bool:
@@ -109,12 +112,13 @@ class LayerSpec:
 
     def prefill_layer(self, kv_cache: torch.Tensor, k_scale, v_scale,
                       causal: bool) -> PrefillLayer:
-        """This layer's side of a prefix-prefill launch, as :meth:`decode_layer`."""
+        """This layer's side of a prefix-prefill launch, as :meth:`decode_layer` (one kept
+        for each ``causal``)."""
         k_cache, v_cache = self.kv_views(kv_cache)
-        p = self._prefill
+        p = self._prefill.get(causal)
         if p is None or p.k_cache is not k_cache or p.k_scale is not k_scale or \
-                p.v_scale is not v_scale or p.causal != causal:
-            p = self._prefill = PrefillLayer(
+                p.v_scale is not v_scale:
+            p = self._prefill[causal] = PrefillLayer(
                 k_cache, v_cache, scale=self.scale, causal=causal, k_scale=k_scale,
                 v_scale=v_scale, sliding_window=self.sliding_window, soft_cap=self.soft_cap,
                 sinks=self.sinks)
@@ -157,10 +161,15 @@ class HygonAttentionMetadata:
     decode_plan: Optional[DecodePlan] = None
     prefill_plan: Optional[PrefillPlan] = None
     write_plan: Optional[WritePlan] = None
+    #: decode context parallelism: the step's sharded launches (``dcp.plan_step``); with
+    #: it the decode and prefill plans above are unused
+    dcp: Optional["DcpMetadata"] = None
 
     @property
     def num_launches(self) -> int:
         """Kernel launches of one layer's attention (the K/V write not included)."""
+        if self.dcp is not None:
+            return self.dcp.num_launches
         return sum(p.num_launches for p in (self.decode_plan, self.prefill_plan) if p)
 
 
@@ -168,7 +177,8 @@ def make_metadata(*, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                   block_table: torch.Tensor, slot_mapping: torch.Tensor, num_reqs: int,
                   num_actual_tokens: int, max_query_len: int, max_seq_len: int,
                   num_decodes: int, num_decode_tokens: int,
-                  causal: bool = True) -> HygonAttentionMetadata:
+                  causal: bool = True, one_token_decodes: bool = False
+                  ) -> HygonAttentionMetadata:
     """Split a reordered batch into its decode head and prefill tail (host values only).
 
     ``num_decodes`` / ``num_decode_tokens`` come from the engine's own split (decodes
@@ -176,9 +186,11 @@ def make_metadata(*, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
     not (zero-length padding rows) is sent whole to the prefill kernel, which handles
     any ragged mix (vLLM's split with ``require_uniform=True`` makes this rare: speculative
     verification with drafts of different lengths). A non-causal batch also goes whole to
-    the prefill kernel.
+    the prefill kernel, and with ``one_token_decodes`` (decode context parallelism) so do
+    decode requests of more than one token.
     """
-    if num_decodes and (num_decode_tokens % num_decodes or not causal):
+    if num_decodes and (num_decode_tokens % num_decodes or not causal or (
+            one_token_decodes and num_decode_tokens != num_decodes)):
         num_decodes, num_decode_tokens = 0, 0
     decode_query_len = num_decode_tokens // num_decodes if num_decodes else 0
     num_prefills = num_reqs - num_decodes
@@ -208,17 +220,29 @@ def plan_metadata(md: HygonAttentionMetadata, *, num_q_heads: int, num_kv_heads:
                   head_size: int, block_size: int, q_dtype: torch.dtype,
                   kv_dtype: torch.dtype, impl: str = "auto",
                   workspace: Optional[DecodeWorkspace] = None, for_graph: bool = False,
-                  query_start_loc_cpu: Optional[torch.Tensor] = None) -> None:
+                  query_start_loc_cpu: Optional[torch.Tensor] = None,
+                  cp: Optional[ContextParallel] = None,
+                  decode_lens_buffer: Optional[torch.Tensor] = None) -> None:
     """Build the step's plans into ``md`` (once per step; every layer reuses them).
 
     The decode grid is sized by the batch's longest sequence, or by the block table's
     capacity when ``for_graph`` (a captured graph is replayed with longer sequences); the
     workspace covers both. The prefill tile map is built on the host from
     ``query_start_loc_cpu`` when given (no device work), else on the device (no sync).
+    ``cp``: decode context parallelism over more than one rank: the plans are the sharded
+    ones of :func:`dcp.plan_step` (in ``md.dcp``; ``workspace`` sized for the group's
+    query heads, ``decode_lens_buffer`` the decode's persistent local lengths).
     """
     md.write_plan = plan_write_kv(md.slot_mapping, num_kv_heads=num_kv_heads,
                                   head_dim=head_size, page_size=block_size, impl=impl)
     remember_write_plan(md.write_plan)
+    if cp is not None and cp.world_size > 1:
+        md.dcp = plan_step(md, cp, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                           head_size=head_size, block_size=block_size, q_dtype=q_dtype,
+                           kv_dtype=kv_dtype, impl=impl, workspace=workspace,
+                           decode_lens_buffer=decode_lens_buffer, for_graph=for_graph,
+                           query_start_loc_cpu=query_start_loc_cpu)
+        return
     if md.num_decodes:
         md.decode_plan = plan_paged_decode(
             md.decode_block_table, md.decode_seq_lens, num_q_heads=num_q_heads,
@@ -282,14 +306,20 @@ def write_new_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
 
 def attention(query: torch.Tensor, kv_cache: torch.Tensor, md: HygonAttentionMetadata,
               out: torch.Tensor, layer: LayerSpec, *, k_scale=None,
-              v_scale=None) -> torch.Tensor:
+              v_scale=None, key: Optional[torch.Tensor] = None,
+              value: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention for one layer over a reordered batch: at most two launches of the plans
     in ``md`` (decode: one, or two with a split-KV combine; prefill: one).
 
     query: ``[num_tokens(+padding), num_q_heads, head_size]``; out: same shape (rows
     past ``md.num_actual_tokens`` are left as they are). kv_cache: vLLM's combined
     cache (see :meth:`LayerSpec.kv_views`), already holding the new tokens' K/V.
+    key, value: ``[num_tokens(+padding), num_kv_heads, head_size]``, the step's new K/V:
+    read under decode context parallelism only (``md.dcp``, :func:`dcp.attention`).
     """
+    if md.dcp is not None:
+        return dcp_attention(query, key, value, kv_cache, md, out, layer, k_scale=k_scale,
+                             v_scale=v_scale)
     if not layer.fp8:
         k_scale = v_scale = None
     nd = md.num_decode_tokens

@@ -31,8 +31,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            max_seq_len: Optional[int] = None,
                            fused_combine: Optional[bool] = None,
                            tree_mask: Optional[torch.Tensor] = None,
+                           return_lse: bool = False,
                            plan: Optional[DecodePlan] = None,
-                           impl: str = "auto") -> torch.Tensor:
+                           impl: str = "auto"):
     """Paged decode attention: each query token attends to its sequence's cached keys.
 
     q: ``[num_seqs, Hq, D]`` fp16/bf16 (fp32 runs the reference; one token per sequence), or
@@ -67,6 +68,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
        answer, slower: its partitions grow to cover it (up to the table's capacity).
     fused_combine: a split launch merges its partitions inside the decode kernel (one
        launch) instead of a second kernel; default :func:`tuning.use_fused_combine`.
+    return_lse: also return ``lse`` ``[num_seqs, Hq]`` (``[num_seqs, T, Hq]``) float32,
+       ``ln sum_j exp(s_j)`` over the keys each row sees (sinks included; ``-inf`` for a
+       row that sees none): what a context-parallel decode merges the ranks' outputs by.
+       Triton or the reference: ``impl="auto"`` takes Triton where it would take native,
+       ``impl="native"`` is refused (``tuning.native_lacks``). With ``plan=`` it is the
+       plan's (``plan_paged_decode(return_lse=...)``).
     plan: a :func:`plan_paged_decode` result for this batch (built once per step, reused by
        every layer): the call then checks only what a layer can change (q's shape and
        dtype, the caches' shape and dtype, ``block_table``/``seq_lens`` must be the
@@ -77,7 +84,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     Bad block ids (negative or >= num_blocks) and table entries past ``max_blocks`` are
     never read: those keys are skipped (``HYGON_ATTN_DEBUG=1`` raises instead).
-    Returns ``out`` (q's shape, q's dtype unless ``out`` is given).
+    Returns ``out`` (q's shape, q's dtype unless ``out`` is given), or ``(out, lse)``.
     """
     if plan is not None:
         if not isinstance(plan, DecodePlan):
@@ -87,6 +94,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if tree_mask is not None and tree_mask is not plan.tree_mask:
             raise ValueError("tree_mask must be the tensor the plan was built with "
                              "(plan_paged_decode(tree_mask=...))")
+        if return_lse and not plan.return_lse:
+            raise ValueError("return_lse=True needs a plan built with return_lse=True "
+                             "(plan_paged_decode(return_lse=True))")
         return plan.run(q, k_cache, v_cache, out=out, scale=scale, k_scale=k_scale,
                         v_scale=v_scale,
                         sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks)
@@ -123,7 +133,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         head_dim=head_dim, page_size=page_size, q_dtype=q.dtype,
         kv_dtype=k_cache.dtype, num_tokens=num_tokens, scale=scale, max_seq_len=max_seq_len,
         partition_size=partition_size, workspace=workspace,
-        fused_combine=fused_combine, tree_mask=tree_mask, impl=impl)
+        fused_combine=fused_combine, tree_mask=tree_mask, return_lse=return_lse, impl=impl)
     return plan.run(q, k_cache, v_cache, out=out, k_scale=k_scale, v_scale=v_scale,
                     sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks)
 

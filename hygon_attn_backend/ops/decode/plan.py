@@ -196,6 +196,9 @@ class DecodePlan:
     #: ``[num_seqs * num_tokens, W]`` int32 packed tree mask of a verify batch (the drafts
     #: are each sequence's last ``num_tokens`` keys; ``ops.tree_mask``); None: the chain
     tree_mask: Optional[torch.Tensor] = None
+    #: each call also returns the rows' log-sum-exp (``run``/``run_layer`` give
+    #: ``(out, lse)``); Triton or the reference (``tuning.native_lacks``)
+    return_lse: bool = False
     # the native launch's side of the plan (native.plan_args), built on first use
     _native_args: Optional[tuple] = field(default=None, repr=False)
     _variants: Dict[int, tuple] = field(default_factory=dict, repr=False)
@@ -239,8 +242,8 @@ class DecodePlan:
             out: Optional[torch.Tensor] = None, scale: Optional[float] = None,
             k_scale: ScaleLike = None,
             v_scale: ScaleLike = None, sliding_window: Optional[int] = None,
-            soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None
-            ) -> torch.Tensor:
+            soft_cap: Optional[float] = None, sinks: Optional[torch.Tensor] = None,
+            lse: Optional[torch.Tensor] = None):
         """Launch for one layer (arguments as :func:`ops.decode.paged_decode_attention`;
         call it through that op with ``plan=``, which checks them against the plan)."""
         key = (id(k_cache), id(v_cache), scale, value_or_id(k_scale), value_or_id(v_scale),
@@ -250,21 +253,36 @@ class DecodePlan:
             layer = remember_layer(self._layers, key, DecodeLayer(
                 k_cache, v_cache, scale=scale, k_scale=k_scale, v_scale=v_scale,
                 sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks))
-        return self.run_layer(layer, q, out)
+        return self.run_layer(layer, q, out, lse=lse)
+
+    def lse_shape(self, q: torch.Tensor) -> tuple:
+        """The LSE of a call with this ``q``: ``[S, Hq]`` (q ``[S, Hq, D]``) or
+        ``[S, T, Hq]`` (q ``[S, T, Hq, D]``)."""
+        return tuple(q.shape[:-1])
 
     def run_layer(self, layer: "DecodeLayer", q: torch.Tensor,
-                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None):
         """Launch for one layer whose side of the call (caches, options, scales) was
-        resolved once in ``layer``: per call only ``q`` and ``out`` are read (shapes as in
-        :meth:`run`). What an engine calls per layer; it keeps each layer's
-        :class:`DecodeLayer` across steps."""
+        resolved once in ``layer``: per call only ``q``, ``out`` (and ``lse``) are read
+        (shapes as in :meth:`run`). What an engine calls per layer; it keeps each layer's
+        :class:`DecodeLayer` across steps.
+
+        With ``return_lse`` the call returns ``(out, lse)``: ``lse`` (given, or allocated)
+        float32 of :meth:`lse_shape`, any strides, ``ln sum_j exp(s_j)`` over the keys a row
+        sees (sinks included), ``-inf`` for a row that sees none; else ``out``."""
         if out is None:
             out = torch.empty_like(q)
+        if self.return_lse:
+            lse = self._check_lse(q, lse)
+        elif lse is not None:
+            raise ValueError("lse was given but the plan was built without return_lse "
+                             "(plan_paged_decode(return_lse=True))")
         if self.tree_mask is not None and layer.sliding_window is not None:
             raise ValueError(f"a tree mask needs a layer without a sliding window, got "
                              f"sliding_window={layer.sliding_window}")
         if self.impl != "triton" or self.num_seqs == 0 or self.config is None:
-            return self._run_other(layer, q, out)
+            out = self._run_other(layer, q, out, lse)
+            return (out, lse) if self.return_lse else out
         variant = layer.variant
         if layer.scale is None:  # the plan's default scale
             variant = intern_key(layer.key[:-1] + (self.scale,))
@@ -274,18 +292,35 @@ class DecodePlan:
             check_layer_options(num_q_heads=self.num_q_heads, device=self.device,
                                 sliding_window=key[3], soft_cap=key[4], sinks=None)
             launches = self._variants[variant] = triton.make_launches(self, *key)
-        triton.run(launches, layer.args, q, out)
-        return out
+        triton.run(launches, layer.args, q, out, lse)
+        return (out, lse) if self.return_lse else out
 
-    def _run_other(self, layer: "DecodeLayer", q: torch.Tensor, out: torch.Tensor):
+    def _check_lse(self, q: torch.Tensor, lse: Optional[torch.Tensor]) -> torch.Tensor:
+        shape = self.lse_shape(q)
+        if lse is None:
+            return torch.empty(shape, dtype=torch.float32, device=q.device)
+        if tuple(lse.shape) != shape or lse.dtype != torch.float32 or \
+                lse.device != q.device:
+            raise ValueError(f"lse must be float32 {list(shape)} on {q.device}, got "
+                             f"{_checks.describe(lse)}")
+        return lse
+
+    def _run_other(self, layer: "DecodeLayer", q: torch.Tensor, out: torch.Tensor,
+                   lse: Optional[torch.Tensor] = None):
         """The reference and native paths, an empty batch and an empty table."""
         scale = self.scale if layer.scale is None else layer.scale
         if self.impl == "reference":
-            return reference.paged_decode_attention(
+            res = reference.paged_decode_attention(
                 q, layer.k_cache, layer.v_cache, self.block_table, self.seq_lens,
                 scale=scale, out=out, k_scale=layer.k_scale, v_scale=layer.v_scale,
                 sliding_window=layer.sliding_window, soft_cap=layer.soft_cap,
-                sinks=layer.sinks, tree_mask=self.tree_mask)
+                sinks=layer.sinks, tree_mask=self.tree_mask, return_lse=lse is not None)
+            if lse is not None:
+                lse.copy_(res[1])
+                return res[0]
+            return res
+        if lse is not None and (self.num_seqs == 0 or self.config is None):
+            lse.fill_(float("-inf"))  # no key: the empty sum
         if self.num_seqs == 0:
             return out
         if self.config is None:  # an empty block table: no key is readable
@@ -322,6 +357,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                       tile=None, fused_combine: Optional[bool] = None,
                       native_split_n: bool = True,
                       tree_mask: Optional[torch.Tensor] = None,
+                      return_lse: bool = False,
                       impl: str = "auto") -> DecodePlan:
     """Plan paged decode for one batch (once per step; every layer reuses the plan).
 
@@ -356,6 +392,10 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
        row's bits name (in place of the causal chain; layers without a sliding window).
        The plan keeps the tensor (a CUDA graph refills it in place); Triton only (the
        native decode has the chain).
+    return_lse: each call also returns the rows' log-sum-exp (natural log, float32,
+       ``-inf`` for a row that sees no key), what decode context parallelism merges the
+       ranks' partial outputs by. Triton or the reference: ``impl="auto"`` takes Triton
+       where it would take native, ``impl="native"`` is refused (``tuning.native_lacks``).
     impl: ``"auto"`` | ``"triton"`` | ``"native"`` (``csrc/``, see ``docs/native.md``) |
        ``"reference"``; ``"auto"`` takes native where ``tuning.native_preferred`` says so.
     """
@@ -396,7 +436,7 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         tile=tile, fused_combine=fused_combine,
         workspace_slots=None if workspace is None else workspace.max_logits.shape[0],
         workspace_counters=workspace is None or workspace.counters is not None,
-        native_split_n=native_split_n, tree=tree_mask is not None)
+        native_split_n=native_split_n, tree=tree_mask is not None, lse=bool(return_lse))
     config = choice.config
     if config is not None and config.num_partitions > 1:
         slots, rows = num_seqs * config.num_partitions, num_tokens * num_q_heads
@@ -416,4 +456,4 @@ def plan_paged_decode(block_table: torch.Tensor, seq_lens: torch.Tensor, *,
         scale=float(scale) if scale is not None else head_dim ** -0.5, config=config,
         workspace=workspace, kv_head_grid=kv_head_grid, fused_combine=choice.fused_combine,
         pdl=choice.pdl, native_stages=choice.native_stages, native_tile=choice.native_tile,
-        tree_mask=tree_mask)
+        tree_mask=tree_mask, return_lse=bool(return_lse))

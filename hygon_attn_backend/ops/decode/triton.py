@@ -27,6 +27,17 @@ DECODE_PER_CALL = (
     "out_ptr", "q_ptr", "stride_q_seq", "stride_q_tok", "stride_q_head", "stride_q_dim",
     "stride_o_seq", "stride_o_tok", "stride_o_head", "stride_o_dim")
 COMBINE_PER_CALL = ("out_ptr", "stride_o_seq", "stride_o_tok", "stride_o_head", "stride_o_dim")
+#: what each call of a plan that returns the log-sum-exp supplies besides (the LSE buffer
+#: after the tensors, its strides after the scalars)
+LSE_PER_CALL = ("lse_ptr",), ("stride_lse_seq", "stride_lse_tok", "stride_lse_head")
+#: the LSE arguments of a plan that does not return it (never read)
+NO_LSE = dict(stride_lse_seq=0, stride_lse_tok=0, stride_lse_head=0)
+
+
+def _with_lse(per_call):
+    """``per_call`` with the LSE buffer after its tensors and its strides at the end."""
+    tensors = tuple(n for n in per_call if n.endswith("_ptr"))
+    return tensors + LSE_PER_CALL[0] + tuple(per_call[len(tensors):]) + LSE_PER_CALL[1]
 
 
 def layer_args(k_cache: torch.Tensor, v_cache: torch.Tensor, sinks, k_scale_ptr, v_scale_ptr,
@@ -49,6 +60,7 @@ def make_launches(plan, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft
     """``(decode, combine or None)`` launches of ``plan`` for one layer variant."""
     from hygon_attn_backend.kernels.combine import combine_partitions_kernel
     from hygon_attn_backend.kernels.decode import paged_decode_kernel
+    from hygon_attn_backend.kernels.fp8 import WIDEN_CODES
 
     cfg = plan.config
     split = plan.split
@@ -93,9 +105,19 @@ def make_launches(plan, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft
         COMBINE_ROWS_PAD=rows_pad,
         COMBINE_CHUNK=tuning.combine_chunk(rows_pad=rows_pad, head_dim_pad=head_dim_pad,
                                            num_warps=cfg.num_warps),
-        LAUNCH_DEPENDENTS=plan.pdl, **scratch)
+        LAUNCH_DEPENDENTS=plan.pdl,
+        KV_WIDEN=WIDEN_CODES[tuning.kv_widen(kv_dtype=plan.kv_dtype,
+                                             device=plan.device)],
+        **scratch)
+    lse = plan.return_lse
+    # the LSE is written by whoever writes the output: the one-partition or fused decode,
+    # or the combine launch
+    decode_lse = lse and (not split or fused)
+    fixed.update(RETURN_LSE=decode_lse, **({} if decode_lse else
+                                           dict(NO_LSE, lse_ptr=plan.seq_lens)))
     grid = (plan.num_q_heads // heads_per_prog, plan.num_seqs, cfg.num_partitions)
-    decode = Launch(paged_decode_kernel, grid, fixed, DECODE_PER_CALL,
+    decode = Launch(paged_decode_kernel, grid, fixed,
+                    _with_lse(DECODE_PER_CALL) if decode_lse else DECODE_PER_CALL,
                     per_layer=DECODE_PER_LAYER, num_warps=cfg.num_warps,
                     num_stages=cfg.num_stages)
     combine = None
@@ -116,21 +138,34 @@ def make_launches(plan, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft
             PART_CHUNK=tuning.combine_chunk(rows_pad=1, head_dim_pad=head_dim_pad,
                                             num_warps=combine_warps, fused=False),
             SEQ_SPLIT=cfg.seq_split, ALIGN=cfg.block_n, PAGE_SIZE=plan.page_size, STAGES=1,
-            WAIT_PRIOR=plan.pdl)
+            WAIT_PRIOR=plan.pdl, RETURN_LSE=lse,
+            **({} if lse else dict(NO_LSE, lse_ptr=plan.seq_lens)))
         combine = Launch(combine_partitions_kernel, (plan.num_seqs, rows, 1), cfixed,
-                         COMBINE_PER_CALL, num_warps=combine_warps, num_stages=1,
+                         _with_lse(COMBINE_PER_CALL) if lse else COMBINE_PER_CALL,
+                         num_warps=combine_warps, num_stages=1,
                          launch_pdl=plan.pdl)
     return decode, combine
 
 
-def run(launches, layer_args: LayerArgs, q: torch.Tensor, out: torch.Tensor) -> None:
-    """One layer's call: ``q``/``out`` ``[S, Hq, D]`` or ``[S, T, Hq, D]``."""
+def run(launches, layer_args: LayerArgs, q: torch.Tensor, out: torch.Tensor,
+        lse=None) -> None:
+    """One layer's call: ``q``/``out`` ``[S, Hq, D]`` or ``[S, T, Hq, D]``; ``lse``
+    ``[S, Hq]`` / ``[S, T, Hq]`` float32 when the plan returns it (else None)."""
     decode, combine = launches
     qs = q.stride()
     os_ = out.stride()
     if len(qs) == 3:  # one token per sequence: no token axis
         qs = (qs[0], 0, qs[1], qs[2])
         os_ = (os_[0], 0, os_[1], os_[2])
-    decode(layer_args, out, q, *qs, *os_)
-    if combine is not None:
-        combine(NO_LAYER, out, *os_)
+    if lse is None:
+        decode(layer_args, out, q, *qs, *os_)
+        if combine is not None:
+            combine(NO_LAYER, out, *os_)
+        return
+    ls = lse.stride()
+    ls = (ls[0], 0, ls[1]) if len(ls) == 2 else ls
+    if combine is None:
+        decode(layer_args, out, q, lse, *qs, *os_, *ls)
+    else:
+        decode(layer_args, out, q, *qs, *os_)
+        combine(NO_LAYER, out, lse, *os_, *ls)

@@ -25,6 +25,8 @@ DECODE_TARGET_WAVES = 4     # programs per SM the Triton split aims at
 DECODE_FEW_ROWS = 4  # query rows a program serves up to which D=128 takes the short tile
 DECODE_SHORT_TILE_MIN_PAGE = 16  # ... on pages of at least this many tokens (measured 16, 64)
 DECODE_FUSED_MAX_PARTITIONS = 4  # measured: a gain at 4 partitions, a loss from 8
+DECODE_FP8_LARGE_GRID = 8  # programs an SM from which an fp8 decode takes the 128-key tile
+DECODE_FP8_SPLIT = 4  # partitions of an fp8 grid below that where the rule leaves one
 NATIVE_DECODE_MIN_PROGRAMS_PER_SM = 1.5  # grids below this split, and there Triton leads
 NATIVE_LOOP_STAGES = 3  # cp.async stages of the native split-N loop (native_loop_stages)
 NATIVE_LOOP_TILE = 64   # KV tokens a tile of the native split-N loop
@@ -65,6 +67,21 @@ class DecodeChoice:
 # ----------------------------------------------------------------------------- native or Triton
 
 
+def native_lacks(*, tree: bool, lse: bool) -> Optional[str]:
+    """What a call asks that the native decode does not do (None: nothing), so that
+    ``impl="auto"`` runs Triton for it and ``impl="native"`` is refused with the reason.
+
+    Reasoning: the native decode (``csrc/``) walks the causal chain only and writes the
+    output alone; a tree mask and the log-sum-exp (decode context parallelism merges the
+    ranks' outputs by it) are the Triton kernel's.
+    """
+    if tree:
+        return "a tree mask (the native decode has the causal chain only)"
+    if lse:
+        return "an LSE output (the native decode writes the attention output only)"
+    return None
+
+
 def native_preferred(*, is_hip: bool, group: int, head_dim: int, num_tokens: int,
                      programs: int, num_sms: int, same_kv_dtype: bool) -> bool:
     """Whether ``impl="auto"`` runs the native decode instead of the Triton one.
@@ -83,18 +100,26 @@ def native_preferred(*, is_hip: bool, group: int, head_dim: int, num_tokens: int
 
 def native_preferred_nvidia(*, group: int, head_dim: int, num_tokens: int, programs: int,
                             num_sms: int, same_kv_dtype: bool) -> bool:
-    """The native decode on NVIDIA: 2 <= G <= 16 query heads a KV head, one query token,
+    """The native decode on NVIDIA: 1 <= G <= 16 query heads a KV head, one query token,
     head_dim 128, K/V in the query's 16-bit dtype, and a grid of at least
     ``NATIVE_DECODE_MIN_PROGRAMS_PER_SM`` (sequence, KV head) programs an SM.
 
     Reasoning: the native split-N loop stages whole swizzled 256-byte rows, 6-8% faster to
     stream than padded rows; where the grid fills the GPU unsplit that is the whole
-    difference. Where it splits, Triton's fused merge (up to 4 partitions) or its partition
-    rule wins; G = 1 leaves the 16-row tiles one useful row; D=64 and fp8 were not faster.
-    Measurement: native over Triton 1.02-1.05x at G=2-8 from (32, 4k) up, 0.94-0.99x below
-    1.5 programs an SM, G=1 and D=64 (H200, 2026-12-01).
+    difference. At G = 1 a 16-row tile has one useful row, but the loop is bound by the
+    KV stream, not the rows; Triton's 64-token tile gathers four pages at page 16, where
+    the native loop's per-row addressing does not care. Where it splits, Triton's fused
+    merge (up to 4 partitions) or its partition rule wins; D=64 and fp8 were not faster.
+    Measurement (H200, bf16, pages permuted, same run; ``hygon-attn bench decode --impl
+    auto,triton,native``):
+    - G=2-8: native over Triton 1.02-1.05x from (32, 4k) up, 0.94-0.99x below 1.5
+      programs an SM and at D=64 (2026-12-01).
+    - G=1 (32/32 heads): native over Triton 1.00x at (8, 8k), 1.05x at (32, 4k), 1.06x
+      at (64, 4k), 1.06x at (128, 4k), 1.05x at (256, 2k) and 1.11x at (64, 16k) on page
+      16; on page 64 1.10x at (32, 4k), 0.98-1.00x at (64, 4k), (128, 4k) and (256, 2k),
+      0.98x at (64, 16k) (2026-12-03; the 2026-12-01 loop measured 0.94-0.99x there).
     """
-    if not (2 <= group <= 16 and num_tokens == 1 and head_dim == 128 and same_kv_dtype):
+    if not (1 <= group <= 16 and num_tokens == 1 and head_dim == 128 and same_kv_dtype):
         return False
     return programs >= NATIVE_DECODE_MIN_PROGRAMS_PER_SM * max(1, num_sms)
 
@@ -259,6 +284,82 @@ def tile_config(*, block_m: int, head_dim_pad: int, page_size: int, kv_elem_size
     return int(block_n), int(num_warps), int(num_stages), bool(prefetch)
 
 
+def kv_widen(*, kv_dtype: torch.dtype, device) -> str:
+    """How the Triton decode widens its K/V tiles (``kernels/fp8.py``): ``"none"`` for a
+    16-bit cache; for fp8, ``"e4m3_cvt"`` / ``"e5m2_cvt"`` (the ``cvt.rn.f16x2`` instruction
+    on the tile as loaded) on NVIDIA GPUs of compute capability 8.9+, else ``"cast"``
+    (Triton's cast: HIP, older GPUs, the CPU interpreter). Every fp8 mode runs both dots
+    on fp16 operands (exact for every e4m3 / e5m2 value).
+
+    Reasoning: fp8 -> bf16 takes four conversions a pair of elements (via f16 and f32)
+    against one for fp16, and Triton's own cast is moved behind the dot operand's shared
+    load, which then reads K a byte at a time; the instruction on the loaded tile keeps the
+    16-bit operand path (an impure inline asm, which Triton does not move).
+    Measurement: the loop's sm_90 SASS, 64 keys, 4 warps (Triton 3.6): bf16 cache 825
+    instructions; fp8 widened to bf16 1,184 (128 F2F); Triton's fp16 cast 1,001 (64
+    byte-wide shared loads); the instruction on the tile 595. H200, (64, 16k), 32-key tile:
+    widened to bf16 1,272 us, Triton's cast 1,109, the instruction 1,192, the instruction
+    replaced by a byte move of the same count 1,188: the conversion is not what bounds the
+    loop (``fp8_tile`` is what gained). The tile sweep behind ``fp8_tile`` ran with the
+    instruction; Triton's cast was not swept (2026-12-03).
+    """
+    if kv_dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return "none"
+    if getattr(device, "type", None) == "cuda" and not _device.gpu_is_hip() and \
+            not triton_interpreter_on() and \
+            _device.cuda_capability(_device.device_index(device)) >= (8, 9):
+        return "e4m3_cvt" if kv_dtype == torch.float8_e4m3fn else "e5m2_cvt"
+    return "cast"
+
+
+def fp8_regime(*, kv_elem_size: int, head_dim_pad: int, page_size: int,
+               rows: Optional[int]) -> bool:
+    """Whether the fp8 decode rules (:func:`fp8_tile`, :func:`fp8_partition_size`) apply:
+    an fp8 cache at D=128 with few rows a program (at most ``DECODE_FEW_ROWS``) on pages
+    of 16+ tokens, where they were measured; elsewhere the 16-bit rules stand."""
+    return (kv_elem_size == 1 and head_dim_pad == 128 and rows is not None
+            and rows <= DECODE_FEW_ROWS and page_size >= DECODE_SHORT_TILE_MIN_PAGE)
+
+
+def fp8_tile(*, programs: int, num_sms: int) -> "tuple[int, int, int]":
+    """``(BLOCK_N, num_warps, num_stages)`` of an fp8 decode (:func:`fp8_regime`).
+
+    Reasoning: an fp8 tile holds half the bytes of a 16-bit one, and the loop's time per
+    tile hardly depends on the bytes (the same tile count took the same time with the
+    conversion replaced by a byte move: it is not the conversion), so fp8 wants more keys
+    a tile than the 16-bit few-rows tile (32 keys, 3 stages): 64 keys with 3 stages
+    (145 registers, 3 programs an SM). A grid of ``DECODE_FP8_LARGE_GRID``+ programs an SM
+    has the waves to hide its latency without splitting: 128 keys, 2 stages.
+    Measurement (H200, bf16 q, e4m3, 32/8 heads, page 16, best partition count of each
+    tile; bf16 ``auto`` in the same run): (64, 16k) 32-key 1,162 us, 64/3 975, 128/2 980,
+    bf16 968; (256, 2k) 588 / 524 / 480, bf16 493; (8, 8k) 86.0 / 76.7 / 81.9, bf16 81.8;
+    (1, 32k) 49.4 / 46.1 / 49.7, bf16 50.7 (2026-12-03).
+    """
+    if programs >= DECODE_FP8_LARGE_GRID * max(1, num_sms):
+        return 128, 4, 2
+    return 64, 4, 3
+
+
+def fp8_partition_size(*, partition_size: int, programs: int, max_context_len: int,
+                       num_sms: int) -> int:
+    """The partition size of an fp8 decode (:func:`fp8_regime`), from the 16-bit rule's
+    ``partition_size``: where that leaves one partition and the grid is below
+    ``DECODE_FP8_LARGE_GRID`` programs an SM, ``DECODE_FP8_SPLIT`` partitions.
+
+    Reasoning: the 64-key fp8 tile fits 3 programs an SM, not 4: a grid sized for 4 (the
+    16-bit rule's 512 programs at (64, 16k)) runs 1.3 waves of 396; four partitions give
+    even waves, and their merge is the fused one.
+    Measurement: (64, 16k) e4m3 64-key tile: 1 partition 1,234 us, 2 980, 4 975 (H200,
+    2026-12-03).
+    """
+    ctx = max(int(max_context_len), 1)
+    if partition_size < ctx or programs >= DECODE_FP8_LARGE_GRID * max(1, num_sms):
+        return partition_size
+    size = -(-ctx // DECODE_FP8_SPLIT)
+    size = -(-size // DECODE_MIN_PARTITION) * DECODE_MIN_PARTITION
+    return max(size, DECODE_MIN_PARTITION)
+
+
 def block_n_for(head_dim_pad: int) -> int:
     """Default KV tile length of the Triton decode for a padded head_dim.
 
@@ -336,9 +437,15 @@ def launch_config(*, num_seqs: int, num_q_heads: int, num_kv_heads: int, num_tok
     group = num_q_heads // num_kv_heads
     heads = group if kv_head_grid else 1
     block_m = max(16, _device.next_pow2(num_tokens * heads))
+    fp8 = kv_head_grid and fp8_regime(kv_elem_size=kv_elem_size,
+                                      head_dim_pad=_device.next_pow2(head_dim),
+                                      page_size=page_size, rows=num_tokens * heads)
+    programs = num_seqs * num_kv_heads
+    fp8_cfg = fp8_tile(programs=programs, num_sms=num_sms) if fp8 else None
     block_n, num_warps, num_stages, prefetch = tile_config(
         block_m=block_m, head_dim_pad=_device.next_pow2(head_dim), page_size=page_size,
-        kv_elem_size=kv_elem_size, rows=num_tokens * heads, tile=tile)
+        kv_elem_size=kv_elem_size, rows=num_tokens * heads,
+        tile=_merge_tile(fp8_cfg, tile))
     # the measured rule fixes the partition count; each sequence then splits its own length
     # (seq_partitions): a forced or environment size keeps fixed partitions
     seq_split = partition_size is None and rule == "measured" and partition_size_env() is None
@@ -346,11 +453,26 @@ def launch_config(*, num_seqs: int, num_q_heads: int, num_kv_heads: int, num_tok
         partition_size = triton_partition_size(
             num_seqs=num_seqs, num_kv_heads=num_kv_heads, group=group,
             max_context_len=max_context_len, num_sms=num_sms, rule=rule)
+        if fp8 and seq_split:
+            partition_size = fp8_partition_size(
+                partition_size=partition_size, programs=programs,
+                max_context_len=max_context_len, num_sms=num_sms)
     num_partitions = num_partitions_for(partition_size, max_context_len)
     if num_partitions > 1:
         block_n = min(block_n, partition_size & -partition_size)
     return DecodeConfig(partition_size, num_partitions, block_m, block_n, num_warps, num_stages,
                         prefetch, seq_split=seq_split and num_partitions > 1)
+
+
+def _merge_tile(rule, tile):
+    """A forced ``tile`` (entries None: keep) over a rule's ``(BLOCK_N, warps, stages)``."""
+    if rule is None:
+        return tile
+    merged = list(rule) + [None]
+    for i, value in enumerate(tile or ()):
+        if value is not None:
+            merged[i] = value
+    return tuple(merged)
 
 
 def kernel_partition_size(config: DecodeConfig) -> int:
@@ -387,13 +509,18 @@ def seq_partitions(seq_len: int, config: DecodeConfig,
 def workspace_partitions(*, num_seqs: int, num_q_heads: int, num_kv_heads: int,
                          head_dim: int, num_tokens: int, max_context_len: int,
                          num_sms: int, partition_size: Optional[int] = None) -> int:
-    """The most partitions a batch of ``num_seqs`` sequences takes under either rule (the
-    Triton rule, and the native one at ``NATIVE_SIZING_PROGRAMS_PER_SM``, an occupancy
-    above the kernel's, with its smallest tile): what a workspace must hold for it."""
+    """The most partitions a batch of ``num_seqs`` sequences takes under any rule (the
+    Triton rule, its fp8 split (:func:`fp8_partition_size`: the cache dtype is not known
+    here), and the native one at ``NATIVE_SIZING_PROGRAMS_PER_SM``, an occupancy above the
+    kernel's, with its smallest tile): what a workspace must hold for it."""
     group = num_q_heads // max(1, num_kv_heads)
+    triton_size = triton_partition_size(num_seqs=num_seqs, num_kv_heads=num_kv_heads,
+                                        group=group, max_context_len=max_context_len,
+                                        num_sms=num_sms)
     sizes = [partition_size] if partition_size else [
-        triton_partition_size(num_seqs=num_seqs, num_kv_heads=num_kv_heads, group=group,
-                              max_context_len=max_context_len, num_sms=num_sms),
+        triton_size,
+        fp8_partition_size(partition_size=triton_size, programs=num_seqs * num_kv_heads,
+                           max_context_len=max_context_len, num_sms=num_sms),
         native_partition_size(
             programs=native.grid_programs(num_seqs=num_seqs, num_kv_heads=num_kv_heads,
                                           rows=num_tokens * group, head_dim=head_dim),
@@ -408,12 +535,14 @@ def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
            partition_size: Optional[int] = None, kv_head_grid: bool = True, tile=None,
            fused_combine: Optional[bool] = None, workspace_slots: Optional[int] = None,
            workspace_counters: bool = True, native_split_n: bool = True,
-           tree: bool = False) -> DecodeChoice:
+           tree: bool = False, lse: bool = False) -> DecodeChoice:
     """The decode's whole configuration for one batch: the implementation (``impl``
     resolved by :func:`native_preferred`), the launch config, the combine's form, and the
     native loop. ``workspace_slots``: the slots a caller's workspace holds (None: the plan
     allocates one to fit); ``workspace_counters``: whether it has the fused combine's
     counters. ``tree``: the batch has a tree mask, which only the Triton kernel reads.
+    ``lse``: the call returns the log-sum-exp, which only the Triton kernel writes
+    (:func:`native_lacks`: ``impl="auto"`` then takes Triton, ``impl="native"`` is refused).
     Arguments are validated by the plan."""
     group = num_q_heads // num_kv_heads
     if q_dtype not in DECODE_Q_DTYPES:  # float32 queries: the reference serves them
@@ -425,7 +554,7 @@ def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
     chosen = select_impl(
         impl, device, native_unsupported=native.unsupported(
             head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype, kv_head_grid=kv_head_grid)
-        or ("a tree mask (the native decode has the causal chain only)" if tree else None),
+        or native_lacks(tree=tree, lse=lse),
         native_preferred=native_preferred(
             is_hip=_device.gpu_is_hip(), group=group, head_dim=head_dim, num_tokens=num_tokens,
             programs=num_seqs * num_kv_heads, num_sms=num_sms,

@@ -120,12 +120,7 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     if k_cache.dtype not in (q.dtype,) + _checks.FP8_DTYPES:
         raise ValueError(f"k_cache dtype must be q's dtype {q.dtype} or fp8, got "
                          f"{_checks.describe(k_cache)}")
-    _checks.check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=_checks.INDEX_DTYPES,
-                         device=device)
-    num_seqs = cu_seqlens_q.shape[0] - 1
-    if num_seqs < 0:
-        raise ValueError(f"cu_seqlens_q must hold B + 1 >= 1 entries, got "
-                         f"{_checks.describe(cu_seqlens_q)}")
+    num_seqs = _checks.check_cu_seqlens(cu_seqlens_q, device=device)
     _checks.check_tensor("seq_lens_k", seq_lens_k, ndim=1, dtypes=_checks.INDEX_DTYPES,
                          device=device, shape=(num_seqs,))
     _checks.check_tensor("block_table", block_table, ndim=2, dtypes=_checks.INDEX_DTYPES,

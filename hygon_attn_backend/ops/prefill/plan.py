@@ -30,7 +30,7 @@ __all__ = ["PrefillPlan", "PrefillLayer", "plan_prefix_prefill", "check_host_len
 
 ScaleLike = _checks.ScaleLike
 
-def _tile_map(cu: torch.Tensor, num_seqs: int, tok_m: int, max_tiles: int):
+def tile_map(cu: torch.Tensor, num_seqs: int, tok_m: int, max_tiles: int):
     """``(tile_req, tile_mblock)`` int32 ``[max_tiles]`` on ``cu``'s device (no sync).
 
     Request ``b`` owns ``cdiv(Lq_b, tok_m)`` consecutive tiles, its heaviest m-block
@@ -63,8 +63,8 @@ def _descending(n: int) -> array:
     return _DESCENDING[len(_DESCENDING) - n:]
 
 
-def _tile_map_host(cu: Sequence[int], tok_m: int, max_tiles: int) -> torch.Tensor:
-    """:func:`_tile_map` from host values: ``[2, max_tiles]`` int32 CPU.
+def tile_map_host(cu: Sequence[int], tok_m: int, max_tiles: int) -> torch.Tensor:
+    """:func:`tile_map` from host values: ``[2, max_tiles]`` int32 CPU.
 
     Built from ``array`` slices, one C-level copy per request: a batch of 64 requests of 4k
     tokens has 8k tiles, and per-element Python lists turned into a tensor cost 2-3 ms of
@@ -375,10 +375,10 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
         # one transfer for both rows; the row length rounded up to 4 int32 keeps the second
         # row 16-byte aligned, so Triton compiles the same kernel for every tile count
         row = -(-max_tiles // 4) * 4
-        both = _tile_map_host(cu, tok_m, row)
+        both = tile_map_host(cu, tok_m, row)
         tile_req, tile_mblock = both.to(device, non_blocking=True)[:, :max_tiles].unbind(0)
     else:
-        tile_req, tile_mblock = _tile_map(cu_seqlens_q.to(torch.int64), num_seqs, tok_m,
+        tile_req, tile_mblock = tile_map(cu_seqlens_q.to(torch.int64), num_seqs, tok_m,
                                           max_tiles)
     return PrefillPlan(tile_req=tile_req, tile_mblock=tile_mblock, block_m=block_m,
                        block_n=block_n, num_warps=num_warps, num_stages=num_stages,

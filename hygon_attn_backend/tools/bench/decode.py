@@ -18,6 +18,12 @@ small batch a call is short enough that fixed costs (launch, the L2 write-back a
 clear, the first wave's ramp) weigh, and this row shows how much of the gap to the big
 copy any kernel of that size pays. A G sweep at one shape varies the KV heads at a fixed
 query head count.
+
+``--kv-dtype auto,fp8_e4m3,fp8_e5m2`` runs each shape with every cache dtype named (``auto``:
+the query's own): the fp8 caches are the same random values quantized with a per-tensor
+scale each, every implementation gets them (a peer without fp8 KV says so), the GB/s
+count the bytes each cache holds, and an fp8 row's note gives its time over the same
+implementation's ``auto`` row of the shape (``0.52x auto``).
 """
 
 from __future__ import annotations
@@ -96,12 +102,60 @@ def add_decode_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--same-bytes-copy", action=argparse.BooleanOptionalAction, default=True,
                    help="time a device copy moving each shape's KV bytes beside it (the "
                         "reference for short calls; default on)")
+    add_kv_dtype_option(p)
+    p.add_argument("--dcp", type=count(1), default=1, metavar="W",
+                   help="also time one rank of decode context parallelism over W ranks at "
+                        "each shape: its 1/W of every sequence with the LSE, plus the merge "
+                        "of W partial outputs; the row's note is its time over the DCP=1 "
+                        "decode's ('auto' row; the target is <= 0.6x for W=2 at 128k)")
     p.add_argument("--impl", default="auto",
                    help="our implementations, comma list of auto, triton, native (e.g. "
                         "'triton,native': each partition choice is timed with both)")
     _add_common(p, rep_ms=60.0)
     p.set_defaults(func=_cli, bench_func=_cli)
     return p
+
+
+def kv_dtype_list(text: str) -> str:
+    """``--kv-dtype``: a comma list of ``auto``, ``fp8_e4m3``, ``fp8_e5m2`` (no repeats)."""
+    names = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not names or len(set(names)) != len(names) or \
+            any(n not in problems.KV_DTYPES for n in names):
+        raise argparse.ArgumentTypeError(
+            f"must be a comma list of {', '.join(problems.KV_DTYPES)} without repeats, "
+            f"got {text!r}")
+    return ",".join(names)
+
+
+def add_kv_dtype_option(p) -> None:
+    """``--kv-dtype`` (decode and prefill)."""
+    p.add_argument("--kv-dtype", default="auto", type=kv_dtype_list,
+                   help="KV cache dtypes, comma list of auto (the query's dtype), fp8_e4m3, "
+                        "fp8_e5m2: each shape runs with each, fp8 caches with per-tensor "
+                        "scales (default: auto)")
+
+
+def relate_to_auto(rows: list) -> None:
+    """Append to each timed fp8 row's note its time over the ``auto`` row of the same
+    shape, page and implementation label (rows carry ``kv_dtype`` and ``label``)."""
+    key = lambda r: (r.get("batch"), r.get("ctx"), r.get("prefix"), r.get("extend"),
+                     r.get("num_kv_heads"), r.get("page"), r.get("label"))
+    auto = {key(r): r for r in rows if r.get("kv_dtype") == "auto" and r["status"] == "ok"}
+    for r in rows:
+        base = auto.get(key(r))
+        if r.get("kv_dtype", "auto") != "auto" and r["status"] == "ok" and base:
+            ratio = f"{r['ms'] / base['ms']:.2f}x auto"
+            r["note"] = f"{r['note']}, {ratio}" if r.get("note") else ratio
+
+
+def labelled(rows: list, kv_name: str) -> list:
+    """Rows of one cache dtype: ``kv_dtype`` and the implementation's ``label`` recorded,
+    the dtype appended to the impl name unless it is ``auto``."""
+    for r in rows:
+        r["kv_dtype"], r["label"] = kv_name, r.get("impl", "?")
+        if kv_name != "auto":
+            r["impl"] = f"{r['label']} [{kv_name}]"
+    return rows
 
 
 def _add_common(p, *, rep_ms: float) -> None:
@@ -180,46 +234,102 @@ def run_decode_bench(args) -> dict:
         gb, gc = _parse_pairs(args.group_shape)[0]
         jobs += [(gb, gc, hq // int(g)) for g in str(args.groups).split(",") if g]
     rows = []
-    points = len(jobs) * len(pages)
-    for j, (batch, ctx, hkv) in enumerate(output.progress(jobs, desc="decode shapes")):
-        for i, page in enumerate(pages):
-            print(f"[{j * len(pages) + i + 1}/{points}] B={batch} ctx={ctx} Hkv={hkv} "
-                  f"page {page}", flush=True)
-            prob = problems.build_decode(batch=batch, ctx=ctx, page_size=page,
-                                         num_q_heads=hq, num_kv_heads=hkv, head_dim=dim,
-                                         dtype=dtype, device=device)
-            base = dict(op="decode", batch=batch, ctx=ctx, num_q_heads=hq, num_kv_heads=hkv,
-                        head_dim=dim, page=page)
-            made = []
-            for impl in impls:
-                for choice in partitions:
-                    # the shipped rule is planned by the op itself (per-sequence split)
-                    auto = isinstance(choice, str) and choice.startswith("auto")
-                    size = None if auto else _partition_size(choice, prob, device)
-                    label = _our_label(choice) + (f" [{impl}]" if len(impls) > 1 else "")
-                    made.append(_make(lambda: ours_decode(
-                        prob, partition_size=size, impl=impl,
-                        fused_combine={"auto-fused": True, "auto-launch": False}.get(choice),
-                        label=label), label))
-            if hq // hkv in per_head_groups:
-                size = _partition_size("auto", prob, device)
-                made.append(_make(lambda: ours_decode(prob, partition_size=size,
-                                                      kv_head_grid=False,
-                                                      label="hygon per-q-head"),
-                                  "hygon per-q-head"))
-            for name in peers:
-                made += make_peers(name, prob, "decode")
-            rows += _harness.run_all(made, lambda out: problems.check_decode(prob, out),
-                                     base=base, graph=True, rep_ms=args.rep_ms,
-                                     work=prob.kv_bytes(), ceiling=copy, device=device)
-            if args.same_bytes_copy:
-                rows.append(_same_bytes_copy_row(prob.kv_bytes(), base, copy, args.rep_ms,
-                                                 device))
-                _harness.print_row(rows[-1])
-            prob = made = None  # free the caches before the next shape
+    kv_names = args.kv_dtype.split(",")
+    meta.update(kv_dtypes=kv_names)
+    points = len(jobs) * len(pages) * len(kv_names)
+    done = 0
+    for batch, ctx, hkv in output.progress(jobs, desc="decode shapes"):
+        for page in pages:
+            for kv_name in kv_names:
+                done += 1
+                print(f"[{done}/{points}] B={batch} ctx={ctx} Hkv={hkv} page {page} "
+                      f"kv {kv_name}", flush=True)
+                rows += _decode_point(args, batch=batch, ctx=ctx, hkv=hkv, page=page,
+                                      kv_name=kv_name, dtype=dtype, impls=impls,
+                                      partitions=partitions, peers=peers,
+                                      per_head_groups=per_head_groups, copy=copy,
+                                      device=device)
+    relate_to_auto(rows)
     _harness.emit(rows, meta, args, op="decode", unit="GB/s", ceiling=copy,
                   ceiling_name="copy", title=f"decode {args.dtype}, Hq={hq}, D={dim}")
     return dict(meta, rows=rows)
+
+
+def _decode_point(args, *, batch, ctx, hkv, page, kv_name, dtype, impls, partitions, peers,
+                  per_head_groups, copy, device) -> list:
+    """Every row of one (shape, page, cache dtype): ours, the peers, the same-bytes copy."""
+    hq, dim = args.num_q_heads, args.head_dim
+    rows = []
+    prob = problems.build_decode(batch=batch, ctx=ctx, page_size=page,
+                                 num_q_heads=hq, num_kv_heads=hkv, head_dim=dim,
+                                 dtype=dtype, device=device,
+                                 kv_dtype=problems.kv_dtype_of(kv_name))
+    base = dict(op="decode", batch=batch, ctx=ctx, num_q_heads=hq, num_kv_heads=hkv,
+                head_dim=dim, page=page)
+    made = []
+    for impl in impls:
+        for choice in partitions:
+            # the shipped rule is planned by the op itself (per-sequence split)
+            auto = isinstance(choice, str) and choice.startswith("auto")
+            size = None if auto else _partition_size(choice, prob, device)
+            label = _our_label(choice) + (f" [{impl}]" if len(impls) > 1 else "")
+            made.append(_make(lambda: ours_decode(
+                prob, partition_size=size, impl=impl,
+                fused_combine={"auto-fused": True, "auto-launch": False}.get(choice),
+                label=label), label))
+    if hq // hkv in per_head_groups:
+        size = _partition_size("auto", prob, device)
+        made.append(_make(lambda: ours_decode(prob, partition_size=size,
+                                              kv_head_grid=False,
+                                              label="hygon per-q-head"),
+                          "hygon per-q-head"))
+    for name in peers:
+        made += make_peers(name, prob, "decode")
+    rows += labelled(_harness.run_all(
+        made, lambda out: problems.check_decode(prob, out), base=base, graph=True,
+        rep_ms=args.rep_ms, work=prob.kv_bytes(), ceiling=copy, device=device),
+        kv_name)
+    if args.dcp > 1:
+        rows += labelled(_dcp_rows(args.dcp, base, rows, dtype=dtype, copy=copy,
+                                   rep_ms=args.rep_ms, device=device), kv_name)
+    if args.same_bytes_copy:
+        rows += labelled([_same_bytes_copy_row(prob.kv_bytes(), base, copy,
+                                               args.rep_ms, device)], kv_name)
+        _harness.print_row(rows[-1])
+    prob = made = None  # free the caches before the next shape
+    return rows
+
+
+def dcp_ratio_note(shard_ms: float, rows: list) -> str:
+    """The DCP row's note: its time over the DCP=1 decode's (the ``hygon`` row of the same
+    shape: the shipped rule), or why there is no ratio."""
+    base = next((r for r in rows if r.get("impl", "").startswith("hygon")
+                 and "DCP" not in r["impl"] and r.get("status") == "ok"), None)
+    if base is None:
+        return "no DCP=1 row of this shape to compare with"
+    return f"{shard_ms / base['ms']:.2f}x {base['impl']} (DCP=1)"
+
+
+def _dcp_rows(world: int, base: dict, rows: list, *, dtype, copy: float, rep_ms: float,
+              device) -> list:
+    """The ``--dcp W`` row of one shape: a rank's shard (``ceil(ctx / W)`` keys a
+    sequence, the same heads) decoded with its LSE, plus the merge of W partials."""
+    from hygon_attn_backend.tools.bench.peers import ours_dcp_shard
+    shard = problems.build_decode(batch=base["batch"], ctx=-(-base["ctx"] // world),
+                                  page_size=base["page"], num_q_heads=base["num_q_heads"],
+                                  num_kv_heads=base["num_kv_heads"],
+                                  head_dim=base["head_dim"], dtype=dtype, device=device)
+    label = f"hygon DCP={world} rank (shard + merge)"
+    made = [_make(lambda: ours_dcp_shard(shard, world_size=world, label=label), label)]
+    # the shard reads 1/W of the keys: GB/s counts what this rank reads
+    out = _harness.run_all(made, lambda o: problems.check_decode(shard, o), base=base,
+                           graph=True, rep_ms=rep_ms, work=shard.kv_bytes(), ceiling=copy,
+                           device=device)
+    for row in out:
+        if row.get("status") == "ok":
+            row["note"] = f"{row.get('note', '')}; {dcp_ratio_note(row['ms'], rows)}"
+            print(f"  {label}: {row['note']}", flush=True)
+    return out
 
 
 def _same_bytes_copy_row(nbytes: int, base: dict, copy: float, rep_ms: float, device) -> dict:

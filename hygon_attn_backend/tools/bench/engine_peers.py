@@ -94,7 +94,7 @@ def sglang_decode(prob) -> Runner:
 
     def call(pdl):
         decode_fwd(prob.q, k_buf, v_buf, out, kv_indptr, kv_indices, attn_logits, attn_lse,
-                   num_kv_splits, SGLANG_MAX_KV_SPLITS, prob.scale, 1.0, 1.0,
+                   num_kv_splits, SGLANG_MAX_KV_SPLITS, prob.scale, prob.k_scale, prob.v_scale,
                    use_pdl=pdl, page_size=prob.page_size, uneven_batch=uneven)
     pdl_note = ", PDL" if use_pdl else ""
     if use_pdl:
@@ -126,7 +126,8 @@ def sglang_prefill(prob) -> Runner:
 
     def fn():
         extend_fwd(prob.q, prob.k_new, prob.v_new, out, k_buf, v_buf, qo_indptr, kv_indptr,
-                   kv_indices, None, True, None, prob.extend, 1.0, 1.0, sm_scale=prob.scale,
+                   kv_indices, None, True, None, prob.extend, prob.k_scale, prob.v_scale,
+                   sm_scale=prob.scale,
                    page_size=prob.page_size, extend_seq_lens_cpu=extend_cpu)
     return Runner(LABELS["sglang"], fn, out, note="new K/V dense",
                   keep=[qo_indptr, kv_indptr, kv_indices])
@@ -146,9 +147,11 @@ def _vllm_call(prob, *, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, thr
     segm_out = torch.empty(rows, hq, segs, triton.next_power_of_2(d), **f32)
     segm_max = torch.empty(rows, hq, segs, **f32)
     segm_sum = torch.empty(rows, hq, segs, **f32)
-    one = torch.ones(1, **f32)
     b = seqused_k.shape[0]
-    k_descale, v_descale = one.expand(b, hkv), one.expand(b, hkv)
+    # per-tensor fp8 scales (1 for a 16-bit cache), as vLLM's [B, Hkv] descale views
+    k_one = torch.full((1, 1), prob.k_scale, **f32)
+    v_one = torch.full((1, 1), prob.v_scale, **f32)
+    k_descale, v_descale = k_one.expand(b, hkv), v_one.expand(b, hkv)
     out = torch.empty_like(prob.q)
 
     def fn():
@@ -161,7 +164,7 @@ def _vllm_call(prob, *, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, thr
                 softmax_segm_max=segm_max, softmax_segm_expsum=segm_sum)
     use_3d = max_seqlen_q == 1 and b <= threshold
     return Runner(LABELS["vllm"], fn, out, note="3-D kernel" if use_3d else "2-D kernel",
-                  keep=[segm_out, segm_max, segm_sum, cu_seqlens_q, one])
+                  keep=[segm_out, segm_max, segm_sum, cu_seqlens_q, k_one, v_one])
 
 
 def _vllm_threshold(num_kv_heads: int) -> int:
@@ -220,7 +223,8 @@ def _flashinfer_setup(prob, wrapper_name: str, length: int):
 def _flashinfer_runner(prob, wrapper, *keep) -> Runner:
     import torch
     out = torch.empty_like(prob.q)
-    fn = lambda: wrapper.run(prob.q, (prob.k_store, prob.v_store), out=out)
+    scales = dict(k_scale=prob.k_scale, v_scale=prob.v_scale) if prob.fp8 else {}
+    fn = lambda: wrapper.run(prob.q, (prob.k_store, prob.v_store), out=out, **scales)
     return Runner(LABELS["flashinfer"], fn, out, keep=[wrapper, *keep])
 
 

@@ -53,7 +53,8 @@ def ours_decode(prob, *, partition_size: Optional[int], kv_head_grid: bool = Tru
         partition_size=partition_size, workspace=ws, kv_head_grid=kv_head_grid, tile=tile,
         fused_combine=fused_combine, impl=impl)
     out = torch.empty_like(prob.q)
-    fn = lambda: plan.run(prob.q, kview, vview, out=out)
+    scales = prob.scales()  # fp8: the per-tensor scales
+    fn = lambda: plan.run(prob.q, kview, vview, out=out, **scales)
     note = ""
     cfg = plan.config
     if cfg is not None:
@@ -65,6 +66,40 @@ def ours_decode(prob, *, partition_size: Optional[int], kv_head_grid: bool = Tru
         note += (f", split-N {plan.native_tile}-token tiles, {plan.native_stages} stages"
                  if plan.native_stages else ", shared-softmax loop")
     return Runner(label, fn, out, note=note, keep=[ws, plan])
+
+
+def ours_dcp_shard(shard, *, world_size: int, label: str) -> Runner:
+    """One rank's side of decode context parallelism over ``world_size`` ranks: our
+    decode of the rank's shard (``shard``: the problem with ``1 / world_size`` of every
+    sequence, the group's query heads) returning its LSE, then the merge of
+    ``world_size`` partial outputs by their LSEs (``ops.lse_merge``; the other ranks'
+    partials are stand-ins, the collectives that would carry them are not timed).
+    ``out`` is the shard's own output (what the check reads)."""
+    import torch
+    from hygon_attn_backend.ops.decode import allocate_decode_workspace, plan_paged_decode
+    from hygon_attn_backend.ops.lse_merge import merge_partials
+    kview, vview = shard.kv_views()
+    ws = allocate_decode_workspace(
+        max_num_seqs=shard.batch, num_q_heads=shard.num_q_heads,
+        num_kv_heads=shard.num_kv_heads, head_dim=shard.head_dim, max_context_len=shard.ctx,
+        device=shard.q.device)
+    plan = plan_paged_decode(
+        shard.block_table, shard.seq_lens, num_q_heads=shard.num_q_heads,
+        num_kv_heads=shard.num_kv_heads, head_dim=shard.head_dim, page_size=kview.shape[2],
+        q_dtype=shard.q.dtype, kv_dtype=kview.dtype, max_seq_len=shard.ctx, workspace=ws,
+        return_lse=True)
+    outs = torch.randn((world_size,) + tuple(shard.q.shape), device=shard.q.device).to(
+        shard.q.dtype)
+    lses = torch.randn(outs.shape[:-1], device=shard.q.device) + 10.0
+
+    def fn():
+        plan.run(shard.q, kview, vview, out=outs[0], lse=lses[0])
+        return merge_partials(outs, lses)
+
+    cfg = plan.config
+    note = f"ctx {shard.ctx} a rank" + (
+        f", partition {cfg.partition_size} (x{cfg.num_partitions})" if cfg else "")
+    return Runner(label, fn, outs[0], note=note, keep=[ws, plan, outs, lses])
 
 
 def ours_prefill(prob, *, kv_source: str = "cache", tile=None, label: str = "hygon",
@@ -79,9 +114,10 @@ def ours_prefill(prob, *, kv_source: str = "cache", tile=None, label: str = "hyg
                                num_q_heads=prob.num_q_heads, num_kv_heads=prob.num_kv_heads,
                                head_dim=prob.head_dim, tile=tile,
                                host_cu_seqlens_q=prob.cu_seqlens_q.cpu(), q_dtype=prob.q.dtype,
-                               impl=impl)
+                               kv_dtype=prob.kv_dtype, impl=impl)
     out = torch.empty_like(prob.q)
     kw = dict(k_new=prob.k_new, v_new=prob.v_new) if kv_source == "dense" else {}
+    kw.update(prob.scales())
     fn = lambda: plan.run(prob.q, kview, vview, prob.block_table, prob.cu_seqlens_q,
                           prob.seq_lens_k, out=out, **kw)
     note = f"tile {plan.block_m},{plan.block_n},{plan.num_warps},{plan.num_stages}"
@@ -177,6 +213,10 @@ def make_peers(name: str, prob, op: str) -> list:
         maker = sdpa_decode if op == "decode" else sdpa_prefill
         rows = []
         for backend in SDPA_BACKENDS:
+            if prob.fp8:
+                rows.append((f"sdpa {backend}", Unavailable(
+                    "no fp8 KV (SDPA takes K/V in the query's dtype)")))
+                continue
             if prob.q.device.type != "cuda":
                 rows.append((f"sdpa {backend}", Unavailable(
                     "not available on CPU (flash and cuDNN need a CUDA GPU)")))

@@ -10,6 +10,7 @@ built once outside the timed call (``plan_prefix_prefill(..., tile=)``), host ch
 off, each call is timed eagerly with the L2 cleared before it; 100% is a bf16 ``8192^3``
 matmul measured in the same run. Every output is checked against the reference before it
 is timed. ``sdpa`` runs the dense equivalent (bottom-right causal mask).
+``--kv-dtype`` puts fp8 caches beside the 16-bit one, as ``bench decode`` does.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import sys
 
 from hygon_attn_backend.tools.argtypes import count, int_list, tuple_list
 from hygon_attn_backend.tools.bench import _harness, output, problems
-from hygon_attn_backend.tools.bench.decode import _add_common
+from hygon_attn_backend.tools.bench.decode import (_add_common, add_kv_dtype_option, labelled,
+                                                   relate_to_auto)
 from hygon_attn_backend.tools.bench.peers import make_peers, ours_prefill
 
 DEFAULT_SHAPES = "1,0,8192;1,4096,4096;8,2048,512;32,1024,128;4,16384,1024"
@@ -72,6 +74,7 @@ def add_prefill_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--tiles", default="", type=_tiles_text,
                    help="';'-separated BLOCK_M,BLOCK_N,warps,stages configs to sweep "
                         "(passed to plan_prefix_prefill), 'default' for the heuristic")
+    add_kv_dtype_option(p)
     p.add_argument("--impl", default="auto",
                    help="our implementations, comma list of auto, triton, native (e.g. "
                         "triton,native: both in one run)")
@@ -108,31 +111,36 @@ def run_prefill_bench(args) -> dict:
           f"cleared before every call (by a {_timing.L2_FLUSH}), pages permuted")
     print(f"matmul ceiling: {mm:.1f} TFLOP/s ({mm_ms:.3f} ms) = 100%")
     rows = []
-    for batch, prefix, extend in output.progress(_parse_shapes(args.shapes),
-                                                 desc="prefill shapes"):
-        for page in pages:
-            prob = problems.build_prefill(batch=batch, prefix=prefix, extend=extend,
-                                          page_size=page, num_q_heads=hq, num_kv_heads=hkv,
-                                          head_dim=dim, dtype=dtype, device=device)
-            base = dict(op="prefill", batch=batch, prefix=prefix, extend=extend,
-                        num_q_heads=hq, num_kv_heads=hkv, head_dim=dim, page=page)
-            made = []
-            for tile in tiles:
-                for src in sources:
-                    for impl in impls:
-                        label = "hygon" if src == "cache" else "hygon (new K/V dense)"
-                        label += f" [{impl}]" if len(impls) > 1 else ""
-                        try:
-                            made.append((label, ours_prefill(prob, kv_source=src, tile=tile,
-                                                             label=label, impl=impl)))
-                        except Exception as exc:  # e.g. a swept tile the op refuses
-                            made.append((label, exc))
-            for name in peers:
-                made += make_peers(name, prob, "prefill")
-            rows += _harness.run_all(made, lambda out: problems.check_prefill(prob, out),
-                                     base=base, graph=False, rep_ms=args.rep_ms,
-                                     work=prob.flops(), ceiling=mm, device=device)
-            prob = made = None  # free the caches before the next shape
+    kv_names = args.kv_dtype.split(",")
+    meta.update(kv_dtypes=kv_names)
+    points = [(shape, page, kv) for shape in _parse_shapes(args.shapes) for page in pages
+              for kv in kv_names]
+    for (batch, prefix, extend), page, kv_name in output.progress(points,
+                                                                  desc="prefill shapes"):
+        prob = problems.build_prefill(batch=batch, prefix=prefix, extend=extend,
+                                      page_size=page, num_q_heads=hq, num_kv_heads=hkv,
+                                      head_dim=dim, dtype=dtype, device=device,
+                                      kv_dtype=problems.kv_dtype_of(kv_name))
+        base = dict(op="prefill", batch=batch, prefix=prefix, extend=extend,
+                    num_q_heads=hq, num_kv_heads=hkv, head_dim=dim, page=page)
+        made = []
+        for tile in tiles:
+            for src in sources:
+                for impl in impls:
+                    label = "hygon" if src == "cache" else "hygon (new K/V dense)"
+                    label += f" [{impl}]" if len(impls) > 1 else ""
+                    try:
+                        made.append((label, ours_prefill(prob, kv_source=src, tile=tile,
+                                                         label=label, impl=impl)))
+                    except Exception as exc:  # e.g. a swept tile the op refuses
+                        made.append((label, exc))
+        for name in peers:
+            made += make_peers(name, prob, "prefill")
+        rows += labelled(_harness.run_all(
+            made, lambda out: problems.check_prefill(prob, out), base=base, graph=False,
+            rep_ms=args.rep_ms, work=prob.flops(), ceiling=mm, device=device), kv_name)
+        prob = made = None  # free the caches before the next shape
+    relate_to_auto(rows)
     _harness.emit(rows, meta, args, op="prefill", unit="TFLOP/s", ceiling=mm,
                   ceiling_name="matmul",
                   title=f"prefill {args.dtype}, Hq={hq}, Hkv={hkv}, D={dim}")

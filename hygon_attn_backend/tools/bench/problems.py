@@ -4,12 +4,17 @@ of an output against :mod:`hygon_attn_backend.reference` before anything is time
 The caches are stored ``[num_blocks, P, Hkv, D]`` (vLLM's flash layout, SGLang's token
 pool seen in pages, FlashInfer's NHD), filled with random values, and every request's
 block table is a slice of a random permutation of the blocks, as a long-running server's
-free list hands them out.
+free list hands them out. An fp8 problem (``kv_dtype`` e4m3fn / e5m2) quantizes the same
+random caches with one per-tensor scale each, ``amax / the format's largest value``
+(:func:`quantize_caches`); every implementation gets those scales.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+#: the ``--kv-dtype`` names of the benchmarks: ``auto`` is the query's own dtype
+KV_DTYPES = {"auto": None, "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 
 # error budget: max|out - ref32| <= MULT * max|ref_lowp - ref32| + FLOOR[dtype], where
 # ref_lowp is the same reference computed in the input dtype (tests/support/budget.py's rule)
@@ -38,6 +43,18 @@ class _Paged:
     def head_dim(self) -> int:
         return self.q.shape[-1]
 
+    @property
+    def kv_dtype(self):
+        return self.k_store.dtype
+
+    @property
+    def fp8(self) -> bool:
+        return self.k_store.element_size() == 1
+
+    def scales(self) -> dict:
+        """``k_scale`` / ``v_scale`` keywords of an fp8 problem's calls ({} otherwise)."""
+        return dict(k_scale=self.k_scale, v_scale=self.v_scale) if self.fp8 else {}
+
     def kv_views(self):
         """The caches as the canonical ``[num_blocks, Hkv, P, D]`` views."""
         return self.k_store.permute(0, 2, 1, 3), self.v_store.permute(0, 2, 1, 3)
@@ -53,9 +70,9 @@ class _Paged:
 
 @dataclass
 class DecodeProblem(_Paged):
-    """q: ``[B, Hq, D]``; k_store, v_store: ``[num_blocks, P, Hkv, D]``; block_table:
-    ``[B, ceil(ctx / P)]`` int32 (a random permutation of the blocks); seq_lens: ``[B]``
-    int32, all ``ctx``."""
+    """q: ``[B, Hq, D]``; k_store, v_store: ``[num_blocks, P, Hkv, D]`` (q's dtype or fp8
+    with the per-tensor ``k_scale`` / ``v_scale``); block_table: ``[B, ceil(ctx / P)]`` int32
+    (a random permutation of the blocks); seq_lens: ``[B]`` int32, all ``ctx``."""
 
     q: object
     k_store: object
@@ -65,6 +82,8 @@ class DecodeProblem(_Paged):
     ctx: int
     page_size: int
     scale: float
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     def token_slots(self):
         """``[B, ctx]`` int64 slot of every key."""
@@ -95,6 +114,8 @@ class PrefillProblem(_Paged):
     extend: int
     page_size: int
     scale: float
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     def token_slots(self, start: int, stop: int):
         """``[B, stop - start]`` int64 slots of key positions ``start..stop-1``."""
@@ -114,8 +135,30 @@ def _paged_cache(num_blocks, page, hkv, dim, dtype, device, gen):
     return k, v
 
 
+def kv_dtype_of(name):
+    """The torch dtype of a ``--kv-dtype`` name (None: ``auto``, the query's dtype)."""
+    import torch
+    if name not in KV_DTYPES:
+        raise ValueError(f"kv dtype must be one of {', '.join(KV_DTYPES)}, got {name!r}")
+    return None if KV_DTYPES[name] is None else getattr(torch, KV_DTYPES[name])
+
+
+def quantize_caches(k, v, kv_dtype):
+    """``(k8, v8, k_scale, v_scale)``: ``k``/``v`` in ``kv_dtype`` (fp8) with one scale each,
+    ``amax / finfo(kv_dtype).max`` (a zero cache takes scale 1)."""
+    import torch
+    from hygon_attn_backend import reference
+    fmax = torch.finfo(kv_dtype).max
+    out = []
+    for x in (k, v):
+        amax = float(x.float().abs().amax()) if x.numel() else 0.0
+        out.append((amax / fmax) if amax > 0 else 1.0)
+    return (reference.quantize_fp8(k, kv_dtype, out[0]),
+            reference.quantize_fp8(v, kv_dtype, out[1]), out[0], out[1])
+
+
 def build_decode(*, batch, ctx, page_size, num_q_heads, num_kv_heads, head_dim, dtype,
-                 device, seed=0) -> DecodeProblem:
+                 device, seed=0, kv_dtype=None) -> DecodeProblem:
     import torch
     gen = torch.Generator(device=device).manual_seed(seed)
     blocks_per = -(-ctx // page_size)
@@ -125,17 +168,25 @@ def build_decode(*, batch, ctx, page_size, num_q_heads, num_kv_heads, head_dim, 
     table = perm.reshape(batch, blocks_per).to(torch.int32)
     lens = torch.full((batch,), ctx, device=device, dtype=torch.int32)
     q = torch.randn(batch, num_q_heads, head_dim, device=device, generator=gen).to(dtype)
-    return DecodeProblem(q, k, v, table, lens, ctx, page_size, head_dim ** -0.5)
+    scales = ()
+    if kv_dtype is not None and kv_dtype != dtype:
+        k, v, *scales = quantize_caches(k, v, kv_dtype)
+    return DecodeProblem(q, k, v, table, lens, ctx, page_size, head_dim ** -0.5, *scales)
 
 
 def build_prefill(*, batch, prefix, extend, page_size, num_q_heads, num_kv_heads, head_dim,
-                  dtype, device, seed=0) -> PrefillProblem:
+                  dtype, device, seed=0, kv_dtype=None) -> PrefillProblem:
+    """The new tokens' dense ``k_new``/``v_new`` are the cache's rows (dequantized to q's
+    dtype for an fp8 cache): both K/V sources give the same answer."""
     import torch
     gen = torch.Generator(device=device).manual_seed(seed)
     len_k = prefix + extend
     blocks_per = -(-len_k // page_size)
     nb = batch * blocks_per
     k, v = _paged_cache(nb, page_size, num_kv_heads, head_dim, dtype, device, gen)
+    scales = ()
+    if kv_dtype is not None and kv_dtype != dtype:
+        k, v, *scales = quantize_caches(k, v, kv_dtype)
     perm = torch.randperm(nb, device=device, generator=gen)
     table = perm.reshape(batch, blocks_per).to(torch.int32)
     q = torch.randn(batch * extend, num_q_heads, head_dim, device=device,
@@ -143,10 +194,10 @@ def build_prefill(*, batch, prefix, extend, page_size, num_q_heads, num_kv_heads
     cu = torch.arange(0, batch + 1, device=device, dtype=torch.int32) * extend
     lens_k = torch.full((batch,), len_k, device=device, dtype=torch.int32)
     prob = PrefillProblem(q, None, None, k, v, table, cu, lens_k, prefix, extend, page_size,
-                          head_dim ** -0.5)
+                          head_dim ** -0.5, *scales)
     slots = prob.token_slots(prefix, len_k).reshape(-1)  # the new tokens, request-major
-    prob.k_new = k.view(-1, num_kv_heads, head_dim)[slots]
-    prob.v_new = v.view(-1, num_kv_heads, head_dim)[slots]
+    prob.k_new = (k.view(-1, num_kv_heads, head_dim)[slots].float() * prob.k_scale).to(dtype)
+    prob.v_new = (v.view(-1, num_kv_heads, head_dim)[slots].float() * prob.v_scale).to(dtype)
     return prob
 
 
@@ -166,9 +217,9 @@ def check_decode(prob: DecodeProblem, out) -> tuple:
     kview, vview = prob.kv_views()
     args = (prob.q[:n], kview, vview, prob.block_table[:n], prob.seq_lens[:n])
     ref32 = reference.paged_decode_attention(*args, scale=prob.scale, out=torch.empty(
-        prob.q[:n].shape, dtype=torch.float32, device=prob.q.device))
+        prob.q[:n].shape, dtype=torch.float32, device=prob.q.device), **prob.scales())
     ref_lowp = reference.paged_decode_attention(*args, scale=prob.scale,
-                                                compute_dtype=prob.q.dtype)
+                                                compute_dtype=prob.q.dtype, **prob.scales())
     return _budget(out[:n], ref32, ref_lowp, str(prob.q.dtype).split(".")[-1])
 
 
@@ -185,7 +236,7 @@ def check_prefill(prob: PrefillProblem, out) -> tuple:
     args = (prob.q[rows], kview, vview, prob.block_table[:1], cu, prob.seq_lens_k[:1])
     ref32 = reference.prefix_prefill_attention(
         *args, scale=prob.scale, out=torch.empty(prob.q[rows].shape, dtype=torch.float32,
-                                                 device=dev))
+                                                 device=dev), **prob.scales())
     ref_lowp = reference.prefix_prefill_attention(*args, scale=prob.scale,
-                                                  compute_dtype=prob.q.dtype)
+                                                  compute_dtype=prob.q.dtype, **prob.scales())
     return _budget(out[rows], ref32, ref_lowp, str(prob.q.dtype).split(".")[-1])

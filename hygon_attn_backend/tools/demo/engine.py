@@ -51,8 +51,12 @@ PROMPT_SEED = 26
 DTYPE = "float16"
 
 
-def build_tiny_llama(path: str, *, seed: int = SEED) -> str:
-    """Write a random-weight Llama and its tokenizer to ``path``; returns ``path``."""
+def build_tiny_llama(path: str, *, seed: int = SEED, num_heads: int = HEADS,
+                     num_kv_heads: int = KV_HEADS, hidden: int = HIDDEN) -> str:
+    """Write a random-weight Llama and its tokenizer to ``path``; returns ``path``.
+    ``num_heads`` / ``num_kv_heads``: query and KV heads (head_dim stays ``HEAD_DIM``; the
+    parallel tests shard them over tensor-parallel ranks); ``hidden``: the model width, a
+    multiple of ``num_heads`` (the config's check)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -66,9 +70,9 @@ def build_tiny_llama(path: str, *, seed: int = SEED) -> str:
                                    eos_token="</s>")
     fast.save_pretrained(path)
 
-    config = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=HIDDEN,
-                         intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+    config = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=hidden,
+                         intermediate_size=2 * hidden, num_hidden_layers=LAYERS,
+                         num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
                          head_dim=HEAD_DIM, max_position_embeddings=MAX_MODEL_LEN,
                          initializer_range=INIT_STD, bos_token_id=1, eos_token_id=2,
                          pad_token_id=0, tie_word_embeddings=False, torch_dtype="float32")
@@ -100,9 +104,10 @@ def demo_prompts(seed: int = PROMPT_SEED) -> tuple[list[list[int]], list[list[in
     return round1, round2
 
 
-def _generate(model_dir: str, backend: Optional[str]) -> dict:
+def _generate(model_dir: str, backend: Optional[str], options: Optional[dict] = None) -> dict:
     """Greedy generation in this process with vLLM. Returns ``{"tokens": [[ids]...],
-    "gaps": [[top-2 logprob gap per step]...]}``."""
+    "gaps": [[top-2 logprob gap per step]...]}``. ``options``: more ``LLM`` arguments
+    (``tensor_parallel_size``, ``decode_context_parallel_size``, ...)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -115,6 +120,7 @@ def _generate(model_dir: str, backend: Optional[str]) -> dict:
     kwargs["dtype"] = DTYPE
     if backend is not None:
         kwargs["attention_backend"] = backend
+    kwargs.update(options or {})
     if not torch.cuda.is_available():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     llm = LLM(**kwargs)

@@ -1,6 +1,6 @@
 """Seeded, reproducible fuzzer of the public ops against ``reference.py``.
 
-    hygon-attn fuzz --op decode|prefill|write_kv|copy_blocks --cases N --seed S
+    hygon-attn fuzz --op decode|prefill|mla|write_kv|copy_blocks --cases N --seed S
                     [--device cuda|cpu] [--case K] [--shard I/N] [--skip M]
 
 Case ``K`` of seed ``S`` is a pure function of ``(op, S, K, device kind)``: its host
@@ -29,17 +29,18 @@ import traceback
 
 from hygon_attn_backend.tools.argtypes import count
 
-OPS = ("decode", "prefill", "write_kv", "copy_blocks")
+OPS = ("decode", "prefill", "mla", "write_kv", "copy_blocks")
 # profiles per seed: each value of every stratified set (12 layouts, 12 page sizes, 12
 # groups, 6 head_dims, ...) appears in at least NUM // len(set) of them; each profile costs
 # its kernels' compiles (decode <= 3: one-partition, split, combine; prefill 1), so a run
 # compiles <= 96 decode and 32 prefill kernels, 12 and 4 per shard of 8 (fuzz/speckeys.py)
-NUM_PROFILES = {"decode": 32, "prefill": 32, "write_kv": 24, "copy_blocks": 24}
+NUM_PROFILES = {"decode": 32, "prefill": 32, "mla": 24, "write_kv": 24, "copy_blocks": 24}
 
 
 def _op_functions(op: str):
-    from hygon_attn_backend.tools.fuzz import attention, cache
+    from hygon_attn_backend.tools.fuzz import attention, cache, mla
     return {
+        "mla": (mla.mla_profile, mla.mla_case),
         "decode": (attention.decode_profile, attention.decode_case),
         "prefill": (attention.prefill_profile, attention.prefill_case),
         "write_kv": (cache.write_kv_profile, cache.write_kv_case),
@@ -75,21 +76,44 @@ def profiles_for(op: str, seed: int, tiny: bool) -> list:
                        Strata(f"{op}:{seed}", i, count)) for i in range(count)]
 
 
+#: ``--kv-dtype``: the cache dtypes a decode / prefill run keeps (``any``: every profile)
+KV_DTYPE_FILTERS = ("any", "fp8", "fp8_e4m3", "fp8_e5m2", "16bit")
+
+
+def kv_dtype_matches(kv_dtype, name: str) -> bool:
+    """Whether a profile's cache dtype ``kv_dtype`` passes the ``--kv-dtype`` filter."""
+    import torch
+    fp8 = kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    return {"any": True, "fp8": fp8, "fp8_e4m3": kv_dtype == torch.float8_e4m3fn,
+            "fp8_e5m2": kv_dtype == torch.float8_e5m2, "16bit": not fp8}[name]
+
+
 def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
          shard: "tuple[int, int]" = (0, 1), skip: int = 0, out=sys.stdout,
-         max_failures: int = 20, impl: str = "triton") -> int:
+         max_failures: int = 20, impl: str = "triton", kv_dtype: str = "any") -> int:
     """Run the cases; print each failure and a summary line. Returns the failure count.
     ``skip``: leave out this shard's first ``skip`` cases (resume a run that was stopped
     after them). ``impl`` (prefill and decode): the implementation the cases plan with;
     "auto" takes the plan's choice, "native" the native kernel on the cases it covers (the
-    summary counts the native cases)."""
+    summary counts the native cases). ``kv_dtype`` (prefill and decode, one of
+    ``KV_DTYPE_FILTERS``): run only the seed's profiles with that cache dtype (case ``k``
+    is then case ``k`` of those profiles; its rerun names the filter)."""
     import torch
 
     if impl != "triton" and op not in ("prefill", "decode"):
         raise ValueError(f"impl={impl!r}: only the prefill and decode cases take an impl "
                          f"(op={op!r})")
+    if kv_dtype not in KV_DTYPE_FILTERS:
+        raise ValueError(f"kv_dtype must be one of {KV_DTYPE_FILTERS}, got {kv_dtype!r}")
+    if kv_dtype != "any" and op not in ("prefill", "decode"):
+        raise ValueError(f"kv_dtype={kv_dtype!r}: only the prefill and decode cases have a "
+                         f"cache dtype (op={op!r})")
     dev = torch.device(device)
     profiles = profiles_for(op, seed, dev.type == "cpu")
+    if kv_dtype != "any":
+        profiles = [p for p in profiles if kv_dtype_matches(p["kv_dtype"], kv_dtype)]
+        if not profiles:
+            raise ValueError(f"seed {seed} has no {op} profile with kv dtype {kv_dtype}")
     if op in ("prefill", "decode"):
         for prof in profiles:
             prof["impl"] = impl
@@ -107,7 +131,8 @@ def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
                 if failures <= max_failures:
                     print(f"FAIL {op} seed={seed} case={k}: {problem}\n  {desc}\n  rerun: "
                           f"hygon-attn fuzz --op {op} --seed {seed} --case {k} --device "
-                          f"{device}" + (f" --impl {impl}" if impl != "triton" else ""),
+                          f"{device}" + (f" --impl {impl}" if impl != "triton" else "")
+                          + (f" --kv-dtype {kv_dtype}" if kv_dtype != "any" else ""),
                           file=out, flush=True)
             elif only is not None:
                 print(f"ok {op} seed={seed} case={k}: {desc}", file=out)
@@ -121,6 +146,8 @@ def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
         part += f", its first {skip} skipped"
     if impl != "triton":
         part += f", impl {impl}: {native} native"
+    if kv_dtype != "any":
+        part += f", kv {kv_dtype}"
     print(f"fuzz {op}: {done} cases, {failures} failures, {took:.1f} s (seed {seed}, "
           f"{device}{part}, {len(profiles)} profiles){stopped}", file=out, flush=True)
     return failures
@@ -151,6 +178,9 @@ def add_fuzz_parser(sub) -> None:
                    help="prefill and decode: the implementation the cases plan with (auto: "
                         "the plan's rule; native: the native kernel on the cases it covers "
                         "on this GPU, Triton on the rest)")
+    p.add_argument("--kv-dtype", choices=KV_DTYPE_FILTERS, default="any",
+                   help="prefill and decode: only the profiles with this cache dtype (fp8: "
+                        "e4m3 and e5m2; 16bit: the query's dtype)")
     p.add_argument("--profile", default=None,
                    help="write a cProfile of the run to this file (where a case's host "
                         "time goes: building it, compiling, the kernels, the reference)")
@@ -165,6 +195,10 @@ def cmd_fuzz(args) -> int:
     if args.impl != "triton" and args.op not in ("prefill", "decode"):
         print(f"hygon-attn fuzz: --impl {args.impl}: only --op prefill and decode take an "
               f"impl (got --op {args.op})", file=sys.stderr)
+        return 2
+    if args.kv_dtype != "any" and args.op not in ("prefill", "decode"):
+        print(f"hygon-attn fuzz: --kv-dtype {args.kv_dtype}: only --op prefill and decode "
+              f"have a cache dtype (got --op {args.op})", file=sys.stderr)
         return 2
     device = args.device
     if device is None:
@@ -186,7 +220,8 @@ def cmd_fuzz(args) -> int:
         profiler.enable()
     try:
         failures = fuzz(args.op, cases=args.cases, seed=args.seed, device=device,
-                        only=args.case, shard=args.shard, skip=args.skip, impl=args.impl)
+                        only=args.case, shard=args.shard, skip=args.skip, impl=args.impl,
+                        kv_dtype=args.kv_dtype)
     finally:
         if profiler is not None:
             profiler.disable()

@@ -98,6 +98,12 @@ def decode_profile(rng: random.Random, tiny: bool, strata: pb.Strata) -> dict:
         "partition_size", (None, 16) if tiny else (None, None, 16, 64, 256, 512))
     # a split launch merges in the decode kernel or in a second kernel
     prof["fused_combine"] = strata.pick("fused_combine", (False, True))
+    if not tiny and prof["kv_dtype"] in pb.FP8 and strata.pick("fp8_rules", (False, True)):
+        # half the fp8 profiles sit where the fp8 tile and split rules act
+        # (ops.decode.tuning.fp8_regime: D=128, at most 4 rows a program, pages of 16+)
+        prof.update(head_dim=128, tokens=1, partition_size=None,
+                    group=strata.pick("fp8_group", (1, 2, 4)),
+                    page=strata.pick("fp8_page", (16, 32, 64)))
     return prof
 
 

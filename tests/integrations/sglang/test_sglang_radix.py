@@ -154,12 +154,12 @@ def test_locked_path_survives_eviction_pressure(page_size, device):
 
     live = srv.start(base + _tokens(rng, 6))  # locks the 48-token path while running
     assert live.cached_len == 48
-    path = srv.tree.path_device_indices(live.node).clone()
+    path = srv.path_slots(live.node).clone()
     free_before = srv.allocator.available_size()
     evicted = srv.tree.evict(EvictParams(num_tokens=10 ** 6)).num_tokens_evicted
     assert evicted == 3 * _aligned(48, page_size), "every unlocked leaf goes, nothing locked"
     assert srv.allocator.available_size() == free_before + evicted
-    assert torch.equal(srv.tree.path_device_indices(live.node), path)
+    assert torch.equal(srv.path_slots(live.node), path)
     assert srv.tree.protected_size() == 48
     free_pages = set(srv.allocator.free_pages.tolist())
     assert not free_pages & set((path // page_size).tolist()), "a locked slot was freed"

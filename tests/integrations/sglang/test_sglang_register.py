@@ -47,6 +47,24 @@ def test_register_is_idempotent():
     assert ATTENTION_BACKEND_CHOICES.count("hygon") == 1
     assert len(ATTENTION_BACKEND_CHOICES) == n_choices
     assert ATTENTION_BACKENDS["hygon"] is factory
+    from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES
+
+    assert DRAFT_ATTENTION_BACKEND_CHOICES.count("hygon") == 1
+
+
+def test_draft_worker_keeps_hygon():
+    """SGLang's draft worker takes ``hygon`` when named (or inherited from the target)
+    instead of falling back to flashinfer / triton."""
+    from sglang.srt.runtime_context import get_context
+    from sglang.srt.speculative.draft_worker_common import (
+        resolve_draft_worker_attention_backend,
+    )
+
+    integration.register()
+    args = prepare_server_args(["--model-path", "unused-model", "--attention-backend", "hygon",
+                                "--speculative-draft-attention-backend", "hygon"])
+    get_context().set_server_args(args)
+    assert resolve_draft_worker_attention_backend(algo_label="EAGLE") == "hygon"
 
 
 @pytest.mark.parametrize("flags, field_values", [

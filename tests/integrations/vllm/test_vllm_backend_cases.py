@@ -20,26 +20,16 @@ import torch
 
 pytest.importorskip("vllm")
 
-from tests.support.budget import assert_within_budget  # noqa: E402
 from tests.support.vllm_cases import BATCH_SPECS, LAYOUTS, make_case, oracle  # noqa: E402
-
-from vllm.config import (  # noqa: E402
-    CacheConfig,
-    ModelConfig,
-    SchedulerConfig,
-    VllmConfig,
-    set_current_vllm_config,
-)
-from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
-
-from hygon_attn_backend.integrations.vllm.backend import (  # noqa: E402
-    HygonAttentionBackend,
-    HygonAttentionImpl,
-    HygonAttentionMetadataBuilder,
+from tests.support.vllm_harness import (  # noqa: E402
+    check,
+    llama_config_dir,
+    run_backend,
+    vllm_config_for,
 )
 
-MAX_MODEL_LEN = 8192
+from hygon_attn_backend.integrations.vllm.backend import HygonAttentionBackend  # noqa: E402
+
 INTERPRETER_CASES = ["small_decode", "small_prefill", "mixed_small", "prefill_no_context",
                      "mixed_mid_page"]
 
@@ -47,81 +37,17 @@ INTERPRETER_CASES = ["small_decode", "small_prefill", "mixed_small", "prefill_no
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     """Config-only Llama folders (no weights): vLLM's ModelConfig reads the heads there."""
-    from transformers import LlamaConfig
-
     made = {}
 
     def get(num_q_heads, num_kv_heads, head_size):
         key = (num_q_heads, num_kv_heads, head_size)
         if key not in made:
             path = tmp_path_factory.mktemp(f"llama_{num_q_heads}_{num_kv_heads}_{head_size}")
-            LlamaConfig(vocab_size=256, hidden_size=num_q_heads * head_size,
-                        intermediate_size=64, num_hidden_layers=1,
-                        num_attention_heads=num_q_heads, num_key_value_heads=num_kv_heads,
-                        head_dim=head_size, max_position_embeddings=MAX_MODEL_LEN
-                        ).save_pretrained(path)
+            llama_config_dir(path, num_q_heads, num_kv_heads, head_size)
             made[key] = str(path)
         return made[key]
 
     return get
-
-
-def vllm_config_for(model_dir, *, block_size, dtype):
-    model = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
-                        dtype=dtype, max_model_len=MAX_MODEL_LEN)
-    return VllmConfig(model_config=model, cache_config=CacheConfig(block_size=block_size),
-                      scheduler_config=SchedulerConfig(max_num_seqs=64,
-                                                       max_num_batched_tokens=MAX_MODEL_LEN,
-                                                       max_model_len=MAX_MODEL_LEN,
-                                                       is_encoder_decoder=False))
-
-
-class Layer:
-    """What the impl reads from vLLM's Attention layer: the KV scales."""
-
-    def __init__(self, case):
-        self._k_scale = case.k_scale
-        self._v_scale = case.v_scale
-        self._k_scale_float = float(case.k_scale)
-        self._v_scale_float = float(case.v_scale)
-
-
-def common_metadata(case) -> CommonAttentionMetadata:
-    qsl = case.query_start_loc
-    return CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl.cpu(), seq_lens=case.seq_lens_t,
-        num_reqs=len(case.seq_lens), num_actual_tokens=case.num_tokens,
-        max_query_len=max(case.query_lens), max_seq_len=max(case.seq_lens),
-        block_table_tensor=case.block_table, slot_mapping=case.slot_mapping,
-        seq_lens_cpu_upper_bound=case.seq_lens_t.cpu())
-
-
-def run_backend(case, vllm_config, *, sliding_window=None, soft_cap=None, sinks=None,
-                decode_threshold=None):
-    """Builder -> do_kv_cache_update -> forward, as vLLM's worker calls them."""
-    spec = FullAttentionSpec(block_size=case.block_size, num_kv_heads=case.num_kv_heads,
-                             head_size=case.head_size, dtype=case.dtype,
-                             sliding_window=sliding_window)
-    with set_current_vllm_config(vllm_config):
-        builder = HygonAttentionMetadataBuilder(spec, ["model.layers.0.self_attn.attn"],
-                                                vllm_config, case.query.device)
-        if decode_threshold is not None:  # as a speculative config would set it
-            builder.reorder_batch_threshold = decode_threshold
-        md = builder.build(0, common_metadata(case))
-        impl = HygonAttentionImpl(case.num_q_heads, case.head_size, case.head_size ** -0.5,
-                                  case.num_kv_heads, None, sliding_window,
-                                  case.kv_cache_dtype, soft_cap, sinks=sinks)
-    layer = Layer(case)
-    impl.do_kv_cache_update(layer, case.key, case.value, case.kv_cache, case.slot_mapping)
-    out = torch.full_like(case.query, float("nan"))
-    impl.forward(layer, case.query, case.key, case.value, case.kv_cache, md, output=out)
-    return out, md
-
-
-def check(case, out, **options):
-    ref64 = oracle(case, torch.float64, **options)
-    ref_lowp = oracle(case, case.dtype, **options)
-    assert_within_budget(out, ref64, ref_lowp)
 
 
 IMPL_PARAMS = [pytest.param("reference", id="reference"),
@@ -229,6 +155,7 @@ def test_capabilities():
     b = HygonAttentionBackend
     assert b.get_name() == "HYGON"
     assert b.forward_includes_kv_cache_update is False
+    assert b.accept_output_buffer is True  # read by vLLM 0.18 and older
     assert b.supports_head_size(128) and not b.supports_head_size(48)
     assert b.supports_dtype(torch.bfloat16) and not b.supports_dtype(torch.float32)
     assert b.supports_kv_cache_dtype("fp8") and not b.supports_kv_cache_dtype("int8_per_token_head")

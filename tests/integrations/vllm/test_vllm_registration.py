@@ -111,17 +111,47 @@ def test_register_is_cheap_and_lazy(fresh_vllm):
     assert heavy == [], f"register() imported {heavy} ({res['seconds']:.3f} s)"
 
 
-def test_unsupported_version_changes_nothing(monkeypatch):
+@pytest.mark.parametrize("version", ["0.14.1", "0.35.0", "1.0.0", "dev"])
+def test_unsupported_version_changes_nothing(version, monkeypatch, caplog):
+    """Outside the supported range: one warning line naming the version and the range,
+    and vLLM's enum, overrides and CPU selector exactly as before."""
+    from vllm.platforms.cpu import CpuPlatform
     from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
 
     monkeypatch.setattr(hv, "_registered_member", None)
-    monkeypatch.setattr(hv, "vllm_version", lambda: "0.31.2")
-    before = dict(E.__members__)
-    assert hv.register() is None
-    assert dict(E.__members__) == before
-    assert not hv.is_supported_version("0.34.0") and hv.is_supported_version("0.33.1")
-    # the CPU patch is gated to the version whose selector it was written for
-    assert cpu_platform.install("0.33.0", E.CUSTOM) is False
+    monkeypatch.setattr(hv, "vllm_version", lambda: version)
+    before = (dict(E.__members__), E.CUSTOM.is_overridden(),
+              CpuPlatform.__dict__["get_attn_backend_cls"])
+    with caplog.at_level("WARNING", logger="vllm.hygon_attn_backend"):
+        assert hv.register() is None
+    after = (dict(E.__members__), E.CUSTOM.is_overridden(),
+             CpuPlatform.__dict__["get_attn_backend_cls"])
+    assert after == before
+    lines = [r.getMessage() for r in caplog.records if r.name == "vllm.hygon_attn_backend"]
+    assert len(lines) == 1, lines
+    assert f"vLLM {version} is outside the supported range 0.15 to 0.34" in lines[0]
+    assert "left unchanged" in lines[0]
+    assert not hv.is_supported_version(version)
+    # the CPU patch is gated to the versions whose selector it was written for
+    assert cpu_platform.install(version, E.CUSTOM) is False
+
+
+def test_supported_range_bounds():
+    assert hv.is_supported_version("0.15.0") and hv.is_supported_version("0.21.0")
+    assert hv.is_supported_version("0.34.9") and not hv.is_supported_version("0.14.1")
+    assert hv.unsupported_reason(hv.vllm_version()) is None
+
+
+def test_missing_capability_refuses_without_changes(monkeypatch, caplog):
+    """A vLLM in the range that lacks what registration needs: refused before any change."""
+    from vllm.v1.attention.backends import registry
+
+    monkeypatch.setattr(hv, "_registered_member", None)
+    monkeypatch.delattr(registry, "register_backend")
+    with caplog.at_level("WARNING", logger="vllm.hygon_attn_backend"):
+        assert hv.register() is None
+    lines = [r.getMessage() for r in caplog.records if r.name == "vllm.hygon_attn_backend"]
+    assert len(lines) == 1 and "lacks register_backend" in lines[0], lines
 
 
 def test_cli_flag_selects_hygon(model_dir):

@@ -1,0 +1,136 @@
+"""Every vLLM interface difference the integration adapts to, in one place.
+
+Each adapter keys on the capability itself (whether vLLM has a name, what a signature
+takes) where it can, and on a version range only where behaviour changes without a
+visible interface change. The supported range is :data:`SUPPORTED_RANGE`;
+``scripts/compat/run.py`` measures every listed version (``docs/compat.md``).
+
+The differences, as read in each measured version's source (``x.y and older`` means
+the oldest measured, 0.15, up to x.y):
+
+=====================================  ======================  ==============================
+vLLM piece                             differs                 adapter
+=====================================  ======================  ==============================
+``backend.max_decode_query_len``       absent in 0.28, older   :func:`max_decode_query_len`
+                                                               (the builder's threshold)
+``backends.utils.get_num_attention_``  absent in 0.21, older   :func:`num_attention_heads`
+``heads_from_layers``                                          (the model-wide count)
+``kv_cache_interface.KVCacheLayout``   absent in 0.28, older   :func:`kv_cache_layout_enum`
+                                                               is None: no layouts declared
+``AttentionBackend.get_kv_cache_``     abstract in 0.28 and    the backend always defines it
+``shape``                              older, gone in 0.32     (logical = physical shape)
+``supports_combination`` positionals   8 in 0.21 and older     the backend takes both (its
+                                       (no use_mm_prefix)      tail is ``*rest``)
+``CpuPlatform.get_attn_backend_cls``   no ``num_heads`` in     :func:`call_with_supported`
+                                       0.15
+CPU selector ignores the selection     0.15 to 0.34            ``cpu_platform`` wrapper,
+                                                               :data:`CPU_PATCH_RANGE`
+``AttentionBackend.accept_output_``    read (default False)    the backend declares True
+``buffer``                             in 0.18 and older       (forward fills ``output``)
+``AttentionBackendEnum.register``      absent in 0.28, older   :func:`can_add_members`: with
+                                                               ``CUSTOM`` taken, refuse
+=====================================  ======================  ==============================
+
+Everything here imports vLLM lazily: :mod:`.` (``register``) must stay cheap.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Optional, Tuple
+
+Version = Tuple[int, int]
+
+#: vLLM (major, minor) versions the integration supports, inclusive at both ends.
+SUPPORTED_RANGE: Tuple[Version, Version] = ((0, 15), (0, 34))
+#: vLLM versions whose CPU platform ignores the selected backend (the patch applies).
+CPU_PATCH_RANGE: Tuple[Version, Version] = ((0, 15), (0, 34))
+
+
+def version_tuple(text) -> Optional[Version]:
+    """``"0.21.0"`` -> ``(0, 21)``; None for anything else."""
+    parts = str(text).split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def in_range(version, bounds: Tuple[Version, Version]) -> bool:
+    v = version_tuple(version)
+    return v is not None and bounds[0] <= v <= bounds[1]
+
+
+def range_text(bounds: Tuple[Version, Version]) -> str:
+    (a, b), (c, d) = bounds
+    return f"{a}.{b} to {c}.{d}"
+
+
+def missing_capabilities() -> list[str]:
+    """What this vLLM lacks that registration needs (empty when registration can run).
+
+    Checked before anything is changed, so an unsupportable vLLM is left untouched."""
+    missing = []
+    try:
+        from vllm.v1.attention.backends import registry
+    except Exception as exc:  # older layouts (vllm.attention.backends) or a broken install
+        return [f"vllm.v1.attention.backends.registry does not import ({exc})"]
+    enum = getattr(registry, "AttentionBackendEnum", None)
+    if enum is None or "CUSTOM" not in enum.__members__:
+        missing.append("AttentionBackendEnum.CUSTOM")
+    elif not all(hasattr(enum.CUSTOM, m) for m in ("get_path", "is_overridden")):
+        missing.append("AttentionBackendEnum.get_path/is_overridden")
+    if not callable(getattr(registry, "register_backend", None)):
+        missing.append("register_backend")
+    return missing
+
+
+def can_add_members() -> bool:
+    """Whether ``register_backend("NAME", path)`` creates a new enum member."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    return callable(getattr(AttentionBackendEnum, "register", None))
+
+
+def _optional(module: str, name: str):
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def kv_cache_layout_enum():
+    """vLLM's ``KVCacheLayout`` enum, or None where vLLM has none (the runner then takes
+    the backend's ``get_kv_cache_shape``)."""
+    return _optional("vllm.v1.kv_cache_interface", "KVCacheLayout")
+
+
+def max_decode_query_len(vllm_config, builder) -> int:
+    """Most tokens a decode request of this engine carries (1 + speculative tokens).
+
+    vLLM's own function where it exists; else the builder's reorder threshold, which
+    ``_init_reorder_batch_threshold(1, supports_spec_as_decode=True)`` set from the same
+    speculative config."""
+    fn = _optional("vllm.v1.attention.backend", "max_decode_query_len")
+    if fn is not None:
+        return int(fn(vllm_config))
+    return int(builder.reorder_batch_threshold or 1)
+
+
+def num_attention_heads(vllm_config, layer_names) -> int:
+    """Query heads per rank of the named layers (vLLM's per-layer count where it exists,
+    else the model-wide count)."""
+    fn = _optional("vllm.v1.attention.backends.utils", "get_num_attention_heads_from_layers")
+    heads = fn(vllm_config, layer_names) if fn is not None else None
+    return heads or vllm_config.model_config.get_num_attention_heads(
+        vllm_config.parallel_config)
+
+
+def call_with_supported(func, *args, **kwargs):
+    """Call ``func`` with only the keyword arguments its signature names."""
+    params = inspect.signature(func).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return func(*args, **kwargs)

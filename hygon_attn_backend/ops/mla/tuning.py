@@ -1,0 +1,179 @@
+"""The MLA decode's named heuristics, and :func:`choose`, which turns a batch into its
+launch configuration (implementation, tile, partitions).
+
+The kernel (``kernels/mla_decode.py``) runs one program per (block of ``BLOCK_M`` query
+rows, request, partition): every query head reads the same latent row, so a program's
+rows (``T x Hq`` flattened, ``row = t * Hq + h``) share each KV tile it loads. No model
+names here: only shapes and device facts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from hygon_attn_backend.ops import _device
+from hygon_attn_backend.ops._dispatch import select_impl
+
+MLA_Q_DTYPES = (torch.float16, torch.bfloat16)
+MLA_MAX_RANK = 512        # kv_lora_rank the kernel takes (a [BLOCK_M, 512] fp32 accumulator)
+MLA_MAX_ROPE = 128        # rope_dim the kernel takes
+MLA_MAX_BLOCK_M = 64      # query rows a program serves at most
+MLA_MIN_PARTITION = 256   # smallest split-KV partition (tokens) the rule chooses
+MLA_TARGET_PROGRAMS_PER_SM = 2  # the split aims at this many programs an SM
+WHOLE_SEQUENCE = 1 << 30  # partition floor of the one-partition launch
+
+
+@dataclass
+class MLAConfig:
+    """The Triton MLA decode launch: ``BLOCK_M`` query rows and ``BLOCK_N`` keys a tile,
+    its warps and pipeline stages, and ``num_partitions`` split-KV partitions (each
+    sequence splits its own length over them, at least ``MLA_MIN_PARTITION`` tokens a
+    partition: ``kernels/combine.py: seq_partitions``)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    num_partitions: int
+
+    @property
+    def split(self) -> bool:
+        return self.num_partitions > 1
+
+    @property
+    def kernel_partition_size(self) -> int:
+        """The kernels' ``partition_size``: the per-sequence split's floor, or one
+        partition covering any sequence."""
+        return MLA_MIN_PARTITION if self.split else WHOLE_SEQUENCE
+
+
+@dataclass
+class MLAChoice:
+    impl: str                     # "triton" | "reference"
+    config: Optional[MLAConfig]   # None: nothing to launch (reference, empty batch / table)
+
+
+def block_m_for(rows: int) -> int:
+    """Query rows a program serves: every row of the request (``T x Hq``) up to
+    ``MLA_MAX_BLOCK_M``, at least 16 (the matrix unit's M).
+
+    Reasoning: each program streams its request's whole latent range once, so a request's
+    KV is read ``ceil(rows / BLOCK_M)`` times (from L2 after the first, when the programs of
+    a request run together); the ``[BLOCK_M, kv_lora_rank]`` fp32 accumulator bounds it:
+    64 rows x 512 is 128 registers a thread on 8 warps.
+    """
+    return max(16, min(MLA_MAX_BLOCK_M, _device.next_pow2(rows)))
+
+
+def tile_config(*, block_m: int, rank_pad: int, kv_elem_size: int,
+                tile=None) -> "tuple[int, int, int, int]":
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the Triton MLA decode.
+
+    Reasoning: a KV tile of ``BLOCK_N`` latent rows (576 x 2 bytes each) is both K and V.
+    16 rows (one request's heads at Hq = 16): the loop is bound by reading the cache, 32
+    rows a tile on 4 warps with 3 stages keep ~108 KB in flight. 64 rows (Hq >= 64, or
+    T x Hq past 32): the two dots dominate (each row costs 2 x (576 + 512) FLOPs a key,
+    past the ridge point at Hq = 128), 64-key tiles on 8 warps give the matrix units the
+    larger N; 32 rows sit between. fp8 rows are half the bytes: the same tile.
+    Measurement (H200, bf16, 512 + 64, page 64, (64, 8k), 2026-12-03): Hq 16: 16x32 4w 3s
+    86.2% of the copy, 16x64 4w 2s 83.8%, 16x32 4w 2s 74.7%, 16x16 47.5%; Hq 128: 64x64
+    8w 2s 24.6%, 64x32 8w 3s 20.0%, 64x32 8w 2s 16.3%, 32x32 4w 15.1%, 64x16 9.9%.
+    Override: ``tile=(BLOCK_M, BLOCK_N, num_warps, num_stages)`` (any entry None).
+    """
+    del kv_elem_size
+    if block_m <= 16:
+        chosen = [block_m, 32, 4, 3]
+    elif block_m <= 32:
+        chosen = [block_m, 32, 4, 2]
+    else:
+        chosen = [block_m, 64, 8, 2]
+    for i, value in enumerate(tile or ()):
+        if value is not None:
+            chosen[i] = value
+    bm, bn, warps, stages = (int(v) for v in chosen)
+    for name, value in (("BLOCK_M", bm), ("BLOCK_N", bn)):
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"MLA decode tile {name} must be a power of two >= 16, got "
+                             f"{value}")
+    return bm, bn, warps, stages
+
+
+def num_partitions_for(*, programs: int, max_context_len: int, num_sms: int) -> int:
+    """Split-KV partitions of the Triton MLA decode (1: no split).
+
+    Reasoning: the kernel is bound by reading the latent cache once; the grid
+    ``row_blocks x requests x partitions`` must keep every SM busy, and a program holds a
+    large accumulator (one or two fit an SM), so aim for ``MLA_TARGET_PROGRAMS_PER_SM``
+    programs an SM, partitions of at least ``MLA_MIN_PARTITION`` tokens. The count is fixed
+    from the launch's context bound; each sequence splits its own length over it on the
+    device, so a bound far above the lengths (a CUDA graph sized for the cache) still
+    spreads short sequences.
+    """
+    ctx = max(int(max_context_len), 1)
+    most = max(1, -(-ctx // MLA_MIN_PARTITION))
+    parts = int(MLA_TARGET_PROGRAMS_PER_SM * max(1, num_sms) / max(1, programs) + 0.5)
+    return max(1, min(parts, most))
+
+
+def launch_config(*, num_seqs: int, num_q_heads: int, num_tokens: int, kv_lora_rank: int,
+                  kv_elem_size: int, max_context_len: int, num_sms: int, tile=None,
+                  num_partitions: Optional[int] = None) -> MLAConfig:
+    """The Triton MLA decode's launch for one batch (``tile`` / ``num_partitions``
+    force the tile and the split)."""
+    rows = num_tokens * num_q_heads
+    bm, bn, warps, stages = tile_config(block_m=block_m_for(rows),
+                                        rank_pad=_device.next_pow2(kv_lora_rank),
+                                        kv_elem_size=kv_elem_size, tile=tile)
+    if num_partitions is None:
+        num_partitions = num_partitions_for(programs=num_seqs * -(-rows // bm),
+                                            max_context_len=max_context_len,
+                                            num_sms=num_sms)
+    if num_partitions > 1:  # a tile never straddles two partitions
+        bn = min(bn, MLA_MIN_PARTITION)
+    return MLAConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages,
+                     num_partitions=int(num_partitions))
+
+
+def workspace_partitions(*, num_seqs: int, num_q_heads: int, num_tokens: int,
+                         max_context_len: int, num_sms: int) -> int:
+    """The partitions a batch of ``num_seqs`` requests takes under the default rule."""
+    rows = num_tokens * num_q_heads
+    return num_partitions_for(programs=num_seqs * -(-rows // block_m_for(rows)),
+                              max_context_len=max_context_len, num_sms=num_sms)
+
+
+def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
+           num_q_heads: int, num_tokens: int, kv_lora_rank: int, q_dtype: torch.dtype,
+           kv_dtype: torch.dtype, max_context: int, tile=None,
+           num_partitions: Optional[int] = None) -> MLAChoice:
+    """The MLA decode's implementation and launch for one batch. ``impl="native"`` (one
+    ``HYGON_ATTN_IMPL`` for every op) runs Triton: there is no native MLA kernel. float32
+    queries run the reference (``impl="triton"`` refuses them). Arguments are validated by
+    the plan."""
+    if q_dtype not in MLA_Q_DTYPES:
+        if impl in ("triton", "native"):
+            raise ValueError(f"impl={impl!r} takes float16/bfloat16 queries, got {q_dtype}")
+        select_impl(impl, device)  # rejects an unknown impl name
+        return MLAChoice("reference", None)
+    chosen = select_impl(impl, device, q_dtype=q_dtype)  # "native" resolves to "triton"
+    if chosen == "reference" or not num_seqs or not max_blocks:
+        return MLAChoice(chosen, None)
+    config = launch_config(num_seqs=num_seqs, num_q_heads=num_q_heads, num_tokens=num_tokens,
+                           kv_lora_rank=kv_lora_rank, kv_elem_size=kv_dtype.itemsize,
+                           max_context_len=max_context, num_sms=_device.num_sms_of(device),
+                           tile=tile, num_partitions=num_partitions)
+    return MLAChoice(chosen, config)
+
+
+def write_config(width: int) -> "tuple[int, int]":
+    """``(BLOCK_W, num_warps)`` of the latent cache write: one program a token writes its
+    whole row (``kv_lora_rank + rope_dim`` values, the next power of two of it wide).
+
+    Reasoning: a row is 576 values (1.1 KB in 16-bit): one program a token with a warp per
+    256 values (1..4) moves it in a few 16-byte vectors a thread.
+    """
+    block = _device.next_pow2(max(16, width))
+    return block, min(4, max(1, block // 256))
