@@ -41,7 +41,12 @@ _registered = False
 
 
 def _create_backend(model_runner):
-    """SGLang's factory signature: ``fn(model_runner) -> AttentionBackend``."""
+    """SGLang's factory signature: ``fn(model_runner) -> AttentionBackend``; MLA models
+    (``model_runner.use_mla_backend``) get ``mla.HygonMLABackend``."""
+    from hygon_attn_backend.integrations.sglang.mla import HygonMLABackend, is_mla_runner
+
+    if is_mla_runner(model_runner):
+        return HygonMLABackend(model_runner)
     from hygon_attn_backend.integrations.sglang.backend import HygonAttnBackend
 
     return HygonAttnBackend(model_runner)
