@@ -34,8 +34,9 @@ CUDA graphs of verify and draft-extend-v2 batches keep static query offsets, key
 and a packed tree-mask buffer beside the decode ones.
 
 Not supported (a clear error, never a wrong answer): dLLM modes, CUDA graphs of other
-non-decode batches, cross-attention, different QK and V head dims, SWA hybrid pools,
-quantized (fp4 / custom-method) pools, score mods.
+non-decode batches, cross-attention, different QK and V head dims (MLA models run
+``mla.HygonMLABackend``), SWA hybrid pools, quantized (fp4 / custom-method) pools, score
+mods.
 
 SGLang versions: 0.5.10 to 0.5.23; the interfaces that differ between them (the KV write
 location, the CUDA-graph hooks) go through ``compat.py``.
