@@ -121,6 +121,9 @@ class HygonMultiStepDraftBackend:
             raise ValueError(f"a multi-step draft backend needs topk >= 1 and "
                              f"speculative_num_steps >= 2, got {topk} and "
                              f"{speculative_num_steps}")
+        if getattr(model_runner, "use_mla_backend", False):
+            raise NotImplementedError("hygon attention backend: the multi-step draft decode of "
+                                      "an MLA draft model is not supported")
         window = _draft_window(model_runner)
         if window[0] > 0:
             raise NotImplementedError(

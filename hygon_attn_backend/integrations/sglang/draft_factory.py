@@ -58,9 +58,9 @@ def _hygon_entry(factory, *, multi_step: bool):
 
             return BACKEND_NAME, HygonMultiStepDraftBackend(
                 runner, factory.topk, factory.speculative_num_steps)
-        from hygon_attn_backend.integrations.sglang.backend import HygonAttnBackend
+        from hygon_attn_backend.integrations.sglang import _create_backend
 
-        return BACKEND_NAME, HygonAttnBackend(runner)
+        return BACKEND_NAME, _create_backend(runner)  # an MLA draft: HygonMLABackend
 
     return create
 

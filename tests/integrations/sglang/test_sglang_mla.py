@@ -214,3 +214,32 @@ def test_kit_mla_draft_extend_v2_cuda_graph(page, width, device, mla_calls):
                                                       device=str(device), **_widths(width))
     assert set(mla_calls) == {("extend", "triton" if _triton(device) else "reference")}, \
         mla_calls
+
+
+def _mla_runner(device):
+    case = next(c for c in CASES if c.name == "mla_decode_bsz1_nonzero_prefix")
+    config = kit.TinyMLAModelConfig(num_heads=4, kv_lora_rank=512, qk_rope_head_dim=64,
+                                    hidden_size=64, context_len=kit.DEFAULT_MAX_CONTEXT_LEN)
+    return kit.MockMLAModelRunner(case=case, model_config=config, dtype=torch.float16,
+                                  device=str(device),
+                                  max_context_len=kit.DEFAULT_MAX_CONTEXT_LEN,
+                                  kv_lora_rank=512, qk_rope_head_dim=64)
+
+
+def test_draft_backends_of_an_mla_draft_model(device, mla_calls):
+    """EAGLE's draft extend on an MLA draft runner gets the MLA backend (a dense one would
+    misread the latent pool); its multi-step draft decode is refused by name."""
+    from types import SimpleNamespace
+
+    from hygon_attn_backend.integrations.sglang import draft_factory
+    from hygon_attn_backend.integrations.sglang.backend import HygonAttnBackend
+
+    runner = _mla_runner(device)
+    factory = SimpleNamespace(draft_model_runner=runner, topk=1, speculative_num_steps=3)
+    name, backend = draft_factory._hygon_entry(factory, multi_step=False)()
+    assert name == "hygon" and isinstance(backend, HygonMLABackend)
+    with pytest.raises(NotImplementedError, match="MLA draft model"):
+        draft_factory._hygon_entry(factory, multi_step=True)()
+    runner.use_mla_backend = False  # the same runner as a dense model: the dense class
+    _, dense = draft_factory._hygon_entry(factory, multi_step=False)()
+    assert type(dense) is HygonAttnBackend
