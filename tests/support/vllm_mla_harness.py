@@ -124,7 +124,20 @@ def oracle(case: MLACase) -> torch.Tensor:
     return torch.cat(outs)
 
 
-def _builder(case: MLACase, vllm_config, workspace_rows):
+class KvBProj:
+    """What the impls read of vLLM's ``kv_b_proj`` layer: a call returning ``(out, bias)``
+    and its ``weight`` (vLLM stores it ``[out, in]``)."""
+
+    def __init__(self, w: torch.Tensor):
+        self.w = w
+        self.weight = w.t()
+        self.params_dtype = w.dtype
+
+    def __call__(self, x):
+        return x @ self.w, None
+
+
+def _builder(case: MLACase, vllm_config, workspace_rows, builder_cls):
     d = case.dims
     layer = SimpleNamespace(
         q_lora_rank=None, kv_lora_rank=d.rank, qk_nope_head_dim=d.nope,
@@ -135,7 +148,7 @@ def _builder(case: MLACase, vllm_config, workspace_rows):
     vllm_config.compilation_config.static_forward_context[LAYER] = layer
     spec = MLAAttentionSpec(block_size=case.block_size, num_kv_heads=1,
                             head_size=d.rank + d.rope, dtype=torch.float16)
-    builder = HygonMLAMetadataBuilder(spec, [LAYER], vllm_config, torch.device("cpu"))
+    builder = builder_cls(spec, [LAYER], vllm_config, torch.device("cpu"))
     if workspace_rows is not None:  # small chunks: splits and continuations
         builder.chunked_prefill_workspace_size = workspace_rows
         builder.chunked_prefill_workspace = builder.chunked_prefill_workspace[:workspace_rows]
@@ -161,21 +174,30 @@ def common_metadata(case: MLACase) -> CommonAttentionMetadata:
         seq_lens_cpu_upper_bound=sl.clone())))
 
 
-def run(case: MLACase, model_dir, *, workspace_rows=None):
+def run(case: MLACase, model_dir, *, workspace_rows=None, vllm_cpu_mla: bool = False):
     """Builder -> ``do_kv_cache_update`` (new tokens) -> decode + prefill, as vLLM calls
-    them. Returns ``(out [N, H, v] float16, metadata)``."""
+    them. Returns ``(out [N, H, v] float16, metadata)``. ``vllm_cpu_mla``: run vLLM's own
+    CPU MLA backend (``CPUMLAImpl``, vLLM's builder) on the same inputs instead of ours
+    (block size 16 only: its decode kernel's)."""
     d = case.dims
     h16 = torch.float16
     vllm_config = vllm_config_for(model_dir, block_size=case.block_size)
     w = case.w_kv_b.to(h16)
     with set_current_vllm_config(vllm_config):
-        builder = _builder(case, vllm_config, workspace_rows)
+        builder_cls, impl_cls = (HygonMLAMetadataBuilder, HygonMLAImpl)
+        if vllm_cpu_mla:
+            from vllm.model_executor.layers.attention.mla_attention import (
+                MLACommonMetadataBuilder)
+            from vllm.v1.attention.backends.mla.cpu_mla import CPUMLAImpl
+
+            builder_cls, impl_cls = MLACommonMetadataBuilder, CPUMLAImpl
+        builder = _builder(case, vllm_config, workspace_rows, builder_cls)
         md = builder.build(0, common_metadata(case))
-        impl = HygonMLAImpl(d.heads, d.rank + d.rope, case.scale, 1, None, None, "auto", None,
+        impl = impl_cls(d.heads, d.rank + d.rope, case.scale, 1, None, None, "auto", None,
                             "decoder", None, q_lora_rank=None, kv_lora_rank=d.rank,
                             qk_nope_head_dim=d.nope, qk_rope_head_dim=d.rope,
                             qk_head_dim=d.nope + d.rope, v_head_dim=d.v,
-                            kv_b_proj=lambda x: (x @ w,))
+                            kv_b_proj=KvBProj(w))
     cache = torch.zeros(case.num_blocks, case.block_size, d.rank + d.rope, dtype=h16)
     # the context rows, as earlier steps wrote them (vLLM's layout: [kv_c | k_pe] a row)
     for i, ctx in enumerate(case.context_lens):

@@ -154,6 +154,8 @@ CASES = {
     "decode_only": ([6, 13, 1], [1, 1, 1], None),
     "prefill_no_context": ([0, 0], [7, 3], None),
     "mixed_context": ([6, 11, 9, 0, 6], [1, 1, 5, 3, 4], None),
+    # long contexts over several pages of 16 (the vLLM-layer comparison below)
+    "long_context": ([20, 37, 33, 0, 18], [1, 1, 5, 3, 4], None),
     # 8-row chunks: request 2's 9 context rows split over two chunks (a continuation)
     "chunked_continuation": ([6, 11, 9, 0, 6], [1, 1, 5, 3, 4], 8),
 }
@@ -204,3 +206,23 @@ def test_decode_refuses_a_plan_of_another_scale(mla_dir):
                         dtype=torch.float16)
     with pytest.raises(ValueError, match="scale"):
         mla_step.decode(md.decode.plan, q, cache, scale=case.scale * 2)
+
+
+@pytest.mark.parametrize("name,rows", [("mixed_context", None), ("long_context", None),
+                                       ("long_context", 16)])
+def test_impl_matches_vllms_cpu_mla_layer(name, rows, mla_dir):
+    """Layer by layer against vLLM's own CPU MLA backend on the same inputs (its decode
+    kernel takes block size 16 only): the same metadata, cache and projections, so any
+    convention our impl got wrong (scale, rope order, the decode/prefill split, the
+    chunk merge) shows here as well as against the oracle. ``rows``: 16-row context
+    chunks (splits and continuations)."""
+    ctx, ql, _ = CASES[name]
+    case = harness.make_case(ctx, ql, block_size=16, seed=11)
+    ours, _ = harness.run(case, mla_dir, workspace_rows=rows)
+    theirs, md = harness.run(case, mla_dir, workspace_rows=rows, vllm_cpu_mla=True)
+    assert md.num_decodes == 2 and md.prefill.chunked_context is not None
+    if rows is not None:
+        assert any(c.is_continuation for c in md.prefill.chunked_context.chunks)
+    ref = harness.oracle(case)
+    torch.testing.assert_close(theirs.double(), ref, atol=2e-3, rtol=2e-3)  # the harness
+    torch.testing.assert_close(ours.double(), theirs.double(), atol=2e-3, rtol=2e-3)
