@@ -69,7 +69,15 @@ def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None) -> st
     return path
 
 
-def prompts(seed: int = 7) -> list:
+#: Prompt draw whose greedy steps all have a clear winner under vLLM's CPU MLA backend:
+#: with float16 logits a random model often has its top-2 logprobs within a few rounding
+#: steps, where two correct attention implementations may pick different tokens. With
+#: this draw and SEED the smallest top-2 gap is 0.045 (40 draws searched; draw 7's is
+#: 0.006, and ours matched vLLM's tokens there too).
+PROMPT_SEED = 5
+
+
+def prompts(seed: int = PROMPT_SEED) -> list:
     """Token-id prompts of lengths 23, 5, 40 and 1 (one batch: prefill then decode)."""
     import random
 
