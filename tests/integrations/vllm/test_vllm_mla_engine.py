@@ -3,7 +3,8 @@ here (``tests/support/vllm_mla.py``, no download) generates the same greedy toke
 ``attention_backend="hygon"`` (our MLA backend: Triton kernels, in the interpreter on a
 CPU) as with vLLM's own CPU MLA backend. On vLLM's CPU platform an MLA model runs
 without chunked prefill or prefix caching (vLLM turns both off), so the batch is prefills
-then decodes (four prompts of lengths 23, 5, 40, 1 in one batch)."""
+then decodes (four prompts of lengths 23, 5, 40, 1 in one batch). Two models: plain
+RoPE, and DeepSeek-V2's YaRN (its mscale changes the softmax scale)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,17 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_deepseek(tmp_path_factory):
-    return vllm_mla.build_tiny_deepseek(str(tmp_path_factory.mktemp("tiny_deepseek")))
+#: DeepSeek-V2's YaRN: vLLM folds ``mscale(factor, mscale_all_dim)**2`` (1.30 here) into
+#: the layers' softmax scale, which both our paths must take (not 1/sqrt(qk_head_dim)).
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+        "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
+
+
+@pytest.fixture(scope="module", params=[pytest.param(None, id="plain"),
+                                        pytest.param(YARN, id="yarn")])
+def tiny_deepseek(request, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tiny_deepseek"))
+    return vllm_mla.build_tiny_deepseek(path, rope_scaling=request.param)
 
 
 def test_greedy_tokens_match_vllms_cpu_mla(tiny_deepseek):
