@@ -176,9 +176,10 @@ class HygonMLAImpl(MLACommonImpl[MLACommonMetadata]):
         page, kv_lora_rank + rope]``, slot_mapping ``[N']`` (``N' <= N``; -1 pads)."""
         if kv_cache.numel() == 0:
             return
-        n = slot_mapping.shape[0]
-        write_mla_cache(kv_c_normed[:n], k_pe[:n].reshape(n, -1), kv_cache,
-                        slot_mapping.flatten(), impl=self.ops_impl)
+        slots = slot_mapping.flatten()
+        n = min(slots.shape[0], kv_c_normed.shape[0])
+        write_mla_cache(kv_c_normed[:n], k_pe[:n].reshape(n, -1), kv_cache, slots[:n],
+                        impl=self.ops_impl)
 
     def forward_mqa(self, q, kv_c_and_k_pe_cache: torch.Tensor,
                     attn_metadata: MLACommonMetadata, layer: AttentionLayer):
