@@ -30,6 +30,12 @@ wrapper (:mod:`.cpu_platform`, recorded in ``patches/vllm-cpu-backend-choice.md`
 returns our backend only when the selection is ours; every other selection goes to
 vLLM's original method unchanged.
 
+MLA models
+----------
+The same name serves MLA layers (DeepSeek-V2/V3): vLLM asks the platform for a backend
+with ``use_mla=True``, and our platform wrappers answer with the MLA backend class
+(:mod:`.mla_select`, :mod:`.mla`) there, the dense class otherwise.
+
 Speculative decoding on ROCm
 ----------------------------
 vLLM 0.32's drafter accepts, on ROCm platforms and with more than one speculative token,
@@ -135,10 +141,21 @@ def register():
 
     from . import cpu_platform, spec_decode
 
-    cpu_platform.install(version, member)
+    if not cpu_platform.install(version, member):
+        _install_mla_selection(version)
     spec_decode.install(version)
     _registered_member = member
     return member
+
+
+def _install_mla_selection(version) -> None:
+    """On a non-CPU platform, let MLA layers resolve ``hygon`` to the MLA backend."""
+    from vllm.platforms import current_platform
+
+    from . import mla_select
+
+    if not current_platform.is_cpu():
+        mla_select.install(version, type(current_platform))
 
 
 def _refuse(reason: str) -> None:

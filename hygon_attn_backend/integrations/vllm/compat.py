@@ -29,6 +29,9 @@ CPU selector ignores the selection     0.15 to 0.34            ``cpu_platform`` 
 ``buffer``                             in 0.18 and older       (forward fills ``output``)
 ``AttentionBackendEnum.register``      absent in 0.28, older   :func:`can_add_members`: with
                                                                ``CUSTOM`` taken, refuse
+MLA scaffolding in ``model_executor.`` 0.32 (read and tested    ``mla_select``: the MLA
+``layers.attention.mla_attention``     there only)             backend only in
+                                                               :data:`MLA_RANGE`
 =====================================  ======================  ==============================
 
 Everything here imports vLLM lazily: :mod:`.` (``register``) must stay cheap.
@@ -45,6 +48,9 @@ Version = Tuple[int, int]
 SUPPORTED_RANGE: Tuple[Version, Version] = ((0, 15), (0, 34))
 #: vLLM versions whose CPU platform ignores the selected backend (the patch applies).
 CPU_PATCH_RANGE: Tuple[Version, Version] = ((0, 15), (0, 34))
+#: vLLM versions whose MLA interfaces the MLA backend (``mla.py``) was written and tested
+#: against; elsewhere ``hygon`` on an MLA model is refused by vLLM's own validation.
+MLA_RANGE: Tuple[Version, Version] = ((0, 32), (0, 32))
 
 
 def version_tuple(text) -> Optional[Version]:

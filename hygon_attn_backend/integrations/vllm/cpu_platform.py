@@ -4,7 +4,7 @@ vLLM's ``CpuPlatform.get_attn_backend_cls`` returns its own CPU backend whatever
 user selected (it logs "Cannot use X backend on CPU."). :func:`install` wraps that class
 method so that when the selected backend is ours, it validates the configuration against
 our backend (as vLLM's CUDA platform does for any selected backend) and returns our class
-path; for every other selection, including none, it calls vLLM's original method with the
+path (the MLA backend's for an MLA layer: :mod:`.mla_select`); for every other selection, including none, it calls vLLM's original method with the
 same arguments. The patch is recorded in ``patches/vllm-cpu-backend-choice.md``.
 
 Gated to the vLLM versions where the wrapped method was read and tested
@@ -49,20 +49,15 @@ def install(version, member) -> bool:
     original_func = original.__func__
 
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None):
-        from . import BACKEND_PATH, is_selected
+        from . import is_selected, mla_select
 
         if not is_selected(selected_backend):
             return compat.call_with_supported(original_func, cls, selected_backend,
                                               attn_selector_config, num_heads=num_heads)
-        backend_cls = selected_backend.get_class()
-        reasons = backend_cls.validate_configuration(
-            device_capability=cls.get_device_capability(),
-            **attn_selector_config._asdict())
-        if reasons:
-            raise ValueError(f"Selected backend hygon is not valid for this configuration. "
-                             f"Reason: {reasons}")
-        logger.info("Using the hygon attention backend on CPU.")
-        return BACKEND_PATH
+        # The dense class, or the MLA one for an MLA layer (mla_select), validated.
+        path = mla_select.validated_path(cls, attn_selector_config)
+        logger.info("Using the hygon attention backend on CPU (%s).", path.rpartition(".")[2])
+        return path
 
     get_attn_backend_cls.__doc__ = original_func.__doc__
     get_attn_backend_cls.__wrapped__ = original_func

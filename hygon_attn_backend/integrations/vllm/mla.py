@@ -1,0 +1,205 @@
+"""vLLM MLA backend running our MLA ops (DeepSeek-V2/V3-style multi-head latent attention).
+
+Selected by the same ``--attention-backend hygon`` as the dense backend when the model
+uses MLA (:mod:`.mla_select`). Built on vLLM's MLA scaffolding (0.32:
+``vllm.model_executor.layers.attention.mla_attention``): ``MLAAttention.forward_impl``
+keeps the parts that are projections, not attention (the ``W_UK`` absorption of the decode
+queries, the ``W_UV`` up-projection of the decode output, the decode / prefill split of
+the batch), and calls this impl's
+
+* ``do_kv_cache_update``: the new tokens' ``[kv_c | k_pe]`` rows into the paged latent
+  cache ``[num_blocks, block_size, kv_lora_rank + rope]`` -> ``ops.mla.write_mla_cache``;
+* ``forward_mqa`` (decode, one query token a request): the absorbed queries -> the step's
+  ``ops.mla.MLADecodePlan`` (:func:`.mla_step.decode`), planned once per step by
+  :class:`HygonMLAMetadataBuilder` with the layers' softmax scale;
+* ``forward_mha`` (prefill): :func:`.mla_step.prefill`, our ``ragged_attention`` over the
+  up-projected K/V, with vLLM's context chunks folded in by our ``merge_attn_states``. The
+  MLA prefill backend vLLM picks for the layer (``get_mla_prefill_backend``) is not
+  called.
+
+vLLM's metadata builder (``MLACommonMetadataBuilder``) splits the batch and plans the
+context chunks; ours adds the decode plan. vLLM's CPU platform disables chunked prefill
+and prefix caching for MLA models, so there the context path does not run in the engine
+(its tests drive it through vLLM's own chunk metadata).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+import torch
+
+from vllm.model_executor.layers.attention.mla_attention import (
+    MLACommonBackend,
+    MLACommonDecodeMetadata,
+    MLACommonImpl,
+    MLACommonMetadata,
+    MLACommonMetadataBuilder,
+)
+from vllm.v1.attention.backend import AttentionLayer, AttentionType, MultipleOf
+
+from hygon_attn_backend import envs
+from hygon_attn_backend.ops._dispatch import select_impl
+from hygon_attn_backend.ops.mla import MLADecodePlan, plan_mla_decode, write_mla_cache
+
+from . import BACKEND_NAME, logger, mla_step
+
+__all__ = ["HygonMLABackend", "HygonMLAMetadataBuilder", "HygonMLAImpl",
+           "HygonMLADecodeMetadata"]
+
+#: The widest latent row the decode op takes (kv_lora_rank <= 512, rope <= 128; the
+#: prefill's extend reads at most 576, DeepSeek's 512 + 64).
+MAX_LATENT_WIDTH = 576
+
+
+class HygonMLABackend(MLACommonBackend):
+    """MLA over vLLM's latent cache with our decode and prefill ops."""
+
+    # The Triton interpreter on CPU takes fp16 only; fp32 runs the reference ops.
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls() -> type["HygonMLAImpl"]:
+        return HygonMLAImpl
+
+    @staticmethod
+    def get_builder_cls() -> type["HygonMLAMetadataBuilder"]:
+        return HygonMLAMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [MultipleOf(1)]  # pages addressed through the block table, any size
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return [576]  # DeepSeek-V2/V3: kv_lora_rank 512 + rope 64
+
+    @classmethod
+    def supports_head_size(cls, head_size: int) -> bool:
+        # Any latent row kv_lora_rank + rope the decode op takes (the tests' small ones).
+        return 0 < head_size <= MAX_LATENT_WIDTH
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla,
+                             has_sink, use_sparse, *rest):
+        if not use_mla:
+            return "the hygon MLA backend serves MLA layers only"
+        if use_sparse:
+            return "sparse MLA (DeepSeek-V3.2's indexer) is not supported"
+        return None
+
+
+@dataclass
+class HygonMLADecodeMetadata(MLACommonDecodeMetadata):
+    """vLLM's decode metadata plus the step's decode plan (shared by every layer)."""
+
+    plan: Optional[MLADecodePlan] = None
+
+
+class HygonMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
+    """vLLM's MLA builder (batch split, context chunks) plus our decode plan per step."""
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device, metadata_cls=None,
+                 supports_dcp_with_varlen: bool = False):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device,
+                         metadata_cls=metadata_cls or MLACommonMetadata,
+                         supports_dcp_with_varlen=supports_dcp_with_varlen)
+        if self.dcp_world_size > 1:
+            raise NotImplementedError("the hygon MLA backend does not take decode context "
+                                      "parallelism")
+        layer = vllm_config.compilation_config.static_forward_context[layer_names[0]]
+        self.scale = float(layer.scale)
+        self.q_dtype = self.model_config.dtype
+        self.kv_dtype = kv_cache_spec.dtype
+        self.impl = envs.impl()
+        use_triton = select_impl(self.impl, torch.device(device)) == "triton"
+        logger.info("hygon attention backend (MLA): %s (HYGON_ATTN_IMPL=%s) for layers %s",
+                    "Triton kernels" if use_triton else "reference ops (plain torch)",
+                    self.impl, ", ".join(layer_names))
+
+    def _build_decode(self, block_table_tensor, seq_lens_device, max_seq_len,
+                      query_start_loc_cpu, query_start_loc_device, num_decode_tokens,
+                      max_query_len, dcp_tot_seq_lens_device):
+        dims = self.mla_dims
+        plan = plan_mla_decode(
+            block_table=block_table_tensor, seq_lens=seq_lens_device,
+            page_size=self.page_size, num_q_heads=self.num_heads,
+            kv_lora_rank=dims.kv_lora_rank, rope_dim=dims.qk_rope_head_dim,
+            q_dtype=self.q_dtype, kv_dtype=self.kv_dtype, num_tokens=1, scale=self.scale,
+            max_seq_len=int(max_seq_len), impl=self.impl)
+        return HygonMLADecodeMetadata(block_table=block_table_tensor, seq_lens=seq_lens_device,
+                                      dcp_tot_seq_lens=dcp_tot_seq_lens_device, plan=plan)
+
+
+class HygonMLAImpl(MLACommonImpl[MLACommonMetadata]):
+    """The attention of one MLA layer: our ops behind vLLM's MLA impl interface."""
+
+    can_return_lse_for_decode: bool = False
+
+    def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes,
+                 sliding_window, kv_cache_dtype, logits_soft_cap, attn_type,
+                 kv_sharing_target_layer_name, **mla_args):
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError("the hygon MLA backend serves decoder self-attention")
+        for name, value in (("alibi_slopes", alibi_slopes),
+                            ("sliding_window", sliding_window),
+                            ("logits_soft_cap", logits_soft_cap)):
+            if value:
+                raise NotImplementedError(f"the hygon MLA backend does not take {name}")
+        super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes,
+                         sliding_window, kv_cache_dtype, logits_soft_cap, attn_type,
+                         kv_sharing_target_layer_name, **mla_args)
+        if self.indexer is not None:
+            raise NotImplementedError("sparse MLA (an indexer) is not supported")
+        # The absorbed query reaches forward_mqa unquantised: fp8 query input is not taken.
+        self.supports_quant_query_input = False
+        self._use_flashinfer_concat_mla_k = False
+        self.ops_impl = envs.impl()
+
+    def fused_output_quant_supported(self, quant_key) -> bool:
+        return False
+
+    def do_kv_cache_update(self, kv_c_normed: torch.Tensor, k_pe: torch.Tensor,
+                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                           kv_cache_dtype: str, k_scale: torch.Tensor) -> None:
+        """kv_c_normed ``[N, kv_lora_rank]``, k_pe ``[N, 1, rope]``, kv_cache ``[blocks,
+        page, kv_lora_rank + rope]``, slot_mapping ``[N']`` (``N' <= N``; -1 pads)."""
+        if kv_cache.numel() == 0:
+            return
+        slots = slot_mapping.flatten()
+        n = min(slots.shape[0], kv_c_normed.shape[0])
+        write_mla_cache(kv_c_normed[:n], k_pe[:n].reshape(n, -1), kv_cache, slots[:n],
+                        impl=self.ops_impl)
+
+    def forward_mqa(self, q, kv_c_and_k_pe_cache: torch.Tensor,
+                    attn_metadata: MLACommonMetadata, layer: AttentionLayer):
+        decode = attn_metadata.decode
+        if not isinstance(decode, HygonMLADecodeMetadata) or decode.plan is None:
+            raise ValueError("attn_metadata.decode: no hygon decode plan (metadata not "
+                             "built by HygonMLAMetadataBuilder)")
+        return mla_step.decode(decode.plan, q, kv_c_and_k_pe_cache, scale=self.scale)
+
+    def forward_mha(self, q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor,
+                    kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: MLACommonMetadata,
+                    k_scale: torch.Tensor, output: torch.Tensor,
+                    output_scale: Optional[torch.Tensor] = None) -> None:
+        if output_scale is not None:
+            raise NotImplementedError("the hygon MLA backend does not write quantised output")
+        prefill = attn_metadata.prefill
+        chunked = prefill.chunked_context
+        mla_step.prefill(
+            q, kv_c_normed, k_pe, kv_b_proj=self.kv_b_proj, num_heads=self.num_heads,
+            qk_nope_head_dim=self.qk_nope_head_dim, v_head_dim=self.v_head_dim,
+            scale=self.scale, query_start_loc=prefill.query_start_loc, out=output,
+            kv_cache=kv_c_and_k_pe_cache, block_table=prefill.block_table,
+            chunks=() if chunked is None else chunked.chunks, impl=self.ops_impl)

@@ -1,0 +1,228 @@
+"""The MLA backend behind ``--attention-backend hygon`` (vLLM 0.32): selection by the one
+flag, the impl against a float64 MLA oracle through vLLM's own MLA metadata builder
+(decode, prefill, chunked context with a continuation), and the model-level check is in
+``test_vllm_mla_engine.py``."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+import hygon_attn_backend.integrations.vllm as hv  # noqa: E402
+from hygon_attn_backend.integrations.vllm import mla_select  # noqa: E402
+
+if not mla_select.mla_available():
+    pytest.skip("the MLA backend is written against vLLM 0.32", allow_module_level=True)
+
+from tests.support import vllm_mla_harness as harness  # noqa: E402
+
+DENSE_CLASS = "hygon_attn_backend.integrations.vllm.backend.HygonAttentionBackend"
+MLA_CLASS = "hygon_attn_backend.integrations.vllm.mla.HygonMLABackend"
+CPU_MLA_CLASS = "vllm.v1.attention.backends.mla.cpu_mla.CPUMLABackend"
+
+
+@pytest.fixture(scope="module")
+def mla_dir(tmp_path_factory):
+    return harness.deepseek_config_dir(tmp_path_factory.mktemp("deepseek_cfg"), harness.Dims())
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    from tests.support.vllm_harness import llama_config_dir
+
+    return llama_config_dir(tmp_path_factory.mktemp("llama_cfg"), 4, 2, 32)
+
+
+def engine_config(model_dir, *cli):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(["--model", model_dir, "--skip-tokenizer-init", "--dtype",
+                              "float16", "--max-model-len", "256", *cli])
+    return EngineArgs.from_cli_args(args).create_engine_config()
+
+
+def selected_class(vllm_config, *, head_size, use_mla):
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.selector import get_attn_backend
+
+    with set_current_vllm_config(vllm_config):
+        cls = get_attn_backend(head_size=head_size, dtype=torch.float16,
+                               kv_cache_dtype="auto", use_mla=use_mla)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+# ----------------------------------------------------------------------------- selection
+
+def test_one_flag_selects_mla_for_an_mla_model(mla_dir, llama_dir):
+    """`--attention-backend hygon`: vLLM's selector returns our MLA class for the MLA
+    model's layers, our dense class for a dense model."""
+    hv.register()
+    mla_cfg = engine_config(mla_dir, "--attention-backend", "hygon")
+    assert mla_cfg.model_config.use_mla
+    assert hv.is_selected(mla_cfg.attention_config.backend)
+    assert selected_class(mla_cfg, head_size=576, use_mla=True) == MLA_CLASS
+    dense_cfg = engine_config(llama_dir, "--attention-backend", "hygon")
+    assert not dense_cfg.model_config.use_mla
+    assert selected_class(dense_cfg, head_size=32, use_mla=False) == DENSE_CLASS
+
+
+@pytest.mark.slow
+def test_without_flag_an_mla_model_keeps_vllms_cpu_mla(mla_dir):
+    hv.register()
+    cfg = engine_config(mla_dir)
+    assert selected_class(cfg, head_size=576, use_mla=True) == CPU_MLA_CLASS
+
+
+def test_backend_path_by_use_mla():
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    mla = AttentionSelectorConfig(head_size=576, dtype=torch.float16, kv_cache_dtype="auto",
+                                  block_size=16, use_mla=True)
+    dense = mla._replace(head_size=128, use_mla=False)
+    assert mla_select.backend_path(mla) == MLA_CLASS
+    assert mla_select.backend_path(dense) == DENSE_CLASS
+    # a vLLM outside MLA_RANGE keeps the dense path (vLLM's validation then refuses it)
+    assert mla_select.backend_path(mla, version="0.31.0") == DENSE_CLASS
+
+
+def test_mla_class_refuses_what_it_cannot_serve():
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    from hygon_attn_backend.integrations.vllm.mla import HygonMLABackend
+
+    sel = AttentionSelectorConfig(head_size=576, dtype=torch.float16, kv_cache_dtype="auto",
+                                  block_size=16, use_mla=True)
+    assert HygonMLABackend.validate_configuration(device_capability=None,
+                                                  **sel._asdict()) == []
+    for bad, word in ((sel._replace(use_mla=False), "MLA"),
+                      (sel._replace(use_sparse=True), "parse"),
+                      (sel._replace(kv_cache_dtype="fp8"), "kv_cache_dtype"),
+                      (sel._replace(dtype=torch.float32), "dtype")):
+        reasons = HygonMLABackend.validate_configuration(device_capability=None,
+                                                         **bad._asdict())
+        assert reasons and any(word in r for r in reasons), (bad, reasons)
+
+
+def test_gpu_platform_wrapper_routes_only_our_mla_layers():
+    """The wrapper installed on non-CPU platforms (ROCm/CUDA): our selection with use_mla
+    gets the MLA class; a dense layer and other selections get the platform's answer."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    class Base:
+        @classmethod
+        def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None):
+            return f"platform:{selected_backend}"
+
+        @classmethod
+        def get_device_capability(cls):
+            return None
+
+    class FakePlatform(Base):
+        pass
+
+    member = hv.register()
+    sel = AttentionSelectorConfig(head_size=576, dtype=torch.float16, kv_cache_dtype="auto",
+                                  block_size=64, use_mla=True)
+    assert mla_select.install(hv.vllm_version(), FakePlatform)
+    try:
+        assert FakePlatform.get_attn_backend_cls(member, sel) == MLA_CLASS
+        assert FakePlatform.get_attn_backend_cls(member, sel._replace(use_mla=False)) == \
+            f"platform:{member}"
+        assert FakePlatform.get_attn_backend_cls(E.TRITON_MLA, sel) == \
+            f"platform:{E.TRITON_MLA}"
+        with pytest.raises(ValueError, match="not valid"):
+            FakePlatform.get_attn_backend_cls(member, sel._replace(dtype=torch.float32))
+    finally:
+        assert mla_select.uninstall(FakePlatform)
+    assert "get_attn_backend_cls" not in FakePlatform.__dict__
+    assert FakePlatform.get_attn_backend_cls(member, sel) == f"platform:{member}"
+
+
+# ------------------------------------------------------------------ impl against oracle
+
+IMPLS = [pytest.param("reference", id="reference"), pytest.param("triton", id="interpreter")]
+
+CASES = {
+    # name: (context_lens, query_lens, workspace rows (None: vLLM's default))
+    "decode_only": ([6, 13, 1], [1, 1, 1], None),
+    "prefill_no_context": ([0, 0], [7, 3], None),
+    "mixed_context": ([6, 11, 9, 0, 6], [1, 1, 5, 3, 4], None),
+    # long contexts over several pages of 16 (the vLLM-layer comparison below)
+    "long_context": ([20, 37, 33, 0, 18], [1, 1, 5, 3, 4], None),
+    # 8-row chunks: request 2's 9 context rows split over two chunks (a continuation)
+    "chunked_continuation": ([6, 11, 9, 0, 6], [1, 1, 5, 3, 4], 8),
+}
+
+
+@pytest.fixture(params=IMPLS)
+def impl(request, monkeypatch):
+    if request.param == "triton" and os.environ.get("TRITON_INTERPRET") != "1" \
+            and not torch.cuda.is_available():
+        pytest.skip("the Triton interpreter needs TRITON_INTERPRET=1 set before import")
+    monkeypatch.setenv("HYGON_ATTN_IMPL", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_impl_matches_mla_oracle(name, impl, mla_dir):
+    ctx, ql, rows = CASES[name]
+    case = harness.make_case(ctx, ql, seed=len(name))
+    out, md = harness.run(case, mla_dir, workspace_rows=rows)
+    ref = harness.oracle(case)
+    if md.decode is not None:
+        assert md.decode.plan.impl == impl  # the planned op is the one asked for
+        assert md.decode.plan.scale == pytest.approx(case.scale)
+    if rows is not None:
+        chunks = md.prefill.chunked_context.chunks
+        assert len(chunks) >= 2 and any(c.is_continuation for c in chunks)
+    torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
+
+
+def test_model_scale_reaches_both_paths(mla_dir):
+    """A scale other than 1/sqrt(qk_head_dim) (DeepSeek's YaRN mscale**2 folds into it):
+    decode and prefill both follow it."""
+    case = harness.make_case([5, 7], [1, 4], scale=0.31, seed=3)
+    out, _ = harness.run(case, mla_dir)
+    torch.testing.assert_close(out.double(), harness.oracle(case), atol=2e-3, rtol=2e-3)
+    default = harness.make_case([5, 7], [1, 4], seed=3)
+    assert (harness.oracle(default) - harness.oracle(case)).abs().max() > 1e-2
+
+
+def test_decode_refuses_a_plan_of_another_scale(mla_dir):
+    from hygon_attn_backend.integrations.vllm import mla_step
+
+    case = harness.make_case([5], [1], seed=4)
+    _, md = harness.run(case, mla_dir)
+    d = case.dims
+    q = torch.zeros(1, d.heads, d.rank + d.rope, dtype=torch.float16)
+    cache = torch.zeros(case.num_blocks, case.block_size, d.rank + d.rope,
+                        dtype=torch.float16)
+    with pytest.raises(ValueError, match="scale"):
+        mla_step.decode(md.decode.plan, q, cache, scale=case.scale * 2)
+
+
+@pytest.mark.parametrize("name,rows", [("mixed_context", None), ("long_context", None),
+                                       ("long_context", 16)])
+def test_impl_matches_vllms_cpu_mla_layer(name, rows, mla_dir):
+    """Layer by layer against vLLM's own CPU MLA backend on the same inputs (its decode
+    kernel takes block size 16 only): the same metadata, cache and projections, so any
+    convention our impl got wrong (scale, rope order, the decode/prefill split, the
+    chunk merge) shows here as well as against the oracle. ``rows``: 16-row context
+    chunks (splits and continuations)."""
+    ctx, ql, _ = CASES[name]
+    case = harness.make_case(ctx, ql, block_size=16, seed=11)
+    ours, _ = harness.run(case, mla_dir, workspace_rows=rows)
+    theirs, md = harness.run(case, mla_dir, workspace_rows=rows, vllm_cpu_mla=True)
+    assert md.num_decodes == 2 and md.prefill.chunked_context is not None
+    if rows is not None:
+        assert any(c.is_continuation for c in md.prefill.chunked_context.chunks)
+    ref = harness.oracle(case)
+    torch.testing.assert_close(theirs.double(), ref, atol=2e-3, rtol=2e-3)  # the harness
+    torch.testing.assert_close(ours.double(), theirs.double(), atol=2e-3, rtol=2e-3)

@@ -1,0 +1,61 @@
+"""End to end in vLLM's engine: a tiny random-weight DeepSeek-V2-style (MLA) model built
+here (``tests/support/vllm_mla.py``, no download) generates the same greedy tokens with
+``attention_backend="hygon"`` (our MLA backend: Triton kernels, in the interpreter on a
+CPU) as with vLLM's own CPU MLA backend. On vLLM's CPU platform an MLA model runs
+without chunked prefill or prefix caching (vLLM turns both off), so the batch is prefills
+then decodes (four prompts of lengths 23, 5, 40, 1 in one batch). Two models: plain
+RoPE, and DeepSeek-V2's YaRN (its mscale changes the softmax scale)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from hygon_attn_backend.integrations.vllm import mla_select  # noqa: E402
+from tests.support import vllm_mla  # noqa: E402
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not mla_select.mla_available(),
+                       reason="the MLA backend is written against vLLM 0.32"),
+]
+
+
+#: DeepSeek-V2's YaRN: vLLM folds ``mscale(factor, mscale_all_dim)**2`` (1.30 here) into
+#: the layers' softmax scale, which both our paths must take (not 1/sqrt(qk_head_dim)).
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+        "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
+
+
+@pytest.fixture(scope="module", params=[pytest.param(None, id="plain"),
+                                        pytest.param(YARN, id="yarn")])
+def tiny_deepseek(request, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tiny_deepseek"))
+    return vllm_mla.build_tiny_deepseek(path, rope_scaling=request.param)
+
+
+def test_greedy_tokens_match_vllms_cpu_mla(tiny_deepseek):
+    theirs = vllm_mla.generate(tiny_deepseek, None)
+    assert "Using CPU_MLA backend" in theirs["log"]
+    assert "hygon attention backend" not in theirs["log"]
+    env = {"HYGON_ATTN_IMPL": "auto"}
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        env["TRITON_INTERPRET"] = "1"
+    ours = vllm_mla.generate(tiny_deepseek, "hygon", env=env)
+    assert "HygonMLABackend" in ours["log"]
+    expected = "Triton kernels" if env.get("TRITON_INTERPRET") or _has_cuda() \
+        else "reference ops"
+    assert f"hygon attention backend (MLA): {expected}" in ours["log"]
+    assert len(ours["tokens"]) == len(vllm_mla.prompts())
+    for i, (a, b) in enumerate(zip(ours["tokens"], theirs["tokens"])):
+        assert a == b, (f"prompt {i}: ours {a} vs vLLM's {b}; vLLM's top-2 logprob gaps "
+                        f"{theirs['gaps'][i]}")
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

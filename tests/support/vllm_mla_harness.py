@@ -1,0 +1,224 @@
+"""vLLM's MLA scaffolding around our MLA backend, engine-free: a batch of decode and
+prefill requests (some with a cached context) through vLLM's real ``VllmConfig``,
+``CommonAttentionMetadata`` and MLA metadata builder (its batch split and context
+chunks), then our impl's ``do_kv_cache_update``, ``forward_mqa`` and ``forward_mha`` as
+``MLAAttention.forward_impl`` calls them, the projections around them (the ``W_UK``
+absorption and the ``W_UV`` up-projection) done here as vLLM's layer does them.
+
+The oracle is plain float64 MLA without absorption: each request's keys ``[kv_c W_UK |
+k_pe]`` and values ``kv_c W_UV`` for all its tokens (context and new), softmax over the
+shifted causal mask with the given scale. Imports vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from vllm.config import (CacheConfig, ModelConfig, SchedulerConfig, VllmConfig,
+                         set_current_vllm_config)
+from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.attention.backends.mla.prefill.cpu_sdpa import CPUSDPAMLAPrefillBackend
+from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+from hygon_attn_backend.integrations.vllm.mla import HygonMLAImpl, HygonMLAMetadataBuilder
+from tests.support.vllm_harness import _known
+
+LAYER = "model.layers.0.self_attn.attn"
+MAX_MODEL_LEN = 512
+
+
+@dataclass
+class Dims:
+    heads: int = 2
+    rank: int = 512  # vLLM's MLA metadata takes head sizes 320 / 512 / 576 only
+    rope: int = 64
+    nope: int = 16
+    v: int = 16
+
+
+def deepseek_config_dir(path, dims: Dims) -> str:
+    """A config-only DeepSeek-V2 folder: vLLM's ModelConfig reads MLA from it."""
+    from transformers import DeepseekV2Config
+
+    DeepseekV2Config(vocab_size=256, hidden_size=64, intermediate_size=64,
+                     num_hidden_layers=1, num_attention_heads=dims.heads,
+                     num_key_value_heads=dims.heads, q_lora_rank=None,
+                     kv_lora_rank=dims.rank, qk_nope_head_dim=dims.nope,
+                     qk_rope_head_dim=dims.rope, v_head_dim=dims.v, head_dim=dims.rope,
+                     first_k_dense_replace=1, max_position_embeddings=MAX_MODEL_LEN
+                     ).save_pretrained(path)
+    return str(path)
+
+
+def vllm_config_for(model_dir, *, block_size: int) -> VllmConfig:
+    model = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
+                        dtype="float16", max_model_len=MAX_MODEL_LEN)
+    scheduler = SchedulerConfig(**_known(SchedulerConfig, dict(
+        max_num_seqs=16, max_num_batched_tokens=MAX_MODEL_LEN, max_model_len=MAX_MODEL_LEN,
+        is_encoder_decoder=False)))
+    return VllmConfig(model_config=model, cache_config=CacheConfig(block_size=block_size),
+                      scheduler_config=scheduler)
+
+
+@dataclass
+class MLACase:
+    context_lens: list
+    query_lens: list  # decodes (1) first, then prefills
+    block_size: int
+    dims: Dims
+    scale: float
+    q: torch.Tensor          # [N, H, nope + rope] the new tokens' queries
+    kv_c: list               # per request [L, R] every token's latent (context + new)
+    k_pe: list               # per request [L, rope]
+    w_kv_b: torch.Tensor     # [R, H * (nope + v)]
+    block_table: torch.Tensor
+    num_blocks: int
+
+
+def make_case(context_lens, query_lens, *, dims=Dims(), block_size=4, scale=None,
+              seed=0) -> MLACase:
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape, std=1.0):
+        return torch.randn(*shape, generator=gen) * std
+
+    d = dims
+    seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
+    blocks = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(blocks) + 3
+    perm = torch.randperm(num_blocks, generator=gen)
+    table = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32)
+    used = 0
+    for i, b in enumerate(blocks):
+        table[i, :b] = perm[used:used + b]
+        used += b
+    return MLACase(
+        context_lens=list(context_lens), query_lens=list(query_lens),
+        block_size=block_size, dims=d,
+        scale=scale if scale is not None else (d.nope + d.rope) ** -0.5,
+        q=randn(sum(query_lens), d.heads, d.nope + d.rope),
+        kv_c=[randn(s, d.rank, std=0.3) for s in seq_lens],
+        k_pe=[randn(s, d.rope) for s in seq_lens],
+        w_kv_b=randn(d.rank, d.heads * (d.nope + d.v), std=d.rank ** -0.5),
+        block_table=table, num_blocks=num_blocks)
+
+
+def oracle(case: MLACase) -> torch.Tensor:
+    """``[N, H, v]`` float64."""
+    d = case.dims
+    w = case.w_kv_b.double().view(d.rank, d.heads, d.nope + d.v)
+    outs, row = [], 0
+    for ctx, ql, kv_c, k_pe in zip(case.context_lens, case.query_lens, case.kv_c, case.k_pe):
+        kv = torch.einsum("lr,rhd->lhd", kv_c.double(), w)
+        k = torch.cat([kv[..., :d.nope], k_pe.double()[:, None].expand(-1, d.heads, -1)], -1)
+        v = kv[..., d.nope:]
+        q = case.q[row:row + ql].double()
+        logits = torch.einsum("qhd,khd->hqk", q, k) * case.scale
+        mask = torch.arange(ctx + ql)[None] <= torch.arange(ql)[:, None] + ctx
+        logits = logits.masked_fill(~mask, float("-inf"))
+        outs.append(torch.einsum("hqk,khd->qhd", logits.softmax(-1), v))
+        row += ql
+    return torch.cat(outs)
+
+
+class KvBProj:
+    """What the impls read of vLLM's ``kv_b_proj`` layer: a call returning ``(out, bias)``
+    and its ``weight`` (vLLM stores it ``[out, in]``)."""
+
+    def __init__(self, w: torch.Tensor):
+        self.w = w
+        self.weight = w.t()
+        self.params_dtype = w.dtype
+
+    def __call__(self, x):
+        return x @ self.w, None
+
+
+def _builder(case: MLACase, vllm_config, workspace_rows, builder_cls):
+    d = case.dims
+    layer = SimpleNamespace(
+        q_lora_rank=None, kv_lora_rank=d.rank, qk_nope_head_dim=d.nope,
+        qk_rope_head_dim=d.rope, v_head_dim=d.v, scale=case.scale,
+        prefill_backend=CPUSDPAMLAPrefillBackend(
+            num_heads=d.heads, scale=case.scale, kv_lora_rank=d.rank, qk_nope_head_dim=d.nope,
+            qk_rope_head_dim=d.rope, v_head_dim=d.v, vllm_config=vllm_config))
+    vllm_config.compilation_config.static_forward_context[LAYER] = layer
+    spec = MLAAttentionSpec(block_size=case.block_size, num_kv_heads=1,
+                            head_size=d.rank + d.rope, dtype=torch.float16)
+    builder = builder_cls(spec, [LAYER], vllm_config, torch.device("cpu"))
+    if workspace_rows is not None:  # small chunks: splits and continuations
+        builder.chunked_prefill_workspace_size = workspace_rows
+        builder.chunked_prefill_workspace = builder.chunked_prefill_workspace[:workspace_rows]
+    return builder
+
+
+def common_metadata(case: MLACase) -> CommonAttentionMetadata:
+    seq_lens = [c + q for c, q in zip(case.context_lens, case.query_lens)]
+    qsl = torch.tensor([0] + torch.tensor(case.query_lens).cumsum(0).tolist(),
+                       dtype=torch.int32)
+    slots = []
+    for i, (c, q) in enumerate(zip(case.context_lens, case.query_lens)):
+        for pos in range(c, c + q):
+            blk = int(case.block_table[i, pos // case.block_size])
+            slots.append(blk * case.block_size + pos % case.block_size)
+    sl = torch.tensor(seq_lens, dtype=torch.int32)
+    return CommonAttentionMetadata(**_known(CommonAttentionMetadata, dict(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=sl,
+        num_reqs=len(seq_lens), num_actual_tokens=int(qsl[-1]),
+        max_query_len=max(case.query_lens), max_seq_len=max(seq_lens),
+        block_table_tensor=case.block_table, slot_mapping=torch.tensor(slots,
+                                                                       dtype=torch.int64),
+        seq_lens_cpu_upper_bound=sl.clone())))
+
+
+def run(case: MLACase, model_dir, *, workspace_rows=None, vllm_cpu_mla: bool = False):
+    """Builder -> ``do_kv_cache_update`` (new tokens) -> decode + prefill, as vLLM calls
+    them. Returns ``(out [N, H, v] float16, metadata)``. ``vllm_cpu_mla``: run vLLM's own
+    CPU MLA backend (``CPUMLAImpl``, vLLM's builder) on the same inputs instead of ours
+    (block size 16 only: its decode kernel's)."""
+    d = case.dims
+    h16 = torch.float16
+    vllm_config = vllm_config_for(model_dir, block_size=case.block_size)
+    w = case.w_kv_b.to(h16)
+    with set_current_vllm_config(vllm_config):
+        builder_cls, impl_cls = (HygonMLAMetadataBuilder, HygonMLAImpl)
+        if vllm_cpu_mla:
+            from vllm.model_executor.layers.attention.mla_attention import (
+                MLACommonMetadataBuilder)
+            from vllm.v1.attention.backends.mla.cpu_mla import CPUMLAImpl
+
+            builder_cls, impl_cls = MLACommonMetadataBuilder, CPUMLAImpl
+        builder = _builder(case, vllm_config, workspace_rows, builder_cls)
+        md = builder.build(0, common_metadata(case))
+        impl = impl_cls(d.heads, d.rank + d.rope, case.scale, 1, None, None, "auto", None,
+                            "decoder", None, q_lora_rank=None, kv_lora_rank=d.rank,
+                            qk_nope_head_dim=d.nope, qk_rope_head_dim=d.rope,
+                            qk_head_dim=d.nope + d.rope, v_head_dim=d.v,
+                            kv_b_proj=KvBProj(w))
+    cache = torch.zeros(case.num_blocks, case.block_size, d.rank + d.rope, dtype=h16)
+    # the context rows, as earlier steps wrote them (vLLM's layout: [kv_c | k_pe] a row)
+    for i, ctx in enumerate(case.context_lens):
+        for pos in range(ctx):
+            blk = int(case.block_table[i, pos // case.block_size])
+            cache[blk, pos % case.block_size, :d.rank] = case.kv_c[i][pos].to(h16)
+            cache[blk, pos % case.block_size, d.rank:] = case.k_pe[i][pos].to(h16)
+    new_c = torch.cat([c[ctx:] for c, ctx in zip(case.kv_c, case.context_lens)]).to(h16)
+    new_pe = torch.cat([p[ctx:] for p, ctx in zip(case.k_pe, case.context_lens)]).to(h16)
+    impl.do_kv_cache_update(new_c, new_pe.unsqueeze(1), cache, md.slot_mapping, "auto", None)
+
+    q = case.q.to(h16)
+    out = torch.full((q.shape[0], d.heads * d.v), float("nan"), dtype=h16)
+    nd = md.num_decode_tokens
+    if md.num_prefills:
+        impl.forward_mha(q[nd:], new_c[nd:], new_pe[nd:].unsqueeze(1), cache, md, None,
+                         output=out[nd:])
+    if nd:
+        w3 = w.view(d.rank, d.heads, d.nope + d.v)
+        w_uk, w_uv = w3[..., :d.nope], w3[..., d.nope:]
+        ql_nope = torch.einsum("bhp,rhp->bhr", q[:nd, :, :d.nope], w_uk)
+        latent, _ = impl.forward_mqa((ql_nope, q[:nd, :, d.nope:]), cache, md, None)
+        out[:nd] = torch.einsum("bhr,rhv->bhv", latent, w_uv).reshape(nd, -1)
+    return out.view(-1, d.heads, d.v), md
