@@ -51,7 +51,7 @@ def compile_config(group: int, block_n: int, stages: int, split: bool, *, warps:
                  K_SPLIT_X=0, SPLIT=split, SEQ_SPLIT=split, SCALES_FROM_PTR=False,
                  USE_SOFT_CAP=False, USE_WINDOW=False, USE_SINKS=False, PAGE_PREFETCH=True,
                  FUSED_COMBINE=split, COMBINE_ROWS_PAD=rows_pad, COMBINE_CHUNK=chunk,
-                 LAUNCH_DEPENDENTS=False, TREE=False)
+                 LAUNCH_DEPENDENTS=False, TREE=False, KV_WIDEN=0, RETURN_LSE=False)
     return compile_offline(kernel, const, POINTERS, FLOATS, UNIT_STRIDES, warps=warps,
                            stages=stages, target=target), chunk
 
