@@ -16,25 +16,12 @@ from __future__ import annotations
 import json
 import sys
 
+from hygon_attn_backend.tools.demo.engine import greedy_record
+
 PREEMPT_BLOCKS = 6  # blocks of 32 tokens: the first three prompts take all six, and the
 # first request needs a fourth block at its 27th token: the scheduler must preempt
 MAX_TOKENS = 40
 MAX_MODEL_LEN = 128  # the longest request is 70 + 40 tokens; 6 blocks hold 192
-
-
-def _gap(step) -> float:
-    vals = sorted((lp.logprob for lp in step.values()), reverse=True)
-    return float(vals[0] - vals[1]) if len(vals) > 1 else float("inf")
-
-
-def _collect(outputs) -> dict:
-    """Tokens and top-2 logprob gaps per request, in the order given."""
-    tokens, gaps = [], []
-    for r in outputs:
-        out = r.outputs[0]
-        tokens.append(list(out.token_ids))
-        gaps.append([_gap(s) for s in out.logprobs or []])
-    return {"tokens": tokens, "gaps": gaps}
 
 
 def _preemptions(llm) -> int:
@@ -65,7 +52,7 @@ def main(model_dir: str, backend: str, result: str) -> None:
     llm = LLM(num_gpu_blocks_override=PREEMPT_BLOCKS, **common)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
                         use_tqdm=False)
-    res["preempt"] = dict(_collect(outs), preemptions=_preemptions(llm))
+    res["preempt"] = dict(greedy_record(outs), preemptions=_preemptions(llm))
 
     # abort: three requests decode together; the second is aborted after a few steps
     engine = llm.llm_engine
@@ -78,7 +65,7 @@ def main(model_dir: str, backend: str, result: str) -> None:
         if steps == 6:
             engine.abort_request(["abort-1"])
     kept = sorted((o for o in done if o.request_id != "abort-1"), key=lambda o: o.request_id)
-    res["abort"] = _collect(kept)
+    res["abort"] = greedy_record(kept)
     res["abort"]["finished_ids"] = sorted(o.request_id for o in done)
     with open(result, "w") as f:
         json.dump(res, f)

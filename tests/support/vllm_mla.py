@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 
+from hygon_attn_backend.tools.demo.engine import greedy_record
+
 VOCAB_SIZE = 512
 HIDDEN = 64
 LAYERS = 2
@@ -99,18 +101,8 @@ def _generate(model_dir: str, backend) -> dict:
     llm = LLM(**kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
                             logprobs=2)
-    tokens, gaps = [], []
-    for r in llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts()], params,
-                          use_tqdm=False):
-        out = r.outputs[0]
-        tokens.append(list(out.token_ids))
-        gaps.append([_gap(step) for step in out.logprobs or []])
-    return {"tokens": tokens, "gaps": gaps}
-
-
-def _gap(step) -> float:
-    vals = sorted((lp.logprob for lp in step.values()), reverse=True)
-    return float(vals[0] - vals[1]) if len(vals) > 1 else float("inf")
+    return greedy_record(llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts()],
+                                      params, use_tqdm=False))
 
 
 def generate(model_dir: str, backend=None, *, env=None, timeout: float = 1500.0) -> dict:

@@ -126,14 +126,23 @@ def _generate(model_dir: str, backend: Optional[str], options: Optional[dict] = 
     llm = LLM(**kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
                             logprobs=2)
-    tokens, gaps = [], []
+    outputs = []
     for prompts in demo_prompts():
-        results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
-                               use_tqdm=False)
-        for r in results:
-            out = r.outputs[0]
-            tokens.append(list(out.token_ids))
-            gaps.append([_top2_gap(step) for step in out.logprobs or []])
+        outputs += llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                                use_tqdm=False)
+    return greedy_record(outputs)
+
+
+def greedy_record(outputs) -> dict:
+    """``{"tokens": [[id, ...], ...], "gaps": [[gap, ...], ...]}`` of vLLM
+    ``RequestOutput``s, in the order given: each request's first completion's token ids and,
+    per step, the gap between its two most likely tokens' logprobs (``inf`` with fewer than
+    two; sampled with ``logprobs=2``), which says whether a token difference is a near tie."""
+    tokens, gaps = [], []
+    for r in outputs:
+        out = r.outputs[0]
+        tokens.append(list(out.token_ids))
+        gaps.append([_top2_gap(step) for step in out.logprobs or []])
     return {"tokens": tokens, "gaps": gaps}
 
 
