@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-from hygon_attn_backend.tools.demo.engine import greedy_record
+from hygon_attn_backend.tools.demo.engine import greedy_record, save_random_weights
 
 VOCAB_SIZE = 512
 HIDDEN = 64
@@ -38,7 +38,6 @@ SEED = 1234
 def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None) -> str:
     """Write the model (config, random weights, a WordLevel tokenizer) to ``path``.
     ``rope_scaling``: e.g. DeepSeek's YaRN dict (its ``mscale`` scales the softmax)."""
-    import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, PreTrainedTokenizerFast
 
@@ -59,16 +58,7 @@ def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None) -> st
         first_k_dense_replace=LAYERS, max_position_embeddings=MAX_MODEL_LEN,
         initializer_range=INIT_STD, bos_token_id=1, eos_token_id=2, pad_token_id=0,
         tie_word_embeddings=False, torch_dtype="float32", **extra)
-    model = DeepseekV2ForCausalLM(config)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.fill_(1.0)
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * INIT_STD)
-    model.save_pretrained(path, safe_serialization=True)
-    return path
+    return save_random_weights(DeepseekV2ForCausalLM(config), path, seed=seed, std=INIT_STD)
 
 
 #: Prompt draw whose greedy steps all have a clear winner under vLLM's CPU MLA backend:

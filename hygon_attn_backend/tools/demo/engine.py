@@ -57,7 +57,6 @@ def build_tiny_llama(path: str, *, seed: int = SEED, num_heads: int = HEADS,
     ``num_heads`` / ``num_kv_heads``: query and KV heads (head_dim stays ``HEAD_DIM``; the
     parallel tests shard them over tensor-parallel ranks); ``hidden``: the model width, a
     multiple of ``num_heads`` (the config's check)."""
-    import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -76,14 +75,21 @@ def build_tiny_llama(path: str, *, seed: int = SEED, num_heads: int = HEADS,
                          head_dim=HEAD_DIM, max_position_embeddings=MAX_MODEL_LEN,
                          initializer_range=INIT_STD, bos_token_id=1, eos_token_id=2,
                          pad_token_id=0, tie_word_embeddings=False, torch_dtype="float32")
+    return save_random_weights(LlamaForCausalLM(config), path, seed=seed)
+
+
+def save_random_weights(model, path: str, *, seed: int, std: float = INIT_STD) -> str:
+    """Fill a transformers ``model``'s parameters from ``seed`` (norm weights 1, every other
+    weight normal with spread ``std``), save it to ``path`` as safetensors; returns ``path``."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
-    model = LlamaForCausalLM(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.fill_(1.0)
             else:
-                p.copy_(torch.randn(p.shape, generator=gen) * INIT_STD)
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
     model.save_pretrained(path, safe_serialization=True)
     return path
 
