@@ -7,7 +7,7 @@ the slow tests compare a parallel ``hygon`` run with a TP=1 run of vLLM's own CP
 
 On a CPU host vLLM binds each worker's OpenMP threads to a NUMA node and refuses two
 workers on one node; ``VLLM_CPU_OMP_THREADS_BIND`` with one core per worker (``0|1``)
-lets two workers share a one-node machine.
+lets two workers share a one-node machine (``tools.demo.engine.cpu_omp_bind``).
 """
 
 from __future__ import annotations
@@ -20,21 +20,10 @@ import sys
 import tempfile
 from typing import Optional
 
+from hygon_attn_backend.tools.demo.engine import cpu_omp_bind
 from tests import support
 
 REPO = str(support.REPO)
-
-
-def cpu_bind(workers: int) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` giving each of ``workers`` workers its own cores."""
-    cores = os.cpu_count() or 1
-    per = max(1, cores // workers)
-    spans = []
-    for w in range(workers):
-        lo = min(w * per, cores - 1)
-        hi = min(lo + per - 1, cores - 1)
-        spans.append(str(lo) if lo == hi else f"{lo}-{hi}")
-    return "|".join(spans)
 
 
 def generate(model_dir: str, *, backend: Optional[str], options: Optional[dict] = None,
@@ -67,7 +56,7 @@ def run_child(model_dir: str, *, backend: Optional[str], options: Optional[dict]
     env["PYTHONPATH"] = os.pathsep.join(
         [REPO] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     if workers > 1:
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind(workers))
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_omp_bind(workers))
     if impl is not None:
         env["HYGON_ATTN_IMPL"] = impl
     with tempfile.NamedTemporaryFile("r", suffix=".json") as result:

@@ -94,6 +94,24 @@ def save_random_weights(model, path: str, *, seed: int, std: float = INIT_STD) -
     return path
 
 
+def cpu_omp_bind(workers: int) -> str:
+    """OpenMP core spans for ``workers`` engine workers on this host, ``|``-separated, one
+    span a worker (``"0|1"`` for two workers on two cores): the format of vLLM's
+    ``VLLM_CPU_OMP_THREADS_BIND`` and SGLang's ``SGLANG_CPU_OMP_THREADS_BIND``. On a CPU
+    both engines otherwise bind each worker to a NUMA node of its own and refuse more
+    workers than nodes (a one-node machine runs one)."""
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    cores = os.cpu_count() or 1
+    per = max(1, cores // workers)
+    spans = []
+    for w in range(workers):
+        lo = min(w * per, cores - 1)
+        hi = min(lo + per - 1, cores - 1)
+        spans.append(str(lo) if lo == hi else f"{lo}-{hi}")
+    return "|".join(spans)
+
+
 def demo_prompts(seed: int = PROMPT_SEED) -> tuple[list[list[int]], list[list[int]]]:
     """Token-id prompts: round 1 (lengths 70, 9, 41, 1) and round 2 (sharing 2 and 1
     whole blocks with round-1 prompts, plus new tokens)."""
