@@ -157,6 +157,18 @@ def _attention_tp_size() -> Optional[int]:
         return None
 
 
+def _attention_dcp_size() -> int:
+    """This rank's decode-context-parallel width, ``get_parallel().attn_dcp_size`` (SGLang
+    0.5.23's ``--dcp-size``); 1 where SGLang has none or has not published it."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        size = getattr(get_parallel(), "attn_dcp_size", 1)
+    except Exception:  # nothing published yet (RuntimeError / ValueError), an older SGLang
+        return 1
+    return size if isinstance(size, int) and size > 0 else 1
+
+
 def _model_heads(model_runner):
     """``(Hq, Hkv, D, dtype)`` of the model's attention layers on this attention-TP rank, read
     as SGLang's own Triton backend reads them, or None when the runner does not say (the
@@ -248,6 +260,14 @@ class HygonAttnBackend(*compat.backend_bases(AttentionBackend)):
         (``draft.HygonMultiStepDraftBackend``): its decode batches hold that many rows a
         request (EAGLE's ``topk`` branches), and it serves no prefill (no warm-up)."""
         super().__init__()
+        dcp = _attention_dcp_size()
+        if dcp > 1:
+            # SGLang's DCP stores each token on one rank only (slot out_cache_loc // dcp, the
+            # rank of position % dcp) and merges the ranks' partial attention by LSE; attention
+            # over the whole pool there would read the other ranks' slots as this rank's.
+            raise NotImplementedError(f"hygon attention backend: decode context parallelism "
+                                      f"(--dcp-size {dcp}) is not implemented for SGLang; "
+                                      f"leave --dcp-size at 1")
         self._rows_per_request = draft_rows_per_request or 1
         self.device = torch.device(model_runner.device)
         self.req_to_token_pool = model_runner.req_to_token_pool
@@ -284,8 +304,10 @@ class HygonAttnBackend(*compat.backend_bases(AttentionBackend)):
         # first pass (the warm-up that precedes capture), so captured launches allocate
         # nothing
         self._decode_workspaces: dict = {}
-        logger.info("hygon attention backend: page_size=%d layout=%s impl=%s (%s)",
-                    self.page_size, layout, self.impl,
+        heads = self._model_heads
+        logger.info("hygon attention backend: page_size=%d layout=%s impl=%s heads a rank: %s "
+                    "(%s)", self.page_size, layout, self.impl,
+                    f"{heads[0]} q / {heads[1]} kv" if heads else "from the first layer",
                     "Triton kernels, native where impl=auto's rule takes it"
                     if self._triton_here else "torch reference")
         if self._triton_here and self.device.type == "cuda" and draft_rows_per_request is None:

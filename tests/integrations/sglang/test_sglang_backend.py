@@ -185,6 +185,21 @@ def test_model_heads_follow_the_attention_tp_size(monkeypatch):
     assert sgl_backend._model_heads(runner) is None
 
 
+def test_decode_context_parallelism_is_refused(monkeypatch):
+    """SGLang's --dcp-size shards every sequence's KV over the ranks (masked writes, LSE
+    merge), which the backend does not do: refused at construction, naming the option."""
+    runtime_context = pytest.importorskip("sglang.srt.runtime_context")  # 0.5.17 on
+    model = TinyModel(dtype=torch.float16, seed=3, **HEADS)
+    Server(model, page_size=16)  # unpublished parallel state: DCP 1
+    monkeypatch.setattr(runtime_context, "get_parallel",
+                        lambda: types.SimpleNamespace(attn_tp_size=2, attn_dcp_size=1))
+    Server(model, page_size=16)
+    monkeypatch.setattr(runtime_context, "get_parallel",
+                        lambda: types.SimpleNamespace(attn_tp_size=2, attn_dcp_size=2))
+    with pytest.raises(NotImplementedError, match=r"decode context parallelism \(--dcp-size 2"):
+        Server(model, page_size=16)
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_plans_built_in_init_forward_metadata(page_size, device):
     """With the model's heads known (a real runner's config), init_forward_metadata plans
