@@ -2,6 +2,7 @@
 
     python examples/sglang_offline.py                       # tiny local model, compare
     python examples/sglang_offline.py --model /path/to/llama --page-size 16 --compare triton
+    python examples/sglang_offline.py --tp-size 2            # hygon on two TP ranks
 
 Needs the package installed (``pip install -e .``): SGLang's scheduler processes find the
 backend through the ``sglang.srt.plugins`` entry point. Without ``--model`` a tiny
@@ -13,8 +14,15 @@ so SGLang's radix cache serves cached prefixes and our kernels extend over them;
 
 With ``--compare BACKEND`` (default ``torch_native`` on CPU, ``triton`` on a GPU) the same
 workload runs on that SGLang backend too, each engine in its own process, and the script
-exits 0 when the generated tokens match and 1 otherwise. On a machine without a GPU the
-engine runs on the CPU and our Triton kernels in Triton's interpreter (float16).
+exits 0 when the generated tokens match and 1 otherwise. ``--tp-size N`` runs the hygon
+engine on N tensor-parallel ranks (each rank's attention holds its share of the query and
+KV heads); the compared run stays at TP=1, the reference. On a machine without a GPU the
+engine runs on the CPU and our Triton kernels in Triton's interpreter (float16); there
+SGLang binds each rank's OpenMP threads to a NUMA node of its own and refuses more ranks
+than nodes, so a TP run sets ``SGLANG_CPU_OMP_THREADS_BIND`` (one span of cores a rank,
+``0|1`` on two cores) unless it is set already. The engine's processes are spawned: a
+script that starts an ``Engine`` with ``tp_size > 1`` must do so under
+``if __name__ == "__main__":``, as this one does.
 """
 
 from __future__ import annotations
@@ -40,17 +48,22 @@ def workload(seed: int = 7):
     return [system + u for u in users], follow_up
 
 
-def generate(model: str, backend: str, page_size: int, device: str) -> dict:
-    """Run both rounds on one engine; returns outputs and cached-prefix counts."""
+def generate(model: str, backend: str, page_size: int, device: str, *, tp_size: int = 1,
+             log_level: str = "error") -> dict:
+    """Run both rounds on one engine of ``tp_size`` tensor-parallel ranks; returns outputs
+    and cached-prefix counts."""
     import sglang as sgl
 
     from hygon_attn_backend.integrations.sglang import register
+    from hygon_attn_backend.tools.demo.engine import cpu_omp_bind
 
     register()  # also done by SGLang's plugin loader when the package is installed
+    if device == "cpu" and tp_size > 1:  # read by each rank's process
+        os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", cpu_omp_bind(tp_size))
     engine = sgl.Engine(model_path=model, attention_backend=backend, device=device,
                         dtype="float16", page_size=page_size, skip_tokenizer_init=True,
-                        context_length=256, max_total_tokens=4096, log_level="error",
-                        disable_cuda_graph=device == "cpu")
+                        context_length=256, max_total_tokens=4096, log_level=log_level,
+                        disable_cuda_graph=device == "cpu", tp_size=tp_size)
     params = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0}
     try:
         first_turns, follow_up = workload()
@@ -67,17 +80,19 @@ def generate(model: str, backend: str, page_size: int, device: str) -> dict:
 
 
 def _child(args) -> int:
-    print(json.dumps(generate(args.model, args.backend, args.page_size, args.device)))
+    print(json.dumps(generate(args.model, args.backend, args.page_size, args.device,
+                              tp_size=args.tp_size, log_level=args.log_level)))
     return 0
 
 
-def _run_in_process(args, backend: str) -> dict:
+def _run_in_process(args, backend: str, *, tp_size: int) -> dict:
     """One engine per process: a fresh SGLang each time."""
     env = dict(os.environ)
     if args.device == "cpu":
         env.setdefault("TRITON_INTERPRET", "1")  # Triton kernels on CPU tensors
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--backend", backend,
-           "--model", args.model, "--page-size", str(args.page_size), "--device", args.device]
+           "--model", args.model, "--page-size", str(args.page_size), "--device", args.device,
+           "--tp-size", str(tp_size), "--log-level", args.log_level]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
@@ -93,9 +108,15 @@ def main(argv=None) -> int:
     parser.add_argument("--compare", default=None,
                         help="also run this SGLang backend and compare (default: torch_native "
                              "on CPU, triton on GPU; 'none' to skip)")
+    parser.add_argument("--tp-size", type=int, default=1,
+                        help="tensor-parallel ranks of the hygon engine (the compared run "
+                             "stays at 1)")
+    parser.add_argument("--log-level", default="error", help="SGLang's log level")
     parser.add_argument("--backend", default="hygon", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.tp_size < 1:
+        parser.error(f"--tp-size must be at least 1, got {args.tp_size}")
     if args.device is None:
         import torch
 
@@ -108,9 +129,9 @@ def main(argv=None) -> int:
             from hygon_attn_backend.tools.demo.engine import build_tiny_llama
 
             args.model = build_tiny_llama(os.path.join(tmp, "model"))
-        ours = _run_in_process(args, "hygon")
+        ours = _run_in_process(args, "hygon", tp_size=args.tp_size)
         compare = args.compare or ("torch_native" if args.device == "cpu" else "triton")
-        theirs = None if compare == "none" else _run_in_process(args, compare)
+        theirs = None if compare == "none" else _run_in_process(args, compare, tp_size=1)
 
     names = ["chat A turn 1", "chat B turn 1", "chat C turn 1", "chat A turn 2"]
     for i, name in enumerate(names):
@@ -121,7 +142,8 @@ def main(argv=None) -> int:
     if theirs is None:
         return 0
     same = ours["output_ids"] == theirs["output_ids"]
-    print("MATCH" if same else "MISMATCH", f"(hygon vs {compare}, greedy, {MAX_NEW_TOKENS} tokens)")
+    print("MATCH" if same else "MISMATCH", f"(hygon at TP={args.tp_size} vs {compare} at TP=1, "
+          f"greedy, {MAX_NEW_TOKENS} tokens)")
     return 0 if same else 1
 
 
