@@ -33,6 +33,19 @@ INIT_STD = 0.15
 MAX_MODEL_LEN = 256
 MAX_TOKENS = 8
 SEED = 1234
+#: vLLM custom ops both runs take as vLLM's plain-torch ``forward_native``.
+#: ``rotary_embedding``: vLLM 0.32's CPU kernel (``torch.ops._C.rotary_embedding``, all
+#: three ISA builds) mis-reads the views the MLA layer hands it, ``q[..., qk_nope:]``
+#: ``[N, H, rope]`` and ``k_pe`` ``[N, 1, rope]`` (columns of the ``[N, 576]`` ``kv_a``
+#: output): it turns N rows spaced by the view's second-to-last stride, row ``r`` by
+#: ``positions[r]``. So head ``h`` of token ``t`` gets the position of the step's token
+#: ``t * H + h`` and ``k_pe`` of token ``t`` that of token ``9 t`` (576 / 64), neither
+#: turned where that index is N or more. A token's keys and queries then depend on how
+#: many tokens share its step, and which requests share a step depends on when the
+#: engine process receives them: two runs of the same prompts diverged, vLLM's own
+#: backend against itself too (``docs/features.md``). YaRN's rotary class has no CPU
+#: kernel (plain torch already).
+NATIVE_OPS = ("rotary_embedding",)
 
 
 def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None) -> str:
@@ -61,12 +74,13 @@ def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None) -> st
     return save_random_weights(DeepseekV2ForCausalLM(config), path, seed=seed, std=INIT_STD)
 
 
-#: Prompt draw whose greedy steps all have a clear winner under vLLM's CPU MLA backend:
-#: with float16 logits a random model often has its top-2 logprobs within a few rounding
-#: steps, where two correct attention implementations may pick different tokens. With
-#: this draw and SEED the smallest top-2 gap is 0.045 (40 draws searched; draw 7's is
-#: 0.006, and ours matched vLLM's tokens there too).
-PROMPT_SEED = 5
+#: Prompt draw whose greedy steps all have a clear winner under vLLM's CPU MLA backend,
+#: for both models: with float16 logits a random model often has its top-2 logprobs within
+#: a few rounding steps, where two correct attention implementations may pick different
+#: tokens (ours and vLLM's gaps differ by up to 0.006). With this draw and SEED the
+#: smallest top-2 gap is 0.043 (plain RoPE) and 0.086 (YaRN); 60 draws searched, 17 is
+#: the only one above 0.04 on both.
+PROMPT_SEED = 17
 
 
 def prompts(seed: int = PROMPT_SEED) -> list:
@@ -85,7 +99,8 @@ def _generate(model_dir: str, backend) -> dict:
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     kwargs = dict(model=model_dir, tokenizer=model_dir, max_model_len=MAX_MODEL_LEN,
-                  max_num_seqs=8, seed=SEED, enforce_eager=True, dtype="float16")
+                  max_num_seqs=8, seed=SEED, enforce_eager=True, dtype="float16",
+                  compilation_config={"custom_ops": [f"-{op}" for op in NATIVE_OPS]})
     if backend is not None:
         kwargs["attention_backend"] = backend
     llm = LLM(**kwargs)

@@ -1,7 +1,7 @@
 """The MLA backend behind ``--attention-backend hygon`` (vLLM 0.32): selection by the one
 flag, the impl against a float64 MLA oracle through vLLM's own MLA metadata builder
 (decode, prefill, chunked context with a continuation), and the model-level check is in
-``test_vllm_mla_engine.py``."""
+``test_vllm_mla_engine.py`` (with why its model takes vLLM's RoPE as plain torch, last)."""
 
 from __future__ import annotations
 
@@ -226,3 +226,41 @@ def test_impl_matches_vllms_cpu_mla_layer(name, rows, mla_dir):
     ref = harness.oracle(case)
     torch.testing.assert_close(theirs.double(), ref, atol=2e-3, rtol=2e-3)  # the harness
     torch.testing.assert_close(ours.double(), theirs.double(), atol=2e-3, rtol=2e-3)
+
+
+# ----------------------------------------------------------------------------- engine model
+
+
+def test_vllms_cpu_rope_kernel_misreads_the_mla_views():
+    """Why the engine test's model takes vLLM's RoPE as plain torch
+    (``tests/support/vllm_mla.NATIVE_OPS``): on the views the MLA layer passes (the rope
+    columns of ``q [N, H, nope + rope]`` and of the ``[N, rank + rope]`` ``kv_a`` output),
+    vLLM's CPU kernel turns head ``h`` of token ``t`` by token ``t * H + h``'s position.
+    When this fails, vLLM reads those views right and ``NATIVE_OPS`` can go."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+    from vllm.platforms import current_platform
+
+    from tests.support import vllm_mla
+
+    if not current_platform.is_cpu():
+        pytest.skip("vLLM's CPU rotary kernel only")
+    assert "rotary_embedding" in vllm_mla.NATIVE_OPS
+    n, heads, nope, rope_dim, rank = 23, 4, 32, 64, 512
+    with set_current_vllm_config(VllmConfig()):
+        rope = get_rope(rope_dim, max_position=256, is_neox_style=False,
+                        dtype=torch.float16)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(n, heads, nope + rope_dim, generator=gen).half()
+    kv_a = torch.randn(n, rank + rope_dim, generator=gen).half()
+    positions = torch.arange(n)
+    q_pe = q[..., nope:].clone()  # the kernel turns the views in place
+    want_q, want_k = rope.forward_native(positions, q_pe.clone(),
+                                         kv_a[:, rank:].unsqueeze(1).clone())
+    got_q, got_k = rope.forward_cpu(positions, q[..., nope:], kv_a[:, rank:].unsqueeze(1))
+    torch.testing.assert_close(got_q[0, 0], want_q[0, 0])  # row 0: token 0's own position
+    assert (got_q[0, 1] - want_q[0, 1]).abs().max() > 0.1  # head 1: token 1's position
+    shifted, _ = rope.forward_native(torch.tensor([1]), q_pe[:1, 1:2].clone(),
+                                     q_pe[:1, :1].clone())
+    torch.testing.assert_close(got_q[0, 1], shifted[0, 0], atol=2e-3, rtol=2e-3)
+    assert (got_k.float() - want_k.float()).abs().max() > 0.1
