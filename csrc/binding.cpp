@@ -18,14 +18,14 @@
 namespace {
 
 // The decode loop's plan (HabDecodeParams::loop_stages / loop_tile): stages 0 (the
-// shared-softmax loop), 2 or 3 (the split-N loop's cp.async stages); tile 64 (the split-N
+// shared-softmax loop), 2 to 4 (the split-N loop's cp.async stages); tile 64 (the split-N
 // loop's KV tile, the only one built).
 // Numbers go into error messages as std::to_string: on the H200 image (torch 2.11.0+cu130,
 // nvcc 13.0) an integer streamed into TORCH_CHECK's message segfaulted inside this
 // library's copy of std::ostream::_M_insert<long>; strings stream fine.
 void check_decode_loop(int64_t loop_stages, int64_t loop_tile, const char* op) {
-  TORCH_CHECK(loop_stages == 0 || loop_stages == 2 || loop_stages == 3, op,
-              ": loop_stages must be 0 (shared-softmax loop), 2 or 3 (split-N loop stages), got ",
+  TORCH_CHECK(loop_stages == 0 || (loop_stages >= 2 && loop_stages <= 4), op,
+              ": loop_stages must be 0 (shared-softmax loop) or 2 to 4 (split-N loop stages), got ",
               std::to_string(loop_stages));
   TORCH_CHECK(loop_tile == 64, op, ": loop_tile must be 64 (the split-N loop's only KV tile), got ",
               std::to_string(loop_tile));

@@ -192,12 +192,12 @@ int chunks_are_vectors(const void* base, int elem_bytes, int64_t d_stride, int64
 bool fits_int32(int64_t x) { return x >= 0 && x <= 2147483647LL; }
 
 // The loop choice of HabDecodeParams::loop_stages / loop_tile: stages 0, the shared-softmax
-// loop; 2 or 3, the split-N loop where it applies, with that many cp.async stages (two keep
+// loop; 2 to 4, the split-N loop where it applies, with that many cp.async stages (two keep
 // one tile in flight while a tile is computed, three keep two); loop_tile is its KV tile
 // and must be 64 (decode_kernel.cuh, SPLIT_N_TOKENS). The caller plans both; false for any
 // other value. A device without mma.sync runs the shared-softmax loop whatever was planned.
 bool loop_flags(int64_t loop_stages, int64_t loop_tile, hab_decode::Flags* flags) {
-  if (loop_stages != 0 && loop_stages != 2 && loop_stages != 3) return false;
+  if (loop_stages != 0 && (loop_stages < 2 || loop_stages > hab_decode::MAX_SPLIT_N_STAGES)) return false;
   if (loop_tile != hab_decode::SPLIT_N_TOKENS) return false;
   flags->split_n = loop_stages != 0 && hab_device_has_mma_sync() ? 1 : 0;
   flags->stages = loop_stages != 0 ? int(loop_stages) : 2;
@@ -268,9 +268,13 @@ extern "C" const char* hab_paged_decode(const HabDecodeParams* pp, void* stream)
   // out's rows as 4-channel vectors (the split-N loop's unsplit stores)
   const int out_bytes = p.out_dtype == HAB_F32 ? 4 : 2;
   const int o_vec = chunks_are_vectors(p.out, out_bytes, p.o_stride[3], p.head_dim, p.o_stride, 3, 4);
-  hab_decode::Flags flags{k_vec, v_vec, q_vec, po_vec, o_vec, 0, 2, nullptr};
+  // fp8 rows as 16-byte chunks of 16 channels (head_dim a multiple of 16)
+  const int kv16 = kv_bytes == 1 && p.k_split_x == 0 &&
+                   chunks_are_vectors(p.k_cache, 1, p.k_stride[3], p.head_dim, p.k_stride, 3, 16) &&
+                   chunks_are_vectors(p.v_cache, 1, p.v_stride[3], p.head_dim, p.v_stride, 3, 16);
+  hab_decode::Flags flags{k_vec, v_vec, q_vec, po_vec, o_vec, 0, 2, nullptr, kv16};
   if (!loop_flags(p.loop_stages, p.loop_tile, &flags))
-    return "paged_decode: loop_stages must be 0, 2 or 3 and loop_tile 64";
+    return "paged_decode: loop_stages must be 0, 2, 3 or 4 and loop_tile 64";
   const char* err = launch_for_head_dim(p, flags, warp, stream);
   if (err) return err;
   if (p.num_partitions > 1) {
@@ -298,7 +302,7 @@ extern "C" int hab_decode_programs_per_sm(int q_dtype, int kv_dtype, int head_di
   p.num_q_heads = rows;
   p.num_kv_heads = 1;
   int programs = 0;
-  hab_decode::Flags flags{1, 1, 1, 1, 1, 0, 2, &programs};
+  hab_decode::Flags flags{1, 1, 1, 1, 1, 0, 2, &programs, 1};
   if (!loop_flags(loop_stages, loop_tile, &flags)) return -1;
   return launch_for_head_dim(p, flags, warp, nullptr) ? -1 : programs;
 }

@@ -30,6 +30,8 @@ constexpr int NUM_WARPS = 4;
 constexpr int MAX_SPLIT_N_STAGES = 4;  // what the loop's code handles; the entry takes 2 and 3 (decode.cu)
 constexpr int SPLIT_N_TOKENS = 64;      // the split-N loop's KV tile
 constexpr float LOG2E = 1.4426950408889634f;
+// the split-N loop's KV formats (a template parameter): the query's 16-bit dtype, or fp8
+enum KvFormat { KV_16BIT = 0, KV_E4M3 = 1, KV_E5M2 = 2 };
 
 template <int HEAD_DIM_PAD> struct TileN { static constexpr int value = HEAD_DIM_PAD > 128 ? 32 : 64; };
 
@@ -57,23 +59,32 @@ struct Layout {
 // The split-N loop's shared memory for KV tiles of SPLIT_N_TOKENS tokens (decode_split_n.cuh):
 // Q (16 rows), then 2..MAX_SPLIT_N_STAGES cp.async stages of (K, V, token flags), then two
 // tiles' (block, slot) per token; the slices' merge (decode_split_n.cuh) reuses the stages.
-template <int HEAD_DIM_PAD>
+// KVB: bytes of a cached element, 2 (16-bit KV) or 1 (fp8 KV).
+template <int HEAD_DIM_PAD, int KVB = 2>
 struct SplitNGeometry {
   static constexpr int SN_TOKENS = SPLIT_N_TOKENS;
   typedef Layout<16, HEAD_DIM_PAD> L;
   static constexpr int SLICES = SN_TOKENS / 16;                 // 16-token slices of a tile
   static constexpr int CTW = HEAD_DIM_PAD / 16 / (NUM_WARPS / SLICES);  // O column tiles a warp
-  // A staged K or V row is HEAD_DIM_PAD channels with no padding, its 16-byte chunk c
-  // stored at chunk c ^ (row % 8): each 128-byte line of the cache lands in one aligned
-  // 128-byte segment of shared memory, and the 8 rows of an ldmatrix matrix read 8
+  // A staged K or V row is HEAD_DIM_PAD channels with no padding (ROW_BYTES), its 16-byte
+  // chunk c stored at chunk c ^ (row % 8): each 128-byte line of the cache lands in one
+  // aligned 128-byte segment of shared memory, and the 8 rows of an ldmatrix matrix read 8
   // different bank groups. (Rows padded by 16 bytes, conflict-free as well, streamed 6-8%
   // slower on the H200: docs/history.md.)
-  static_assert(HEAD_DIM_PAD % 64 == 0, "the swizzle permutes 8 chunks of 16 bytes");
-  static constexpr int KV_LD = HEAD_DIM_PAD;  // elements a staged row
-  HAB_DEV static int kv_off(int row, int chunk) { return row * KV_LD + 8 * (chunk ^ (row & 7)); }
-  static constexpr int STAGE_BYTES = 2 * SN_TOKENS * KV_LD * 2 + SN_TOKENS;  // K, V, token flags (bytes)
+  static constexpr int ROW_BYTES = HEAD_DIM_PAD * KVB;
+  static constexpr int ROW_CH = ROW_BYTES / 16;  // 16-byte chunks a row
+  static_assert(ROW_CH % 8 == 0, "the swizzle permutes 8 chunks of 16 bytes");
+  HAB_DEV static int kv_off(int row, int chunk) { return row * ROW_BYTES + 16 * (chunk ^ (row & 7)); }  // bytes
+  static constexpr int STAGE_BYTES = 2 * SN_TOKENS * ROW_BYTES + SN_TOKENS;  // K, V, token flags (bytes)
+  // the slices' merge after the loop: (m, l) and O rows padded to LDO floats, then the
+  // rows' output offsets; it reuses the stages (and the block-id area past them)
+  static constexpr int LDO = HEAD_DIM_PAD + 8;
+  static constexpr int MERGE_BYTES = SLICES * 16 * (2 + LDO) * 4 + 16 * 8;
   // after the stages: two tiles' (block, slot) per token, int2 [2][SN_TOKENS]
-  static constexpr int bytes(int stages) { return L::K_OFF + stages * STAGE_BYTES + 2 * SN_TOKENS * 8; }
+  static constexpr int loop_bytes(int stages) { return stages * STAGE_BYTES + 2 * SN_TOKENS * 8; }
+  static constexpr int bytes(int stages) {
+    return L::K_OFF + (loop_bytes(stages) > MERGE_BYTES ? loop_bytes(stages) : MERGE_BYTES);
+  }
   static_assert(NUM_WARPS % SLICES == 0 && CTW * (NUM_WARPS / SLICES) * 16 == HEAD_DIM_PAD,
                 "the warps split a tile's tokens and O's channels evenly");
 };
@@ -201,6 +212,7 @@ struct Flags {  // per launch, computed on the host
   int split_n;  // mma.sync targets, <= 16 rows, head_dim <= 128: 1, the split-N loop where it applies; 0: off
   int stages;   // the split-N loop's cp.async stages, 2..MAX_SPLIT_N_STAGES (stages - 1 tiles in flight)
   int* programs_per_sm;  // host pointer: set, the launcher writes the occupancy there and launches nothing
+  int kv16;     // fp8 K and V rows read as 16-byte chunks of 16 channels (the fp8 split-N loop)
 };
 
 // The split-N loop (decode_split_n) applies: mma.sync unit, one 16-row tile, and one
@@ -225,8 +237,9 @@ namespace hab_decode {
 
 
 // SN: 0, the shared-softmax loop; SPLIT_N_TOKENS, the split-N loop (one kernel each, so
-// that each loop gets the registers it needs and no more).
-template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP, int SN>
+// that each loop gets the registers it needs and no more). KVF: the split-N loop's KV
+// format (KvFormat; the shared-softmax loop reads p.kv_dtype at run time).
+template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP, int SN, int KVF>
 HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) {
   typedef Layout<ROWS, HEAD_DIM_PAD> L;
   typedef HabWarpTile<KIND, WARP> Tile;
@@ -445,7 +458,7 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
     // (a device pass without mma.sync compiles an empty body: the host never launches it there)
 #if defined(HAB_HAS_MMA_SYNC)
     if constexpr (SplitN<KIND, ROWS, HEAD_DIM_PAD, WARP>::value)
-      decode_split_n<KIND, HEAD_DIM_PAD>(p, part_end, loop_start, seq_len, rows, row0, group, kv_head, seq,
+      decode_split_n<KIND, HEAD_DIM_PAD, KVF>(p, part_end, loop_start, seq_len, rows, row0, group, kv_head, seq,
                                              part, head_dim, qk_scale, sm_scale, v_scale, use_cap, use_window, q_s,
                                              smem + L::K_OFF, flags.stages, flags.po_vec != 0, flags.o_vec != 0, geo,
                                              block_of, load_q);
@@ -598,9 +611,9 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
 // On HIP the rule is capped by that count (docs/history.md).
 constexpr int HIP_LDS_BYTES = 64 * 1024;
 
-template <int ROWS, int HEAD_DIM_PAD, int SN>
+template <int ROWS, int HEAD_DIM_PAD, int SN, int KVF = KV_16BIT>
 struct MinBlocks {
-  static constexpr int nvidia = SN == SPLIT_N_TOKENS ? (HEAD_DIM_PAD <= 64 ? 4 : 2)
+  static constexpr int nvidia = SN == SPLIT_N_TOKENS ? (HEAD_DIM_PAD <= 64 ? 4 : (KVF != KV_16BIT ? 3 : 2))
                                 : ROWS <= 16 ? (HEAD_DIM_PAD <= 64 ? 4 : (HEAD_DIM_PAD <= 128 ? 3 : 2))
                                              : (ROWS * HEAD_DIM_PAD <= 4096 ? 2 : 1);
 #if defined(HAB_HIP)
@@ -611,26 +624,26 @@ struct MinBlocks {
 #endif
 };
 
-template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP, int SN>
-__global__ void __launch_bounds__(NUM_WARPS * WARP, (MinBlocks<ROWS, HEAD_DIM_PAD, SN>::value))
+template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP, int SN, int KVF>
+__global__ void __launch_bounds__(NUM_WARPS * WARP, (MinBlocks<ROWS, HEAD_DIM_PAD, SN, KVF>::value))
 paged_decode_kernel(HabDecodeParams p, Flags flags, int row_chunks) {
 #if defined(HAB_DEVICE_PASS)
   // a split launch's combine kernel may be scheduled once every program is here (it waits
   // for this grid's writes itself: decode.cu, combine_kernel)
   hab_gdc_launch_dependents();
   // the other warp size's instantiation (HIP builds both) compiles to an empty kernel
-  if constexpr (WARP == HAB_WARP_SIZE) decode_body<KIND, ROWS, HEAD_DIM_PAD, WARP, SN>(p, flags, row_chunks);
+  if constexpr (WARP == HAB_WARP_SIZE) decode_body<KIND, ROWS, HEAD_DIM_PAD, WARP, SN, KVF>(p, flags, row_chunks);
 #endif
 }
 
 // Host side: launch one kernel (SN as in decode_body) with `bytes` of shared memory, at
 // most MAX_BYTES (the attribute is set once per kernel and device, sized for the most
 // stages, so that a later launch with more stages fits).
-template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP, int SN, int MAX_BYTES>
+template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP, int SN, int MAX_BYTES, int KVF = KV_16BIT>
 const char* launch_kernel(const HabDecodeParams& p, Flags flags, int bytes, hab_stream_t stream) {
   const int64_t total_rows = p.num_tokens * (p.num_q_heads / p.num_kv_heads);
   const int row_chunks = int(hab_cdiv(total_rows, ROWS));
-  auto kernel = paged_decode_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP, SN>;
+  auto kernel = paged_decode_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP, SN, KVF>;
   static uint64_t configured = 0;
   int dev = 0;
   if (hab_get_device(&dev) != hab_success) return "paged_decode: no device";
@@ -655,7 +668,8 @@ const char* launch_kernel(const HabDecodeParams& p, Flags flags, int bytes, hab_
   return nullptr;
 }
 
-// One instantiation: the split-N kernel where flags.split_n asks for it and it applies, else
+// One instantiation: the split-N kernel where flags.split_n asks for it and it applies
+// (16-bit KV of q's dtype, or fp8 KV at head_dim pad 128 read as 16-channel chunks), else
 // the shared-softmax one.
 template <typename KIND, int ROWS, int HEAD_DIM_PAD, int WARP>
 const char* launch(const HabDecodeParams& p, Flags flags, hab_stream_t stream) {
@@ -671,8 +685,19 @@ const char* launch(const HabDecodeParams& p, Flags flags, hab_stream_t stream) {
       return launch_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP, SPLIT_N_TOKENS, G::bytes(MAX_SPLIT_N_STAGES)>(
           p, flags, G::bytes(flags.stages), stream);
     }
+    if constexpr (HEAD_DIM_PAD == 128) {
+      const bool fp8 = p.kv_dtype == HAB_FP8_E4M3 || p.kv_dtype == HAB_FP8_E5M2;
+      if (flags.split_n && flags.kv16 && fp8 && p.k_split_x == 0) {
+        typedef SplitNGeometry<HEAD_DIM_PAD, 1> G;
+        if (p.kv_dtype == HAB_FP8_E4M3)
+          return launch_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP, SPLIT_N_TOKENS, G::bytes(MAX_SPLIT_N_STAGES),
+                               KV_E4M3>(p, flags, G::bytes(flags.stages), stream);
+        return launch_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP, SPLIT_N_TOKENS, G::bytes(MAX_SPLIT_N_STAGES),
+                             KV_E5M2>(p, flags, G::bytes(flags.stages), stream);
+      }
+    }
   }
-  return launch_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP, 0, L::BYTES>(p, flags, L::BYTES, stream);
+  return launch_kernel<KIND, ROWS, HEAD_DIM_PAD, WARP, 0, L::BYTES, KV_16BIT>(p, flags, L::BYTES, stream);
 }
 
 // The REUSE_KV switch: rows = G * T rounded up to {1, 2, 4, 8, 16, 32, 64} (more than 64

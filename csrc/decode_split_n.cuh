@@ -35,7 +35,7 @@ HAB_DEV void cp_async16(void* smem_dst, const void* gmem_src, bool fill) {
 HAB_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 HAB_DEV void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 // wait until at most `pending` (0..MAX_SPLIT_N_STAGES - 2) of this thread's groups are in flight
-// (the entry runs 2 or 3 stages: pending 0 or 1)
+// (the entry runs 2 to 4 stages: pending 0 to 2)
 HAB_DEV void cp_async_wait_pending(int pending) {
   static_assert(MAX_SPLIT_N_STAGES == 4, "one case per pending count");
   if (pending >= 2) asm volatile("cp.async.wait_group 2;\n" ::);
@@ -54,6 +54,102 @@ constexpr float RESCALE_SLACK = 8.f;
 
 // P = 2^x with x <= RESCALE_SLACK or -inf: hab_ex2_ftz (compat.h), one instruction.
 
+// ---- fp8 KV (KVF = KV_E4M3 / KV_E5M2): the products run on fp16 operands, widened from
+// the staged fp8 bytes after ldmatrix, so the stages hold (and cp.async moves) one byte an
+// element. ldmatrix reads a 16-byte chunk of 16 channels as 8 16-bit columns:
+//  - K (not transposed): lane (g, t4) gets token g's channels 4 t4 .. 4 t4 + 3 of the chunk.
+//    The product sums over the channels, so the k-step's order is permuted instead of the
+//    bytes: channels 4t4, 4t4+1 play the fragment's k = 2t4, 2t4+1 and 4t4+2, 4t4+3 play
+//    k = 2t4+8, 2t4+9; the query's fragments take the same order (fp8_query_fragments).
+//  - V (transposed): lane (g, t4) gets tokens 2t4, 2t4+1 of channels 2g and 2g+1; a byte
+//    permute pairs each channel's two tokens, so a chunk gives the B fragments of two
+//    8-column tiles, the even channels 16c + 2n and the odd ones 16c + 2n + 1
+//    (fp8_mma_v_chunk); the merge puts O's columns back in order.
+
+// four fp8 codes (bytes 0..3 of x) -> fp16 pairs (bytes 0, 1) in lo and (2, 3) in hi, low
+// byte in the low half; exact (every e4m3 / e5m2 value is an fp16 value)
+template <int KVF>
+HAB_DEV void fp8x4_to_f16x2(uint32_t x, uint32_t& lo, uint32_t& hi) {
+#if __CUDA_ARCH__ >= 890
+  if constexpr (KVF == KV_E4M3)
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, h; }\n"
+        : "=r"(lo), "=r"(hi) : "r"(x));
+  else
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e5m2x2 %0, l; cvt.rn.f16x2.e5m2x2 %1, h; }\n"
+        : "=r"(lo), "=r"(hi) : "r"(x));
+#else
+  typedef typename std::conditional<KVF == KV_E4M3, HabE4M3, HabE5M2>::type F;
+  lo = hab_pack2f<HabHalf>(hab_fp8_decode<F>(uint8_t(x)), hab_fp8_decode<F>(uint8_t(x >> 8)));
+  hi = hab_pack2f<HabHalf>(hab_fp8_decode<F>(uint8_t(x >> 16)), hab_fp8_decode<F>(uint8_t(x >> 24)));
+#endif
+}
+
+// c[0..3] += A B(tokens 0-7), c[4..7] += A B(tokens 8-15) for one k-step of 16 channels;
+// n0, n1: the ldmatrix registers of the two 8-token matrices of K (fp8)
+template <int KVF>
+HAB_DEV void fp8_mma_k_pair(float (&c)[8], const uint32_t (&a)[4], uint32_t n0, uint32_t n1) {
+  uint32_t b0[2], b1[2];
+  fp8x4_to_f16x2<KVF>(n0, b0[0], b0[1]);
+  fp8x4_to_f16x2<KVF>(n1, b1[0], b1[1]);
+  hab_mma_m16n8k16<HabHalf>(*reinterpret_cast<float(*)[4]>(c), a, b0);
+  hab_mma_m16n8k16<HabHalf>(*reinterpret_cast<float(*)[4]>(c + 4), a, b1);
+}
+
+// o[0..3] += P V(even channels of the chunk), o[4..7] += P V(odd channels); t0, t1: the
+// transposed ldmatrix registers of tokens 0-7 and 8-15 of one 16-channel chunk of V (fp8)
+template <int KVF>
+HAB_DEV void fp8_mma_v_chunk(float (&o)[8], const uint32_t (&a)[4], uint32_t t0, uint32_t t1) {
+  // bytes (tok 2t4 ch 2g, tok 2t4 ch 2g+1, tok 2t4+1 ch 2g, tok 2t4+1 ch 2g+1) -> the
+  // channel 2g pair, then the channel 2g+1 pair
+  uint32_t even[2], odd[2];
+  fp8x4_to_f16x2<KVF>(__byte_perm(t0, 0u, 0x3120), even[0], odd[0]);
+  fp8x4_to_f16x2<KVF>(__byte_perm(t1, 0u, 0x3120), even[1], odd[1]);
+  hab_mma_m16n8k16<HabHalf>(*reinterpret_cast<float(*)[4]>(o), a, even);
+  hab_mma_m16n8k16<HabHalf>(*reinterpret_cast<float(*)[4]>(o + 4), a, odd);
+}
+
+// The query's A fragments for fp8 KV: rows g, g + 8 of the 16-row tile q (KIND, row stride
+// ldq), KH k-steps of 16 channels in the permuted order of fp8_mma_k_pair, as fp16 scaled by
+// 2^-shift per row so that the row's largest finite |q| fits fp16 (shift = 0 below 2^16,
+// i.e. always for fp16 queries); up[k] = 2^shift multiplies the row's logits back. NaN and
+// inf entries are left out of the range (their rows stay NaN).
+template <typename KIND, int KH>
+HAB_DEV void fp8_query_fragments(uint32_t (&qa)[KH][4], float (&up)[2], const uint16_t* q, int ldq, int lane) {
+  const int g = lane >> 2, t4 = lane & 3;
+  auto quad = [&](int i, int k) {  // channels 16 i + 4 t4 .. + 3 of row g + 8 k
+    return *reinterpret_cast<const uint2*>(q + (g + 8 * k) * ldq + 16 * i + 4 * t4);
+  };
+  auto value = [](const uint2& w, int e) {
+    return KIND::to_float(uint16_t((e < 2 ? w.x : w.y) >> (16 * (e & 1))));
+  };
+  float down[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    float mx = 0.f;
+#pragma unroll
+    for (int i = 0; i < KH; ++i) {
+      const uint2 w = quad(i, k);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float v = fabsf(value(w, e));
+        mx = v < INFINITY ? fmaxf(mx, v) : mx;  // NaN compares false
+      }
+    }
+    mx = hab_group_max<4>(mx);  // the quad holds the row's channels
+    const int shift = max(int((hab_float_to_bits(mx) >> 23) & 0xffu) - 127 - 15, 0);
+    down[k] = hab_bits_to_float(uint32_t(127 - shift) << 23);
+    up[k] = hab_bits_to_float(uint32_t(127 + shift) << 23);
+  }
+#pragma unroll
+  for (int i = 0; i < KH; ++i)
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const uint2 w = quad(i, k);
+      qa[i][k] = hab_pack2f<HabHalf>(value(w, 0) * down[k], value(w, 1) * down[k]);
+      qa[i][2 + k] = hab_pack2f<HabHalf>(value(w, 2) * down[k], value(w, 3) * down[k]);
+    }
+}
+
 // Token rows: thread tid < BLOCK_N reads the block id of token tid of a tile (one table
 // read per token instead of one per staged chunk: the threads staging one token's row
 // share it) and its slot, rows[tile & 1][tid] = (block, slot) in shared memory (block -1: a
@@ -63,15 +159,20 @@ constexpr float RESCALE_SLACK = 8.f;
 // publishes it. The buffer A + 1 & 1 was last read by issue(A - 1), before that barrier.
 // load_q() stores the Q tile into q_s; it runs after the first tile's block ids are read,
 // so the two latencies overlap (the prologue's first barrier publishes both).
-template <typename KIND, int HEAD_DIM_PAD, typename BlockOf, typename LoadQ>
+template <typename KIND, int HEAD_DIM_PAD, int KVF, typename BlockOf, typename LoadQ>
 HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_start, int seq_len, int rows,
                             int row0, int group, int kv_head, int64_t seq, int part, int head_dim, float qk_scale,
                             float sm_scale, float v_scale, bool use_cap, bool use_window, const uint16_t* q_s,
                             uint8_t* stage_smem, int stages, bool po_vec, bool o_vec, const StageGeometry& geo,
                             BlockOf& block_of, LoadQ& load_q) {
   typedef Layout<16, HEAD_DIM_PAD> L;
-  typedef SplitNGeometry<HEAD_DIM_PAD> G;
-  typedef HabWarpTile<KIND, 32> Tile;
+  // fp8 KV (KVF e4m3 / e5m2): one byte an element, both products on fp16 operands (every
+  // fp8 value is an fp16 value; the query is scaled into fp16's range: fp8_query_fragments)
+  constexpr bool FP8 = KVF != KV_16BIT;
+  constexpr int KVB = FP8 ? 1 : 2;
+  typedef SplitNGeometry<HEAD_DIM_PAD, KVB> G;
+  typedef typename std::conditional<FP8, HabHalf, KIND>::type MMA_KIND;  // the products' operands
+  typedef HabWarpTile<MMA_KIND, 32> Tile;
   constexpr int BLOCK_N = SPLIT_N_TOKENS;
   constexpr int SLICES = G::SLICES, CTW = G::CTW;  // token slices of a tile; O column tiles of a warp
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -79,15 +180,17 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   const bool keeps_state = warp < SLICES;  // one warp a slice publishes (m, l) for the merge
   const int g = lane >> 2, t4 = lane & 3;
   const int num_tiles = part_end > loop_start ? (part_end - loop_start + BLOCK_N - 1) / BLOCK_N : 0;
-  // stage s: K [BLOCK_N][KV_LD], V [BLOCK_N][KV_LD] (chunks swizzled: G::kv_off), token
-  // flags [BLOCK_N] bytes
-  constexpr int STAGE_BYTES = G::STAGE_BYTES, KV_LD = G::KV_LD;
+  // stage s: K [BLOCK_N][ROW_BYTES], V [BLOCK_N][ROW_BYTES] (chunks swizzled: G::kv_off,
+  // bytes), token flags [BLOCK_N] bytes
+  constexpr int STAGE_BYTES = G::STAGE_BYTES, ROW_BYTES = G::ROW_BYTES;
   static_assert((L::LDK * 2) % 16 == 0 && L::K_OFF % 16 == 0 && STAGE_BYTES % 16 == 0 &&
-                    (BLOCK_N * KV_LD * 2) % 16 == 0,
+                    (BLOCK_N * ROW_BYTES) % 16 == 0,
                 "ldmatrix and cp.async need 16-byte aligned rows in every stage");
-  auto k_stage = [&](int s) { return reinterpret_cast<uint16_t*>(stage_smem + s * STAGE_BYTES); };
-  auto v_stage = [&](int s) { return k_stage(s) + BLOCK_N * KV_LD; };
-  auto ok_stage = [&](int s) { return stage_smem + s * STAGE_BYTES + 2 * BLOCK_N * KV_LD * 2; };  // [BLOCK_N] bytes
+  auto k_stage = [&](int s) { return stage_smem + s * STAGE_BYTES; };
+  auto v_stage = [&](int s) { return k_stage(s) + BLOCK_N * ROW_BYTES; };
+  auto ok_stage = [&](int s) { return stage_smem + s * STAGE_BYTES + 2 * BLOCK_N * ROW_BYTES; };  // [BLOCK_N] bytes
+  // a lane's ldmatrix row address inside a stage
+  auto smem16 = [](const uint8_t* at) { return reinterpret_cast<const uint16_t*>(at); };
   int2* rows_s = reinterpret_cast<int2*>(stage_smem + stages * STAGE_BYTES);  // [2][BLOCK_N] (block, slot)
   // token tid of tile `tile` (tid < BLOCK_N): its block id (-1: skip) and its slot
   auto block_of_tile = [&](int tile) { return block_of(loop_start + tile * BLOCK_N + tid); };
@@ -101,7 +204,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   int64_t* rows_off = reinterpret_cast<int64_t*>(rows_s);  // the same 8 bytes a token
   auto store_rows = [&](int tile, int blk, int slot) {
     const int i = (tile & 1) * BLOCK_N + tid;
-    if (kv_same) rows_off[i] = blk >= 0 ? 2 * geo.k_row(blk, slot) : int64_t(-1);
+    if (kv_same) rows_off[i] = blk >= 0 ? KVB * geo.k_row(blk, slot) : int64_t(-1);
     else rows_s[i] = make_int2(blk, slot);
   };
   // K/V rows of a tile straight into shared memory (cp.async, no registers); bad tokens
@@ -113,13 +216,14 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   // instructions but make 2-4 requests per line and 2-way bank conflicts.) Needs rows
   // whose channels are contiguous (the split-N condition; split-x K runs the
   // shared-softmax loop).
-  constexpr int TPT = 8, CPT = L::CH / TPT, TOKENS_PER_PASS = NUM_WARPS * 32 / TPT;
+  constexpr int TPT = 8, CPT = G::ROW_CH / TPT, TOKENS_PER_PASS = NUM_WARPS * 32 / TPT;
   constexpr int PASSES = BLOCK_N / TOKENS_PER_PASS;
-  static_assert(L::CH % TPT == 0 && PASSES * TOKENS_PER_PASS == BLOCK_N, "a tile's rows split evenly");
+  constexpr int CHUNK_ELEMS = 16 / KVB;  // channels a 16-byte chunk holds
+  static_assert(G::ROW_CH % TPT == 0 && PASSES * TOKENS_PER_PASS == BLOCK_N, "a tile's rows split evenly");
   const int u = tid % TPT, tn0 = tid / TPT;  // chunk lane, first token of this thread
   bool chunk_in[CPT];  // chunk u + TPT j is inside head_dim (else it stays zero, never read)
 #pragma unroll
-  for (int j = 0; j < CPT; ++j) chunk_in[j] = 8 * (u + TPT * j) < head_dim;
+  for (int j = 0; j < CPT; ++j) chunk_in[j] = CHUNK_ELEMS * (u + TPT * j) < head_dim;
   // byte offset of chunk u + TPT j in a row; a chunk past head_dim copies nothing and
   // addresses the row's start (inside the cache)
   int chunk_off[CPT];
@@ -127,7 +231,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   for (int j = 0; j < CPT; ++j) chunk_off[j] = chunk_in[j] ? 16 * TPT * j : 0;
   // where chunk u + TPT j of token tn0 + pass * TOKENS_PER_PASS lands in a stage: row n's
   // swizzle is n % 8 = tn0 % 8 for every pass, so it is this offset plus constants
-  static_assert(TOKENS_PER_PASS % 8 == 0 && TPT == 8 && L::CH == TPT * CPT, "the swizzle repeats every pass");
+  static_assert(TOKENS_PER_PASS % 8 == 0 && TPT == 8 && G::ROW_CH == TPT * CPT, "the swizzle repeats every pass");
   const int dst0 = G::kv_off(tn0, u);
   const int64_t kv_delta = int64_t(reinterpret_cast<uintptr_t>(geo.v_base)) -
                            int64_t(reinterpret_cast<uintptr_t>(geo.k_base));
@@ -139,8 +243,8 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     constexpr bool SAME = decltype(same)::value;
     const int2* tile_rows = rows_s + (tile & 1) * BLOCK_N;
     const int64_t* tile_off = rows_off + (tile & 1) * BLOCK_N;
-    uint16_t* ks = k_stage(s) + dst0;
-    uint16_t* vs = v_stage(s) + dst0;
+    uint8_t* ks = k_stage(s) + dst0;
+    uint8_t* vs = v_stage(s) + dst0;
     uint8_t* oks = ok_stage(s);
     bool all_ok = true;
 #pragma unroll
@@ -159,14 +263,14 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
         const int2 bs = tile_rows[n];
         tok_ok = bs.x >= 0;
         const int blk = tok_ok ? bs.x : 0, slot = tok_ok ? bs.y : 0;
-        k_row = k_thread + 2 * geo.k_row(blk, slot);
-        v_row = geo.v_base + 2 * geo.v_row(blk, slot) + 16 * u;
+        k_row = k_thread + KVB * geo.k_row(blk, slot);
+        v_row = geo.v_base + KVB * geo.v_row(blk, slot) + 16 * u;
       }
       all_ok = all_ok && tok_ok;
 #pragma unroll
       for (int j = 0; j < CPT; ++j) {  // chunk u + TPT j: channels 8 (u + TPT j) ..
         const bool fill = tok_ok && chunk_in[j];
-        const int at = pass * TOKENS_PER_PASS * KV_LD + 64 * j;  // + dst0: G::kv_off(n, u + TPT j)
+        const int at = pass * TOKENS_PER_PASS * ROW_BYTES + 128 * j;  // + dst0: G::kv_off(n, u + TPT j)
         cp_async16(ks + at, k_row + chunk_off[j], fill);
         cp_async16(vs + at, v_row + chunk_off[j], fill);
       }
@@ -239,16 +343,26 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   static_assert(KH % 2 == 0, "two chains of whole steps");
   const int kk0 = (warp / SLICES) * KH;
   uint32_t qa[KH][4];  // Q's A fragments of this warp's k-steps
+  // logits in log2 units (qk_row) and natural units (sm_row, the soft cap) of rows g, g + 8
+  float qk_row[2] = {qk_scale, qk_scale}, sm_row[2] = {sm_scale, sm_scale};
   // Q is visible: the prologue's first barrier published it
+  if constexpr (FP8) {
+    static_assert(NUM_WARPS == SLICES, "a warp holds every channel of its rows (the rows' range)");
+    float up[2];
+    fp8_query_fragments<KIND, KH>(qa, up, q_s + kk0 * 16, L::LDK, lane);
 #pragma unroll
-  for (int i = 0; i < KH; ++i) Tile::ldsm_a(qa[i], q_s + (kk0 + i) * 16, L::LDK, lane);
+    for (int k = 0; k < 2; ++k) qk_row[k] *= up[k], sm_row[k] *= up[k];
+  } else {
+#pragma unroll
+    for (int i = 0; i < KH; ++i) Tile::ldsm_a(qa[i], q_s + (kk0 + i) * 16, L::LDK, lane);
+  }
   // stage indices advance by one per tile (a run-time modulo is a division)
   auto next_stage = [&](int s) { return s + 1 == stages ? 0 : s + 1; };
   int s = 0, s_ahead = stages - 1;  // stages of `tile` and of `tile + stages - 1`
   for (int tile = 0; tile < num_tiles; ++tile, s = next_stage(s), s_ahead = next_stage(s_ahead)) {
     const int start = loop_start + tile * BLOCK_N;
-    const uint16_t* k_s = k_stage(s);
-    const uint16_t* v_s = v_stage(s);
+    const uint8_t* k_s = k_stage(s);
+    const uint8_t* v_s = v_stage(s);
     const uint8_t* ok_s = ok_stage(s);
     cp_async_wait_pending(stages - 2);  // this thread's copies of the tile landed
     // everyone's did, and every warp is done with tile - 1; and whether every token of the
@@ -279,11 +393,24 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     // is the row's place in its 8-row group, so the swizzle XORs with r
     const int lq = lane >> 3, lr = lane & 7;
     const int k_lrow = slice * 16 + (lq >> 1) * 8 + lr, v_lrow = slice * 16 + (lq & 1) * 8 + lr;
+    if constexpr (FP8) {
+      // a 16-byte chunk is one k-step of 16 channels: matrices (tokens 0-7, step i), (8-15,
+      // i), (0-7, i + 1), (8-15, i + 1) from rows slice * 16 + 8 (lq & 1) + lr, chunk i + (lq >> 1)
+      const int f_lrow = slice * 16 + (lq & 1) * 8 + lr;
 #pragma unroll
-    for (int i = 0; i < KH; i += 2) {
-      const int kk = kk0 + i;
-      Tile::mma_a_regs_ldsm_bk(c, qa[i], k_s + G::kv_off(k_lrow, 2 * kk + (lq & 1)));
-      Tile::mma_a_regs_ldsm_bk(c_odd, qa[i + 1], k_s + G::kv_off(k_lrow, 2 * (kk + 1) + (lq & 1)));
+      for (int i = 0; i < KH; i += 2) {
+        uint32_t b[4];
+        Tile::template ldsm_x4<false>(b, smem16(k_s + G::kv_off(f_lrow, kk0 + i + (lq >> 1))));
+        fp8_mma_k_pair<KVF>(c, qa[i], b[0], b[1]);
+        fp8_mma_k_pair<KVF>(c_odd, qa[i + 1], b[2], b[3]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < KH; i += 2) {
+        const int kk = kk0 + i;
+        Tile::mma_a_regs_ldsm_bk(c, qa[i], smem16(k_s + G::kv_off(k_lrow, 2 * kk + (lq & 1))));
+        Tile::mma_a_regs_ldsm_bk(c_odd, qa[i + 1], smem16(k_s + G::kv_off(k_lrow, 2 * (kk + 1) + (lq & 1))));
+      }
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) c[e] += c_odd[e];
@@ -292,12 +419,12 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     if (use_cap) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        const float x = c[e] * sm_scale / p.soft_cap;
+        const float x = c[e] * sm_row[(e & 3) >> 1] / p.soft_cap;
         c[e] = p.soft_cap * (1.f - 2.f / (exp2f(x * (2.f * LOG2E)) + 1.f)) * LOG2E;
       }
     } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) c[e] *= qk_scale;
+      for (int e = 0; e < 8; ++e) c[e] *= qk_row[(e & 3) >> 1];
     }
     // The mask (warp-uniform choice): a full tile (every token valid, all before the first
     // row's last key, no window) keeps every logit; padded rows then see finite logits of
@@ -346,7 +473,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
     uint32_t a[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      a[i] = hab_pack2f<KIND>(pf[2 * i], pf[2 * i + 1]);
+      a[i] = hab_pack2f<MMA_KIND>(pf[2 * i], pf[2 * i + 1]);
     }
     // the accumulators change scale only when a row's running max moved (alpha != 1);
     // past the first tiles that is rare, so the warp skips the 8 x CTW multiplies together
@@ -356,9 +483,22 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
 #pragma unroll
         for (int e = 0; e < 8; ++e) o[ct][e] *= alpha[(e & 3) >> 1];
     }
+    if constexpr (FP8) {
+      // a 16-byte chunk is 16 channels, O's column tile ct: matrices (tokens 0-7, chunk
+      // ct), (8-15, ct), (0-7, ct + 1), (8-15, ct + 1), read transposed
+      const int f_lrow = slice * 16 + (lq & 1) * 8 + lr;
 #pragma unroll
-    for (int ct = 0; ct < CTW; ++ct)
-      Tile::mma_a_regs_ldsm_b(o[ct], a, v_s + G::kv_off(v_lrow, 2 * (ct0 + ct) + (lq >> 1)));
+      for (int ct = 0; ct < CTW; ct += 2) {
+        uint32_t b[4];
+        Tile::template ldsm_x4<true>(b, smem16(v_s + G::kv_off(f_lrow, ct0 + ct + (lq >> 1))));
+        fp8_mma_v_chunk<KVF>(o[ct], a, b[0], b[1]);
+        fp8_mma_v_chunk<KVF>(o[ct + 1], a, b[2], b[3]);
+      }
+    } else {
+#pragma unroll
+      for (int ct = 0; ct < CTW; ++ct)
+        Tile::mma_a_regs_ldsm_b(o[ct], a, smem16(v_s + G::kv_off(v_lrow, 2 * (ct0 + ct) + (lq >> 1))));
+    }
     if (tid < BLOCK_N && ahead < num_tiles) store_rows(ahead + 1, next_id, next_slot);
   }
 
@@ -366,8 +506,7 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
   // O_s [SLICES][16][LDO] fp32, then the rows' output offsets [16] int64. The O rows are
   // padded by 8 floats, so a warp's float2 stores of a fragment hit 32 distinct banks per
   // half-warp (a row stride of HEAD_DIM_PAD floats put the fragment's 8 rows on one bank).
-  constexpr int LDO = HEAD_DIM_PAD + 8;
-  static_assert(SLICES * 16 * (2 + LDO) * 4 + 16 * 8 <= 2 * STAGE_BYTES, "the merge fits in two stages");
+  constexpr int LDO = G::LDO;  // the merge's area: G::MERGE_BYTES, inside G::bytes(stages)
 #pragma unroll
   for (int k = 0; k < 2; ++k) l[k] = hab_group_sum<4>(l[k]);
   cp_async_wait_all();  // only empty groups can be pending here; the merge reuses the stages
@@ -383,12 +522,23 @@ HAB_DEV void decode_split_n(const HabDecodeParams& p, int part_end, int loop_sta
       lw[slice * 16 + g + 8 * k] = l[k];
     }
   }
+  if constexpr (FP8) {
+    // fp8_mma_v_chunk's columns: row g + 8 k, channels 16 ct + 4 t4 .. + 3 are elements
+    // 2k, 2k + 4, 2k + 1, 2k + 5
 #pragma unroll
-  for (int ct = 0; ct < CTW; ++ct)
+    for (int ct = 0; ct < CTW; ++ct)
 #pragma unroll
-    for (int e = 0; e < 8; e += 2)  // elements e, e + 1: one row, two adjacent channels
-      *reinterpret_cast<float2*>(ow + (slice * 16 + Tile::row(lane, e)) * LDO + (ct0 + ct) * 16 + Tile::col(lane, e)) =
-          make_float2(o[ct][e], o[ct][e + 1]);
+      for (int k = 0; k < 2; ++k)
+        *reinterpret_cast<float4*>(ow + (slice * 16 + g + 8 * k) * LDO + (ct0 + ct) * 16 + 4 * t4) =
+            make_float4(o[ct][2 * k], o[ct][2 * k + 4], o[ct][2 * k + 1], o[ct][2 * k + 5]);
+  } else {
+#pragma unroll
+    for (int ct = 0; ct < CTW; ++ct)
+#pragma unroll
+      for (int e = 0; e < 8; e += 2)  // elements e, e + 1: one row, two adjacent channels
+        *reinterpret_cast<float2*>(ow + (slice * 16 + Tile::row(lane, e)) * LDO + (ct0 + ct) * 16 + Tile::col(lane, e)) =
+            make_float2(o[ct][e], o[ct][e + 1]);
+  }
   __syncthreads();
   // one thread a row: the slices' weights 2^(m_w - M) * v_scale / l (in place of l_w), the
   // row's (M, l) of a split, and where its output goes

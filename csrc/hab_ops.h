@@ -88,8 +88,8 @@ typedef struct HabDecodeParams {
   int64_t num_seqs, num_tokens, num_q_heads, num_kv_heads, head_dim;
   int64_t page_size, num_blocks, max_blocks_per_seq, k_split_x;
   int64_t sliding_window, partition_size, num_partitions;
-  // 0: the shared-softmax loop; 2 or 3: the split-N loop (where it applies) with that many
-  // cp.async stages. loop_tile: the split-N loop's KV tile, 64 (the only one built).
+  // 0: the shared-softmax loop; 2 to 4: the split-N loop (where it applies: 16-bit KV of
+  // q's dtype, or fp8 KV at head_dim 80-128 in 16-byte rows) with that many cp.async stages. loop_tile: the split-N loop's KV tile, 64 (the only one built).
   // Planned by the caller (the decode op's tuning).
   int64_t loop_stages, loop_tile;
   // 1: a split launch starts its combine kernel as a programmatic dependent launch of the

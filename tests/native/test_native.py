@@ -390,13 +390,13 @@ def test_native_combine_more_partitions_than_one_block(head_dim):
 
 @gpu
 def test_native_decode_bad_loop():
-    """The native op refuses a loop it has no code for (stages other than 0, 2, 3; a tile
-    other than 64), in the launch and in the occupancy query."""
+    """The native op refuses a loop it has no code for (stages other than 0, 2, 3, 4; a
+    tile other than 64), in the launch and in the occupancy query."""
     q = torch.randn(1, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(2, 2, 16, 128, dtype=torch.bfloat16, device="cuda")
     table = torch.zeros(1, 1, dtype=torch.int32, device="cuda")
     lens = torch.full((1,), 5, dtype=torch.int32, device="cuda")
-    for stages, tile in ((4, 64), (5, 64), (3, 32)):
+    for stages, tile in ((1, 64), (5, 64), (3, 32)):
         with pytest.raises(RuntimeError, match="loop_stages must be 0|loop_tile must be 64"):
             native.load().paged_decode(torch.empty_like(q), q, k, k, table, lens, None, None,
                                        None, q, q, q, 1.0, 1.0, 1.0, 0.0, 0, 1 << 30, 1, stages,
@@ -453,6 +453,60 @@ def test_native_decode_fp8(kv_dtype, tensor_scales):
     _native_case(num_kv_heads=2, group=8, head_dim=128, page_size=16, seq_lens=[3000, 7],
                  layout="bhsd", dtype=torch.bfloat16, kv_dtype=kv_dtype, scales=scales,
                  partition_size=256)
+
+
+# (head_dim, group, tokens, layout, page, seq_lens, partition_size, options): rows G * T <= 16
+FP8_SPLIT_N_CASES = [
+    (128, 8, 1, "vllm", 16, [1000, 1, 77, 0], None, ("sinks", "window")),
+    (96, 4, 1, "bshd", 1, [300, 2049], 256, ("soft_cap",)),
+    (80, 16, 1, "bhsd", 64, [4097, 64], None, ()),
+    (128, 1, 1, "bshd", 16, [5000, 3], 256, ()),
+    (128, 4, 3, "vllm", 16, [700, 33, 2], None, ("window",)),
+]
+
+
+@gpu
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("case", FP8_SPLIT_N_CASES, ids=lambda c: f"D{c[0]}G{c[1]}T{c[2]}-{c[3]}-P{c[4]}")
+def test_native_fp8_split_n_loop(monkeypatch, stages, kv_dtype, case):
+    """fp8 caches in 16-byte rows (head_dim 80-128) run the split-N loop on fp16 products
+    (decode_split_n.cuh: the permuted k-steps of K, the byte-paired tokens of V), with 2-4
+    cp.async stages, split and unsplit, every option, against reference.py."""
+    head_dim, group, tokens, layout, page, lens, psize, opts = case
+    monkeypatch.setattr(tuning, "native_loop_stages", lambda split_n=True: stages if split_n else 0)
+    kw = {}
+    if "sinks" in opts:
+        kw["sinks"] = torch.randn(2 * group, device="cuda")
+    if "window" in opts:
+        kw["sliding_window"] = 400
+    if "soft_cap" in opts:
+        kw.update(soft_cap=3.0, scale=0.3)
+    _native_case(num_kv_heads=2, group=group, head_dim=head_dim, page_size=page, seq_lens=lens,
+                 layout=layout, dtype=torch.bfloat16, kv_dtype=kv_dtype, scales=(0.03, 0.04),
+                 partition_size=psize, num_tokens=tokens if tokens > 1 else None, **kw)
+
+
+@gpu
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_native_fp8_queries_past_fp16_range_and_nan_rows(kv_dtype):
+    """The fp8 split-N loop takes a bf16 query of |q| ~ 3e5 (past fp16's range) scaled by a
+    power of two per row, and a NaN query head stays in its row: the same defined answers
+    as the Triton kernel (tests/ops/test_decode_fp8.py)."""
+    from tests.ops.test_decode_fp8 import _fp8_case
+    out, ref64, lowp = _fp8_case(kv_dtype, seq_lens=[300, 17], q_mult=3e5, head_dim=128,
+                                 impl="native")
+    assert bool(out.isfinite().all())
+    assert_within_budget(out, ref64, lowp)
+    torch.manual_seed(5)
+    clean, _, _ = _fp8_case(kv_dtype, seq_lens=[40, 21], head_dim=128, impl="native")
+    torch.manual_seed(5)
+    dirty, _, _ = _fp8_case(kv_dtype, seq_lens=[40, 21], nan_row=(0, 1), head_dim=128,
+                            impl="native")
+    assert bool(dirty[0, 1].isnan().all())
+    keep = torch.ones(dirty.shape[:2], dtype=torch.bool, device="cuda")
+    keep[0, 1] = False
+    assert torch.equal(dirty[keep], clean[keep])
 
 
 @gpu
@@ -641,6 +695,12 @@ def test_native_preferred_rule():
         assert not tuning.native_preferred(**{**step, **change}), change
     for group in (1, 2, 8, 16):
         assert tuning.native_preferred(**{**step, "group": group})
+    # fp8 KV: native at every grid of the domain (its split-N loop), not past it
+    fp8 = {**step, "same_kv_dtype": False, "fp8_kv": True}
+    for programs in (1, 8, edge - 1, 64 * 8):
+        assert tuning.native_preferred(**{**fp8, "programs": programs})
+    for change in ({"group": 32}, {"head_dim": 64}, {"num_tokens": 2}):
+        assert not tuning.native_preferred(**{**fp8, **change}), change
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the CPU-torch message is checked on CPU torch only")

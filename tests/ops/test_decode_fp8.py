@@ -64,8 +64,9 @@ def test_workspace_holds_the_fp8_split():
     assert ws.num_slots >= 64 * _cfg(64, 16384, 1).num_partitions
 
 
-def _fp8_case(kv_dtype, *, seq_lens, q_mult=1.0, nan_row=None, partition_size=None):
-    d, p, hkv, g = 64, 16, 1, 4
+def _fp8_case(kv_dtype, *, seq_lens, q_mult=1.0, nan_row=None, partition_size=None,
+              head_dim=64, impl="triton"):
+    d, p, hkv, g = head_dim, 16, 1, 4
     nb = sum(-(-n // p) for n in seq_lens) + 3
     k = torch.randn(nb, hkv, p, d, device=DEV)
     v = torch.randn(nb, hkv, p, d, device=DEV)
@@ -79,7 +80,7 @@ def _fp8_case(kv_dtype, *, seq_lens, q_mult=1.0, nan_row=None, partition_size=No
         q[nan_row] = float("nan")
     out = torch.full_like(q, float("nan"))
     paged_decode_attention(q, k8, v8, table, lens, out=out, k_scale=ks, v_scale=vs,
-                           partition_size=partition_size, impl="triton")
+                           partition_size=partition_size, impl=impl)
     args = (q, k8, v8, table, lens)
     ref64 = reference.paged_decode_attention(
         q.double(), *args[1:], k_scale=ks, v_scale=vs,

@@ -83,7 +83,8 @@ def native_lacks(*, tree: bool, lse: bool) -> Optional[str]:
 
 
 def native_preferred(*, is_hip: bool, group: int, head_dim: int, num_tokens: int,
-                     programs: int, num_sms: int, same_kv_dtype: bool) -> bool:
+                     programs: int, num_sms: int, same_kv_dtype: bool,
+                     fp8_kv: bool = False) -> bool:
     """Whether ``impl="auto"`` runs the native decode instead of the Triton one.
 
     Reasoning: on AMD/Hygon GPUs (HIP) the native kernel is the DCU design itself (wave 64,
@@ -95,11 +96,11 @@ def native_preferred(*, is_hip: bool, group: int, head_dim: int, num_tokens: int
         return True
     return native_preferred_nvidia(group=group, head_dim=head_dim, num_tokens=num_tokens,
                                    programs=programs, num_sms=num_sms,
-                                   same_kv_dtype=same_kv_dtype)
+                                   same_kv_dtype=same_kv_dtype, fp8_kv=fp8_kv)
 
 
 def native_preferred_nvidia(*, group: int, head_dim: int, num_tokens: int, programs: int,
-                            num_sms: int, same_kv_dtype: bool) -> bool:
+                            num_sms: int, same_kv_dtype: bool, fp8_kv: bool = False) -> bool:
     """The native decode on NVIDIA: 1 <= G <= 16 query heads a KV head, one query token,
     head_dim 128, K/V in the query's 16-bit dtype, and a grid of at least
     ``NATIVE_DECODE_MIN_PROGRAMS_PER_SM`` (sequence, KV head) programs an SM.
@@ -118,8 +119,19 @@ def native_preferred_nvidia(*, group: int, head_dim: int, num_tokens: int, progr
       at (64, 4k), 1.06x at (128, 4k), 1.05x at (256, 2k) and 1.11x at (64, 16k) on page
       16; on page 64 1.10x at (32, 4k), 0.98-1.00x at (64, 4k), (128, 4k) and (256, 2k),
       0.98x at (64, 16k) (2026-12-03; the 2026-12-01 loop measured 0.94-0.99x there).
+    fp8 KV (``fp8_kv``, e4m3 or e5m2, bf16/fp16 queries) takes the native decode at every
+    grid of that domain: its split-N loop stages the fp8 bytes and widens them after
+    ldmatrix, where the Triton kernel's per-tile cost does not shrink with the bytes.
+    Measurement (H200, bf16 q, 32/8 heads, page 16, 2026-12-04; ``hygon-attn bench decode
+    --kv-dtype auto,fp8_e4m3 --impl auto,triton``): native e4m3 over Triton e4m3 0.78x the
+    time at (1, 32k), 0.70x at (8, 8k), 0.64x at (32, 4k), 0.55x at (64, 16k), 0.64x at
+    (256, 2k), 0.58x at (128, 8k).
     """
-    if not (1 <= group <= 16 and num_tokens == 1 and head_dim == 128 and same_kv_dtype):
+    if not (1 <= group <= 16 and num_tokens == 1 and head_dim == 128):
+        return False
+    if fp8_kv:
+        return True
+    if not same_kv_dtype:
         return False
     return programs >= NATIVE_DECODE_MIN_PROGRAMS_PER_SM * max(1, num_sms)
 
@@ -135,6 +147,8 @@ def native_loop_stages(*, split_n: bool = True) -> int:
     (64, 4k) G=16 182.3 -> 141.2 us; 4 stages (one program an SM) lost 40-60%; 32-token
     tiles were 1-12% slower at 16 of 18 shapes (H200, 2026-12-01).
     ``split_n=False``: the shared-softmax loop (tests and benchmarks of that loop).
+    fp8 KV takes the same 3: its stages hold half the bytes (16 KB), and 3 and 4 stages
+    timed within 1% of each other at 6 shapes, 2 stages 7-11% slower (H200, 2026-12-04).
     """
     return NATIVE_LOOP_STAGES if split_n else 0
 
@@ -558,7 +572,8 @@ def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
         native_preferred=native_preferred(
             is_hip=_device.gpu_is_hip(), group=group, head_dim=head_dim, num_tokens=num_tokens,
             programs=num_seqs * num_kv_heads, num_sms=num_sms,
-            same_kv_dtype=kv_dtype == q_dtype), q_dtype=q_dtype)
+            same_kv_dtype=kv_dtype == q_dtype,
+            fp8_kv=kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)), q_dtype=q_dtype)
     stages = native_loop_stages(split_n=native_split_n) if chosen == "native" else 0
     if chosen == "reference" or not num_seqs or not max_blocks:
         return DecodeChoice(chosen, None, native_stages=stages)
