@@ -297,6 +297,13 @@ def native_cases() -> None:
                   dtype=torch.float16)
     native_decode("fp8 e4m3 D256 hostile ids", hkv=1, group=4, d=256, p=64, lens=[300, 64],
                   kv_dtype=torch.float8_e4m3fn, bad_ids=True, partition_size=128)
+    # the fp8 split-N loop (fp8 bytes staged, widened after ldmatrix): head_dim 128 and 96
+    native_decode("fp8 e4m3 split-N D128 G8, hostile ids, past the table", hkv=2, group=8,
+                  d=128, p=16, lens=[700, 65, 0], kv_dtype=torch.float8_e4m3fn, bad_ids=True,
+                  partition_size=256, past_table=40)
+    native_decode("fp8 e5m2 split-N D96 G4, K bshd and V bhsd, window + sinks", hkv=2, group=4,
+                  d=96, p=16, lens=[500, 33], kv_dtype=torch.float8_e5m2, v_layout="bhsd",
+                  sinks=torch.randn(8, device=DEV), sliding_window=200)
     native_decode("row chunks T2 G64 + options", hkv=1, group=64, d=128, p=16, lens=[500, 40],
                   tokens=2, partition_size=256, sliding_window=100, soft_cap=20.0,
                   sinks=torch.randn(64, device=DEV))

@@ -73,12 +73,12 @@ def _caches(k, v, kv_dtype, q_dtype):
             dict(k_scale=ks, v_scale=vs))
 
 
-def _retrieve(prob, kv_dtype, **op_kw):
+def _retrieve(prob, kv_dtype, impl="triton", **op_kw):
     """``(out, ref64, ref_lowp, err)`` of one path on the planted problem."""
     q, k, v, table, lens, _, _ = prob
     kc, vc, scales = _caches(k, v, kv_dtype, q.dtype)
     out = torch.full_like(q, float("nan"))
-    paged_decode_attention(q, kc, vc, table, lens, out=out, impl="triton", **scales, **op_kw)
+    paged_decode_attention(q, kc, vc, table, lens, out=out, impl=impl, **scales, **op_kw)
     ref64 = reference.paged_decode_attention(
         q.double(), kc, vc, table, lens, out=torch.empty(q.shape, dtype=torch.float64,
                                                          device=q.device), **scales)
@@ -93,10 +93,11 @@ def _planted_weight(x, v_star):
     return (x.double() @ v_star.double()) / float(v_star.double() @ v_star.double())
 
 
-def check_retrieval(seq_lens, *, q_dtype, device, seed, partition_size=None, **kw):
+def check_retrieval(seq_lens, *, q_dtype, device, seed, partition_size=None, impl="triton",
+                    **kw):
     prob = _planted_problem(seq_lens, dtype=q_dtype, device=device, seed=seed, **kw)
     v_star = prob[-1]
-    op_kw = dict(partition_size=partition_size)
+    op_kw = dict(partition_size=partition_size, impl=impl)
     base_out, base_ref, _, base_err = _retrieve(prob, q_dtype, **op_kw)
     assert bool((_planted_weight(base_out, v_star) > 0.5 * PLANTED_MASS).all())
     for kv_dtype in FP8:
@@ -119,7 +120,9 @@ def test_retrieval_interpreter_split():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["triton", "native"])
 @pytest.mark.parametrize("seq_lens", [[32768, 131072], [65536]])
-def test_gpu_retrieval_long_context(seq_lens):
+def test_gpu_retrieval_long_context(seq_lens, impl):
+    """Both kernels, fp8 and bf16 caches, 32k-128k keys (native: the fp8 split-N loop)."""
     check_retrieval(seq_lens, q_dtype=torch.bfloat16, device=torch.device("cuda"), seed=5,
-                    num_kv_heads=8, group=4, head_dim=128, page_size=16)
+                    num_kv_heads=8, group=4, head_dim=128, page_size=16, impl=impl)
