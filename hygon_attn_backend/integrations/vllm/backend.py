@@ -240,11 +240,10 @@ def context_parallel(vllm_config: VllmConfig, kv_cache_spec,
     through vLLM's launcher) cannot run, so the ranks' partial outputs and LSEs are
     all-gathered over the group and merged with ``ops.lse_merge`` (the same arithmetic,
     W times the bytes moved)."""
-    from vllm.distributed.parallel_state import get_dcp_group, get_dcp_world_size_and_rank
-
-    world, rank = get_dcp_world_size_and_rank(getattr(kv_cache_spec, "dcp_sharded", True))
+    world, rank = compat.dcp_world_and_rank(kv_cache_spec, vllm_config.parallel_config)
     if world <= 1:
         return None
+    from vllm.distributed.parallel_state import get_dcp_group
     from vllm.v1.attention.ops.dcp import cp_lse_ag_out_rs, dcp_a2a_lse_reduce
 
     parallel = vllm_config.parallel_config

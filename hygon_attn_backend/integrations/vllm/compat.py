@@ -29,6 +29,8 @@ CPU selector ignores the selection     0.15 to 0.34            ``cpu_platform`` 
 ``buffer``                             in 0.18 and older       (forward fills ``output``)
 ``AttentionBackendEnum.register``      absent in 0.28, older   :func:`can_add_members`: with
                                                                ``CUSTOM`` taken, refuse
+``parallel_state.get_dcp_world_``     absent in 0.15          :func:`dcp_world_and_rank`
+``size_and_rank``                                              (one rank there: no DCP)
 MLA scaffolding in ``model_executor.`` 0.32 (read and tested    ``mla_select``: the MLA
 ``layers.attention.mla_attention``     there only)             backend only in
                                                                :data:`MLA_RANGE`
@@ -132,6 +134,24 @@ def num_attention_heads(vllm_config, layer_names) -> int:
     heads = fn(vllm_config, layer_names) if fn is not None else None
     return heads or vllm_config.model_config.get_num_attention_heads(
         vllm_config.parallel_config)
+
+
+def dcp_world_and_rank(kv_cache_spec, parallel_config) -> Tuple[int, int]:
+    """``(world, rank)`` of this rank's decode-context-parallel group for a cache spec.
+
+    vLLM's ``get_dcp_world_size_and_rank`` where it exists (a cache it does not shard, such
+    as a replicated draft's, is one rank). Without it (0.15) there is no DCP in our
+    integration: ``(1, 0)``, and a DCP size above 1 is refused by name."""
+    fn = _optional("vllm.distributed.parallel_state", "get_dcp_world_size_and_rank")
+    if fn is not None:
+        return fn(getattr(kv_cache_spec, "dcp_sharded", True))
+    size = int(getattr(parallel_config, "decode_context_parallel_size", 1) or 1)
+    if size > 1:
+        raise NotImplementedError(
+            f"decode_context_parallel_size={size}: this vLLM has no "
+            f"get_dcp_world_size_and_rank, which the hygon backend's DCP path needs "
+            f"(a newer vLLM)")
+    return 1, 0
 
 
 def call_with_supported(func, *args, **kwargs):

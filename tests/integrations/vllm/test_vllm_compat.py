@@ -100,6 +100,22 @@ def test_heads_without_vllms_per_layer_count(vllm_config, monkeypatch):
     assert make_builder(vllm_config).num_heads == 8
 
 
+def test_dcp_without_vllms_world_and_rank_function(vllm_config, monkeypatch):
+    """vLLM 0.15 has no get_dcp_world_size_and_rank: one rank (a builder still builds),
+    and a DCP size above 1 is refused by name instead of an ImportError."""
+    import types
+
+    import vllm.distributed.parallel_state as ps
+
+    monkeypatch.delattr(ps, "get_dcp_world_size_and_rank")
+    spec = types.SimpleNamespace(dcp_sharded=True)
+    assert compat.dcp_world_and_rank(spec, vllm_config.parallel_config) == (1, 0)
+    assert make_builder(vllm_config).num_heads == 8
+    wide = types.SimpleNamespace(decode_context_parallel_size=2)
+    with pytest.raises(NotImplementedError, match="decode_context_parallel_size=2"):
+        compat.dcp_world_and_rank(spec, wide)
+
+
 def test_call_with_supported_drops_only_unknown_keywords():
     def old(cls, selected, config):  # vLLM 0.15's CPU selector: no num_heads
         return (selected, config)
