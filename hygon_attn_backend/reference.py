@@ -181,11 +181,14 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[to
     Returns out [Lq, Hq, D] and lse [Lq, Hq]: the natural log of the softmax normaliser
     (sinks included). Rows that see no key (and have no sink) give out = 0, lse = -inf.
     """
-    num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
+    len_q, num_q_heads, dim = q.shape
+    num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    s = torch.einsum("qhd,khd->hqk", q, k) * scale  # [Hq, Lq, Lk]
+    # query head h * G + g reads KV head h; grouped, so K/V are never copied G times
+    # (an MLA cache of one latent head at Hq = 128 would be 128 copies of the context)
+    qg = q.reshape(len_q, num_kv_heads, group, dim)
+    s = torch.einsum("qhgd,khd->hgqk", qg, k).reshape(num_q_heads, len_q, -1) * scale
+    # s: [Hq, Lq, Lk]
     if soft_cap is not None and soft_cap > 0:
         s = soft_cap * torch.tanh(s / soft_cap)
     if mask is not None:
@@ -199,7 +202,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[to
     denom = p.sum(dim=-1, keepdim=True)
     if sinks is not None:
         denom = denom + torch.exp(sink - m_safe)
-    out = torch.einsum("hqk,khd->qhd", p, v)
+    pg = p.reshape(num_kv_heads, group, len_q, -1)
+    out = torch.einsum("hgqk,khd->qhgd", pg, v).reshape(len_q, num_q_heads, v.shape[-1])
     safe_denom = torch.where(denom > 0, denom, torch.ones_like(denom))
     out = out / safe_denom.transpose(0, 1)
     lse = (torch.log(denom) + m_safe).squeeze(-1).transpose(0, 1)  # [Lq, Hq]
