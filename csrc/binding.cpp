@@ -232,7 +232,9 @@ void prefix_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_ca
                     const at::Tensor& block_table, const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k,
                     const at::Tensor& tile_req, const at::Tensor& tile_mblock,
                     const std::optional<at::Tensor>& sched, double scale, double soft_cap,
-                    bool causal, int64_t sliding_window, bool pingpong, bool overlap) {
+                    bool causal, int64_t sliding_window, bool pingpong, bool overlap,
+                    const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                    double k_scale_value, double v_scale_value) {
   TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes(), "prefix_prefill: q, out must be [T, Hq, D]");
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4, "prefix_prefill: caches must be [N, Hkv, P, D]");
   TORCH_CHECK(q.stride(2) == 1 && out.stride(2) == 1 && k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
@@ -279,9 +281,15 @@ void prefix_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_ca
   p.scale = float(scale);
   p.soft_cap = float(soft_cap);
   p.dtype = dtype_code(q, "q");
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type() &&
-                  out.scalar_type() == q.scalar_type(),
-              "prefix_prefill: q, out and the caches must share one 16-bit dtype");
+  p.kv_dtype = dtype_code(k_cache, "k_cache");
+  const bool fp8 = p.kv_dtype == HAB_FP8_E4M3 || p.kv_dtype == HAB_FP8_E5M2;
+  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type() && out.scalar_type() == q.scalar_type() &&
+                  (fp8 || k_cache.scalar_type() == q.scalar_type()),
+              "prefix_prefill: q and out share one 16-bit dtype, the caches q's or one fp8 dtype");
+  p.k_scale_ptr = fp8 ? scale_ptr(k_scale, "k_scale") : nullptr;
+  p.v_scale_ptr = fp8 ? scale_ptr(v_scale, "v_scale") : nullptr;
+  p.k_scale_value = float(k_scale_value);
+  p.v_scale_value = float(v_scale_value);
   p.table_is_int64 = index_is_int64(block_table, "block_table");
   p.cu_is_int64 = index_is_int64(cu_seqlens_q, "cu_seqlens_q");
   p.lens_is_int64 = index_is_int64(seq_lens_k, "seq_lens_k");
@@ -329,7 +337,8 @@ TORCH_LIBRARY(hygon_attn, m) {
   m.def("prefix_prefill(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor? k_new, Tensor? v_new, "
         "Tensor(b!)? lse, Tensor? sinks, Tensor block_table, Tensor cu_seqlens_q, Tensor seq_lens_k, "
         "Tensor tile_req, Tensor tile_mblock, Tensor(c!)? sched, float scale, float soft_cap, bool causal, int sliding_window, "
-        "bool pingpong, bool overlap) -> ()");
+        "bool pingpong, bool overlap, Tensor? k_scale, Tensor? v_scale, float k_scale_value, "
+        "float v_scale_value) -> ()");
   m.def("warp_size() -> int", &warp_size);
   m.def("decode_programs_per_sm(ScalarType q_dtype, ScalarType kv_dtype, int head_dim, int rows, int loop_stages, "
         "int loop_tile) -> int",

@@ -136,7 +136,11 @@ typedef struct HabPrefillParams {
   // plan's launches must not run concurrently. Null: one program per work item.
   int32_t* sched;
   float scale, soft_cap;  // soft_cap <= 0: off
-  int dtype;              // F16 / BF16 (q, caches, out)
+  int dtype;              // F16 / BF16 (q, out; the caches and k_new / v_new when 16-bit)
+  int kv_dtype;           // = dtype, or FP8_E4M3 / FP8_E5M2 (then no k_new / v_new)
+  const float* k_scale_ptr;  // fp8: the caches' scales as 1-element device tensors, or null
+  const float* v_scale_ptr;
+  float k_scale_value, v_scale_value;  // fp8: used when the pointer is null
   int table_is_int64, cu_is_int64, lens_is_int64;
   int causal;
   // 1: the two consumer warpgroups take turns issuing S = Q K^T (named barriers), so one's

@@ -54,8 +54,13 @@ HAB_DEV float tanh_approx(float x) {
 // ------------------------------------------------------------------ consumers
 // Thread (warpgroup wg, warp wq, lane = 4 g + t) holds rows r0 = 64 wg + 16 wq + g and
 // r0 + 8 of S and O: element 4 i + e is row r0 + 8 (e >> 1), column 8 i + 2 t + (e & 1).
-template <bool IS_BF16, bool SOFT_CAP>
+// IS_BF16: q and out are bf16 (else fp16). FP8: fp8 caches, whose tiles the producers
+// widen to fp16 (with a bf16 Q rescaled per row into fp16): the products run in fp16,
+// the K scale and Q's row scales fold into the logit multiplier, the V scale into 1 / l.
+template <bool IS_BF16, bool FP8, bool SOFT_CAP>
 struct Consumer {
+  using L = Layout<FP8>;
+  static constexpr bool MMA_BF16 = IS_BF16 && !FP8;
   const HabPrefillParams& p;
   const TileInfo& ti;
   const Barriers& b;
@@ -63,7 +68,8 @@ struct Consumer {
   int wg, lane, t;
   int tok[2], head[2], diag[2];
   bool row_ok[2];
-  float mult, cap_log2, cap_div;  // mult: logit -> log2 units inside exp2's FMA
+  float mult[2], cap_div[2], cap_log2;  // mult: a row's logit -> log2 units inside exp2's FMA
+  float out_mult;                       // the V scale
   float m[2], l[2];               // running max (log2 units), this lane's part of the sum
   float o[64];
   bool pingpong;
@@ -74,7 +80,9 @@ struct Consumer {
   HAB_DEV Consumer(const HabPrefillParams& p_, const TileInfo& ti_, const Barriers& b_, uint32_t smem_, int warp,
                    int lane_, int jg0_)
       : p(p_), ti(ti_), b(b_), smem(smem_), wg(warp >> 2), lane(lane_), t(lane_ & 3), jg0(jg0_) {
-    q_tile = smem + Q_OFF + wg * 64 * 128;
+    q_tile = smem + L::Q_OFF + wg * 64 * 128;
+    const float k_scale = FP8 ? (p.k_scale_ptr ? *p.k_scale_ptr : p.k_scale_value) : 1.f;
+    out_mult = FP8 ? (p.v_scale_ptr ? *p.v_scale_ptr : p.v_scale_value) : 1.f;
     const int r_base = 64 * wg + 16 * (warp & 3) + (lane >> 2);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -86,17 +94,19 @@ struct Consumer {
       // a sink is one more key of value 0: l starts at 1 (on one lane of the row)
       m[h] = p.sinks != nullptr && row_ok[h] ? p.sinks[head[h]] * LOG2E : -INFINITY;
       l[h] = m[h] != -INFINITY && t == 0 ? 1.f : 0.f;
+      // the true logit of S's element: scale * k_scale / (Q's row scale) * S
+      const float logit = p.scale * k_scale * (FP8 && IS_BF16 ? b.q_inv[r] : 1.f);
+      cap_div[h] = logit / (SOFT_CAP ? p.soft_cap : 1.f);
+      mult[h] = SOFT_CAP ? 1.f : logit * LOG2E;
     }
     cap_log2 = p.soft_cap * LOG2E;
-    cap_div = p.scale / (SOFT_CAP ? p.soft_cap : 1.f);
-    mult = SOFT_CAP ? 1.f : p.scale * LOG2E;
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     pingpong = p.pingpong != 0;
   }
 
-  HAB_DEV int stage(int j) const { return (jg0 + j) % STAGES; }
-  HAB_DEV uint32_t parity(int j) const { return ((jg0 + j) / STAGES) & 1; }
+  HAB_DEV int stage(int j) const { return (jg0 + j) % L::STAGES; }
+  HAB_DEV uint32_t parity(int j) const { return ((jg0 + j) / L::STAGES) & 1; }
 
   // ping-pong turns: warpgroup w issues its products after barrier 1 + w, then lets the
   // other go (warpgroup 1 opens the first turn for warpgroup 0)
@@ -111,12 +121,12 @@ struct Consumer {
 #pragma unroll
     for (int w = 0; w < 4; ++w) bits[w] = b.mask[4 * s + w];
     hab_sm90::fence_proxy_async();
-    const uint32_t k_tile = smem + K_OFF + s * TILE_BYTES;
+    const uint32_t k_tile = smem + L::K_OFF + s * TILE_BYTES;
     hab_sm90::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
       const uint32_t off = (ks / 4) * PANEL_BYTES + (ks % 4) * 32;
-      hab_sm90::wgmma_ss_m64n128k16<IS_BF16>(sc, hab_sm90::desc_sw128(q_tile + off, 16, 1024),
+      hab_sm90::wgmma_ss_m64n128k16<MMA_BF16>(sc, hab_sm90::desc_sw128(q_tile + off, 16, 1024),
                                               hab_sm90::desc_sw128(k_tile + off, 16, 1024), ks > 0);
     }
     hab_sm90::wgmma_commit();
@@ -127,13 +137,13 @@ struct Consumer {
     const int s = stage(j);
     hab_sm90::mbar_wait(b.full_v + s, parity(j));
     hab_sm90::fence_proxy_async();
-    const uint32_t v_tile = smem + V_OFF + s * TILE_BYTES;
+    const uint32_t v_tile = smem + L::V_OFF + s * TILE_BYTES;
     hab_sm90::fence_regs(o);
     hab_sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
       const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-      hab_sm90::wgmma_rs_m64n128k16_tb<IS_BF16>(o, a, hab_sm90::desc_sw128(v_tile + kk * 16 * 128, PANEL_BYTES, 1024));
+      hab_sm90::wgmma_rs_m64n128k16_tb<MMA_BF16>(o, a, hab_sm90::desc_sw128(v_tile + kk * 16 * 128, PANEL_BYTES, 1024));
     }
     hab_sm90::wgmma_commit();
   }
@@ -156,7 +166,7 @@ struct Consumer {
     const int n0 = (ti.tile_lo + j) * BLOCK_N, window = int(p.sliding_window);
     if (SOFT_CAP) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) sc[i] = cap_log2 * tanh_approx(sc[i] * cap_div);
+      for (int i = 0; i < 64; ++i) sc[i] = cap_log2 * tanh_approx(sc[i] * cap_div[(i >> 1) & 1]);
     }
     const bool all_keys = (bits[0] & bits[1] & bits[2] & bits[3]) == 0xffffffffu;
     const bool masked = !all_keys || (p.causal && n0 + BLOCK_N - 1 > ti.diag_min) ||
@@ -190,7 +200,7 @@ struct Consumer {
       for (int i = 0; i < 16; ++i) mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * h], sc[4 * i + 2 * h + 1]));
       mx = fmaxf(mx, hab_shfl_xor(mx, 1));
       mx = fmaxf(mx, hab_shfl_xor(mx, 2));
-      const float m_new = fmaxf(m[h], mx * mult);
+      const float m_new = fmaxf(m[h], mx * mult[h]);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing seen yet: p = 0
       alpha[h] = hab_ex2_ftz(m[h] - m_use);
       float sum = 0.f;
@@ -199,7 +209,7 @@ struct Consumer {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = sc[4 * i + 2 * h + e];
-          x = hab_ex2_ftz(fmaf(x, mult, -m_use));
+          x = hab_ex2_ftz(fmaf(x, mult[h], -m_use));
           sum += x;
         }
       }
@@ -221,7 +231,7 @@ struct Consumer {
   // P as the A fragments of the PV product: k-step kk takes columns 16 kk .. 16 kk + 15
   HAB_DEV static void pack(uint32_t (&pa)[32], const float (&sc)[64]) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) pa[i] = hab_sm90::pack2<IS_BF16>(sc[2 * i], sc[2 * i + 1]);
+    for (int i = 0; i < 32; ++i) pa[i] = hab_sm90::pack2<MMA_BF16>(sc[2 * i], sc[2 * i + 1]);
   }
 
   // One tile at a time: S, softmax, P V, each product waited for at once.
@@ -305,7 +315,7 @@ struct Consumer {
       sum += hab_shfl_xor(sum, 1);
       sum += hab_shfl_xor(sum, 2);
       if (!row_ok[h]) continue;
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const float inv = sum > 0.f ? out_mult / sum : 0.f;
       const int64_t tok_g = ti.q_start + tok[h];
       uint16_t* out = static_cast<uint16_t*>(p.out) + tok_g * p.o_stride[0] + int64_t(head[h]) * p.o_stride[1];
 #pragma unroll
@@ -321,25 +331,28 @@ struct Consumer {
   }
 };
 
-template <bool IS_BF16, bool SOFT_CAP>
+template <bool IS_BF16, bool FP8, bool SOFT_CAP>
 __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_constant__ HabPrefillParams p) {
 #if defined(HAB_SM90A)
+  using L = Layout<FP8>;
+  constexpr int STAGES = L::STAGES;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t raw = hab_sm90::smem_addr(smem_raw);
   const uint32_t pad = (1024 - (raw & 1023)) & 1023;
   uint8_t* base = smem_raw + pad;  // 1024-byte aligned: the swizzle pattern's period
   Barriers b;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(base + BAR_OFF);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(base + L::BAR_OFF);
   b.full_q = bars;
   b.empty_q = bars + 1;
   b.full_k = bars + 2;
   b.full_v = bars + 2 + STAGES;
   b.empty_k = bars + 2 + 2 * STAGES;
   b.empty_v = bars + 2 + 3 * STAGES;
-  b.mask = reinterpret_cast<uint32_t*>(base + MASK_OFF);
-  b.work = reinterpret_cast<int32_t*>(base + WORK_OFF);
+  b.mask = reinterpret_cast<uint32_t*>(base + L::MASK_OFF);
+  b.work = reinterpret_cast<int32_t*>(base + L::WORK_OFF);
   b.fetch = b.work + 1;
-  b.info = reinterpret_cast<int32_t*>(base + INFO_OFF);
+  b.info = reinterpret_cast<int32_t*>(base + L::INFO_OFF);
+  b.q_inv = FP8 ? reinterpret_cast<float*>(base + L::QSCALE_OFF) : nullptr;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     constexpr int COPIERS = PRODUCER_WARPS * 32;
@@ -361,13 +374,13 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
   // producers leave, in steps of 8 (no spills at 64 / 216).
   constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
   constexpr int CONSUMER_REGS =
-      (THREADS * LAUNCH_REGS - PRODUCER_WARPS * 32 * PRODUCER_REGS) / (CONSUMER_WARPS * 32) / 8 * 8;
-  static_assert(PRODUCER_WARPS * 32 * PRODUCER_REGS + CONSUMER_WARPS * 32 * CONSUMER_REGS <=
+      (THREADS * LAUNCH_REGS - PRODUCER_WARPS * 32 * L::PRODUCER_REGS) / (CONSUMER_WARPS * 32) / 8 * 8;
+  static_assert(PRODUCER_WARPS * 32 * L::PRODUCER_REGS + CONSUMER_WARPS * 32 * CONSUMER_REGS <=
                     THREADS * LAUNCH_REGS,
                 "setmaxnreg: more registers than the launch allocates");
   if (warp >= CONSUMER_WARPS) {
-    hab_sm90::setmaxnreg_dec<PRODUCER_REGS>();
-    producer(p, b, smem, warp - CONSUMER_WARPS, lane);
+    hab_sm90::setmaxnreg_dec<L::PRODUCER_REGS>();
+    producer<FP8>(p, b, smem, warp - CONSUMER_WARPS, lane);
   } else {
     hab_sm90::setmaxnreg_inc<CONSUMER_REGS>();
     if (p.pingpong && warp >= 4) hab_sm90::named_arrive(1, 256);  // warpgroup 0 takes the first turn
@@ -377,7 +390,7 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
       TileInfo ti;
       if (*reinterpret_cast<volatile int32_t*>(b.work) < 0) break;
       load_info(p, b.info, ti);
-      Consumer<IS_BF16, SOFT_CAP> c(p, ti, b, smem, warp, lane, jg);
+      Consumer<IS_BF16, FP8, SOFT_CAP> c(p, ti, b, smem, warp, lane, jg);
       if (p.overlap) c.run_overlap();
       else c.run_serial();
       c.finish();
@@ -389,9 +402,10 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
 #endif
 }
 
-template <bool IS_BF16, bool SOFT_CAP>
+template <bool IS_BF16, bool FP8, bool SOFT_CAP>
 const char* launch(const HabPrefillParams& p, cudaStream_t stream) {
-  auto kernel = prefill_kernel<IS_BF16, SOFT_CAP>;
+  auto kernel = prefill_kernel<IS_BF16, FP8, SOFT_CAP>;
+  constexpr int SMEM_BYTES = Layout<FP8>::SMEM_BYTES;
   static uint64_t configured = 0;  // one bit per device
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return "prefix_prefill: no device";
@@ -420,6 +434,9 @@ extern "C" const char* hab_prefix_prefill(const HabPrefillParams* p, void* strea
   using namespace hab_prefill;
   if (p->head_dim != HEAD_DIM) return "prefix_prefill: the native kernel takes head_dim 128";
   if (p->dtype != HAB_F16 && p->dtype != HAB_BF16) return "prefix_prefill: dtype must be fp16 or bf16";
+  const bool fp8 = p->kv_dtype == HAB_FP8_E4M3 || p->kv_dtype == HAB_FP8_E5M2;
+  if (p->kv_dtype != p->dtype && !fp8) return "prefix_prefill: the caches must have q's dtype or be fp8";
+  if (fp8 && p->k_new != nullptr) return "prefix_prefill: fp8 caches take no dense k_new / v_new";
   if (p->num_kv_heads <= 0 || p->num_q_heads % p->num_kv_heads) return "prefix_prefill: bad head counts";
   const int64_t group = p->num_q_heads / p->num_kv_heads;
   if (group > BLOCK_M) return "prefix_prefill: GQA group larger than 128";
@@ -429,8 +446,12 @@ extern "C" const char* hab_prefix_prefill(const HabPrefillParams* p, void* strea
   if (p->num_tiles * p->num_kv_heads >= (int64_t(1) << 31)) return "prefix_prefill: more than 2^31 work items";
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool bf16 = p->dtype == HAB_BF16, cap = p->soft_cap > 0.f;
-  if (bf16) return cap ? launch<true, true>(*p, s) : launch<true, false>(*p, s);
-  return cap ? launch<false, true>(*p, s) : launch<false, false>(*p, s);
+  if (fp8) {
+    if (bf16) return cap ? launch<true, true, true>(*p, s) : launch<true, true, false>(*p, s);
+    return cap ? launch<false, true, true>(*p, s) : launch<false, true, false>(*p, s);
+  }
+  if (bf16) return cap ? launch<true, false, true>(*p, s) : launch<true, false, false>(*p, s);
+  return cap ? launch<false, false, true>(*p, s) : launch<false, false, false>(*p, s);
 #else
   (void)p;
   (void)stream;

@@ -16,28 +16,39 @@ namespace hab_prefill {
 constexpr int BLOCK_M = 128;  // query rows of a program: two consumer warpgroups x 64
 constexpr int BLOCK_N = 128;  // keys per K/V tile
 constexpr int HEAD_DIM = 128;
-// K/V ring stages (3 x 64 KB + Q fit in 227 KB) and the registers a producer thread keeps
-// (setmaxnreg), so 216 a consumer: the measured best (3 stages +1-6% over 2; 64 producer
-// registers +2-7% over 56 / 224, 80 / 208 and beyond lose 1-4%; docs/history.md).
-constexpr int STAGES = 3;
-constexpr int PRODUCER_REGS = 64;
+// K/V ring stages of 16-bit caches (3 x 64 KB + Q fit in 227 KB) and the registers a
+// producer thread keeps (setmaxnreg), so 216 a consumer: the measured best (3 stages
+// +1-6% over 2; 64 producer registers +2-7% over 56 / 224, 80 / 208 and beyond lose 1-4%;
+// docs/history.md).
 constexpr int CONSUMER_WARPS = 8;
 constexpr int PRODUCER_WARPS = 4;
 constexpr int THREADS = (CONSUMER_WARPS + PRODUCER_WARPS) * 32;
 
-constexpr int PANEL_BYTES = 128 * 128;             // 128 rows x 64 channels x 2 bytes
-constexpr int TILE_BYTES = 2 * PANEL_BYTES;        // 128 rows x 128 channels (Q, a K or a V tile)
-constexpr int Q_OFF = 0;
-constexpr int K_OFF = TILE_BYTES;
-constexpr int V_OFF = K_OFF + STAGES * TILE_BYTES;
-constexpr int BAR_OFF = V_OFF + STAGES * TILE_BYTES;  // mbarriers, key masks, work words
-constexpr int MASK_OFF = BAR_OFF + 8 * (2 + 4 * STAGES);
-constexpr int WORK_OFF = MASK_OFF + 16 * STAGES;
-constexpr int INFO_OFF = WORK_OFF + 16;  // [INFO_WORDS] int32: the loaded part of a TileInfo
+constexpr int PANEL_BYTES = 128 * 128;       // 128 rows x 64 channels x 2 bytes
+constexpr int TILE_BYTES = 2 * PANEL_BYTES;  // 128 rows x 128 channels (Q, a K or a V tile)
 constexpr int INFO_WORDS = 8;
-constexpr int SMEM_USED = INFO_OFF + 4 * INFO_WORDS;
-constexpr int SMEM_BYTES = SMEM_USED + 1024;  // slack: the tiles start on a 1024-byte boundary
-static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 program may have");
+
+// Shared memory of a program (3 ring stages: Q + 3 x 64 KB fit in 227 KB) and the
+// registers a producer keeps. FP8 (fp8 caches): the producers hold the next K and V
+// tiles' codes in registers (104 a thread, 200 left to a consumer: measured 1.24 ms
+// where 96 spills, 1.42, and 112 / 192 is level) and widen them into the 16-bit ring;
+// Q's row scales (QSCALE, [BLOCK_M] float) come with Q.
+template <bool FP8>
+struct Layout {
+  static constexpr int STAGES = 3;
+  static constexpr int PRODUCER_REGS = FP8 ? 104 : 64;
+  static constexpr int Q_OFF = 0;
+  static constexpr int K_OFF = TILE_BYTES;
+  static constexpr int V_OFF = K_OFF + STAGES * TILE_BYTES;
+  static constexpr int QSCALE_OFF = V_OFF + STAGES * TILE_BYTES;
+  static constexpr int BAR_OFF = QSCALE_OFF + (FP8 ? 4 * BLOCK_M : 0);  // mbarriers, key masks, work words
+  static constexpr int MASK_OFF = BAR_OFF + 8 * (2 + 4 * STAGES);
+  static constexpr int WORK_OFF = MASK_OFF + 16 * STAGES;
+  static constexpr int INFO_OFF = WORK_OFF + 16;  // [INFO_WORDS] int32: the loaded part of a TileInfo
+  static constexpr int SMEM_USED = INFO_OFF + 4 * INFO_WORDS;
+  static constexpr int SMEM_BYTES = SMEM_USED + 1024;  // slack: the tiles start on a 1024-byte boundary
+  static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 program may have");
+};
 
 // What every role of a program derives from its tile: the request's lengths, the rows'
 // tokens and the key range walked.
@@ -116,11 +127,12 @@ HAB_DEV void load_info(const HabPrefillParams& p, const volatile int32_t* d, Til
 struct Barriers {
   uint64_t* full_q;   // Q and the work word of a work item are in
   uint64_t* empty_q;  // the consumers are done with Q (and have read the work word)
-  uint64_t* full_k;  // [STAGES]
+  uint64_t* full_k;  // [Layout::STAGES]
   uint64_t* full_v;
   uint64_t* empty_k;
   uint64_t* empty_v;
-  uint32_t* mask;  // [STAGES][4] key bits of the K stage
+  uint32_t* mask;  // [Layout::STAGES][4] key bits of the K stage
+  float* q_inv;    // FP8: [BLOCK_M] 1 / each Q row's scale (the rows are widened to fp16)
   int32_t* work;   // [1] the work item the consumers run next (-1: none left)
   int32_t* fetch;  // [2] the producers' copy of the item they fetched (double-buffered)
   int32_t* info;   // [INFO_WORDS] the loaded part of the work word's TileInfo

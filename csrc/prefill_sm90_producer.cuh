@@ -1,5 +1,7 @@
 // The native prefill's producer warpgroup (sm_90a): per work item Q, then the key tiles
 // of a paged cache (or the dense new keys) into the ring of shared memory with cp.async.
+// fp8 caches (FP8): a tile's codes are loaded into registers a tile ahead and widened to
+// fp16 into the ring; a bf16 Q is rescaled per row into fp16 in place.
 // Included by prefill_sm90.cu.
 #pragma once
 
@@ -10,54 +12,173 @@
 namespace hab_prefill {
 
 // Address of key `pos` of this request's KV head in K (V: the same row of the V cache),
-// or null when the key is absent.
+// or null when the key is absent. KV_BYTES: bytes of a cache element (dense new keys
+// have q's 16-bit dtype).
 struct KeyRows {
-  const uint16_t* k;
-  const uint16_t* v;
+  const uint8_t* k;
+  const uint8_t* v;
 };
 
+template <int KV_BYTES>
 HAB_DEV KeyRows key_rows(const HabPrefillParams& p, const TileInfo& ti, const HabFastDiv& page_div, int pos) {
   const int64_t req = ti.req, kv_head = ti.kv_head;
   KeyRows r{nullptr, nullptr};
   if (pos < 0 || pos >= ti.key_end) return r;
   if (p.k_new != nullptr && pos >= ti.len_p) {
     const int64_t t = ti.q_start + (pos - ti.len_p);
-    r.k = static_cast<const uint16_t*>(p.k_new) + t * p.kn_stride[0] + kv_head * p.kn_stride[1];
-    r.v = static_cast<const uint16_t*>(p.v_new) + t * p.vn_stride[0] + kv_head * p.vn_stride[1];
+    r.k = static_cast<const uint8_t*>(p.k_new) + 2 * (t * p.kn_stride[0] + kv_head * p.kn_stride[1]);
+    r.v = static_cast<const uint8_t*>(p.v_new) + 2 * (t * p.vn_stride[0] + kv_head * p.vn_stride[1]);
     return r;
   }
   const int blk = page_div.div(pos), slot = page_div.mod(pos, blk);
   if (blk >= p.max_blocks) return r;
   const int64_t page = hab_load_index(p.block_table, p.table_is_int64, req * p.bt_stride[0] + int64_t(blk) * p.bt_stride[1]);
   if (page < 0 || page >= p.num_blocks) return r;
-  r.k = static_cast<const uint16_t*>(p.k_cache) + page * p.k_stride[0] + kv_head * p.k_stride[1] + slot * p.k_stride[2];
-  r.v = static_cast<const uint16_t*>(p.v_cache) + page * p.v_stride[0] + kv_head * p.v_stride[1] + slot * p.v_stride[2];
+  r.k = static_cast<const uint8_t*>(p.k_cache) +
+        KV_BYTES * (page * p.k_stride[0] + kv_head * p.k_stride[1] + slot * p.k_stride[2]);
+  r.v = static_cast<const uint8_t*>(p.v_cache) +
+        KV_BYTES * (page * p.v_stride[0] + kv_head * p.v_stride[1] + slot * p.v_stride[2]);
   return r;
 }
 
-HAB_DEV const uint16_t* shfl_ptr(const uint16_t* ptr, int src_lane) {
+HAB_DEV const uint8_t* shfl_ptr(const uint8_t* ptr, int src_lane) {
   const uint64_t u = reinterpret_cast<uint64_t>(ptr);
   const uint32_t lo = __shfl_sync(0xffffffffu, uint32_t(u), src_lane);
   const uint32_t hi = __shfl_sync(0xffffffffu, uint32_t(u >> 32), src_lane);
-  return reinterpret_cast<const uint16_t*>((uint64_t(hi) << 32) | lo);
+  return reinterpret_cast<const uint8_t*>((uint64_t(hi) << 32) | lo);
 }
 
-// Producer warp `pw` copies rows 32 pw .. 32 pw + 31 of a 128-row tile; row 32 pw + l
-// starts at `row` of lane l (null: zero fill). Into the swizzled panels at `dst`
-// (sm90.cuh): per instruction 4 rows x one 128-byte half, 8 lanes a half-row.
-HAB_DEV void copy_rows(uint32_t dst, const uint16_t* row_ptr, const uint16_t* fallback, int pw, int lane) {
+// Producer warp `pw` copies rows 32 pw .. 32 pw + 31 of a 128-row 16-bit tile; row
+// 32 pw + l starts at `row` of lane l (null: zero fill). Into the swizzled panels at
+// `dst` (sm90.cuh): per instruction 4 rows x one 128-byte half, 8 lanes a half-row.
+HAB_DEV void copy_rows(uint32_t dst, const uint8_t* row_ptr, const void* fallback, int pw, int lane) {
   const int sub = lane >> 3, chunk = lane & 7;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int row = 32 * pw + 4 * i + sub;
-    const uint16_t* src = shfl_ptr(row_ptr, 4 * i + sub);
+    const uint8_t* src = shfl_ptr(row_ptr, 4 * i + sub);
     const bool fill = src != nullptr;
-    if (!fill) src = fallback;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint32_t d = dst + h * PANEL_BYTES + row * 128 + ((chunk ^ (row & 7)) << 4);
-      hab_sm90::cp_async16(d, fill ? src + h * 64 + chunk * 8 : src, fill);
+      hab_sm90::cp_async16(d, fill ? src + h * 128 + chunk * 16 : fallback, fill);
     }
+  }
+}
+
+// ---------------------------------------------------------------- fp8 caches
+// A lane's 16-byte chunks of a K or V tile's codes, loaded into registers one tile ahead
+// (8 rows x 16 codes: 32 registers). Lane l of a warp, per row step i, takes the codes
+// of channels 16 c .. 16 c + 15 of row 4 i + 2 (l >> 4) + ((l >> 2) & 1),
+// c = 4 ((l >> 3) & 1) + (l & 3): each 8-lane phase of the widened stores then covers two
+// rows of one panel (slots 2 (l & 3) and + 1, swizzled by the row): 8 distinct 16-byte
+// bank groups.
+struct Lane8 {
+  int row0, chunk;  // row of step 0 (+ 4 i), chunk of the row
+  HAB_DEV Lane8(int pw, int lane)
+      : row0(32 * pw + 2 * (lane >> 4) + ((lane >> 2) & 1)), chunk(4 * ((lane >> 3) & 1) + (lane & 3)) {}
+  HAB_DEV int src_lane(int i) const { return (row0 & 31) + 4 * i; }
+};
+
+struct Codes8 {
+  uint32_t w[8][4];
+};
+
+// warp pw's 32 rows of a tile's codes (a null row: zeros, nothing read)
+HAB_DEV void load_rows8(Codes8& c, const uint8_t* row_ptr, int pw, int lane) {
+  const Lane8 ln(pw, lane);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint8_t* src = shfl_ptr(row_ptr, ln.src_lane(i));
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (src != nullptr) v = __ldg(reinterpret_cast<const uint4*>(src + ln.chunk * 16));
+    c.w[i][0] = v.x;
+    c.w[i][1] = v.y;
+    c.w[i][2] = v.z;
+    c.w[i][3] = v.w;
+  }
+}
+
+// two fp8 codes (low byte first) -> fp16x2, exact (every e4m3 / e5m2 value is an fp16)
+HAB_DEV uint32_t fp8x2_to_f16x2(uint32_t codes, bool e5m2) {
+  uint32_t r;
+  const uint16_t c = uint16_t(codes);
+  if (e5m2) asm("cvt.rn.f16x2.e5m2x2 %0, %1;\n" : "=r"(r) : "h"(c));
+  else asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(c));
+  return r;
+}
+
+HAB_DEV void ld_shared_v4(uint32_t addr, uint32_t (&w)[4]) {
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(addr) : "memory");
+}
+HAB_DEV void st_shared_v4(uint32_t addr, const uint32_t (&w)[4]) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+               : "memory");
+}
+
+// This lane's codes (load_rows8) -> fp16 into the swizzled 16-bit tile at `dst`: chunk
+// c of a row is channels 16 c .. 16 c + 15, panel c / 4, 16-byte slots 2 (c % 4) and
+// 2 (c % 4) + 1.
+HAB_DEV void widen_rows8(uint32_t dst, const Codes8& c, int pw, int lane, bool e5m2) {
+  const Lane8 ln(pw, lane);
+  const int panel = ln.chunk >> 2, sl = 2 * (ln.chunk & 3);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int row = ln.row0 + 4 * i;
+    uint32_t a[4], b[4];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      a[2 * k] = fp8x2_to_f16x2(c.w[i][k], e5m2);
+      a[2 * k + 1] = fp8x2_to_f16x2(c.w[i][k] >> 16, e5m2);
+      b[2 * k] = fp8x2_to_f16x2(c.w[i][2 + k], e5m2);
+      b[2 * k + 1] = fp8x2_to_f16x2(c.w[i][2 + k] >> 16, e5m2);
+    }
+    const uint32_t base = dst + panel * PANEL_BYTES + row * 128;
+    st_shared_v4(base + ((sl ^ (row & 7)) << 4), a);
+    st_shared_v4(base + (((sl + 1) ^ (row & 7)) << 4), b);
+  }
+}
+
+// A bf16 Q tile this warp copied (copy_rows, landed) -> fp16 in place, each row scaled by
+// a power of two that brings its largest |q| into [2^14, 2^15) (exact for every element
+// in fp16's normal range; elements below 2^-28 of the row's largest lose bits); 1 / the
+// scale into q_inv[row]. A zero row keeps scale 1.
+HAB_DEV void widen_q(uint32_t q_tile, float* q_inv, int pw, int lane) {
+  const int sub = lane >> 3, chunk = lane & 7;
+#pragma unroll 2
+  for (int i = 0; i < 8; ++i) {
+    const int row = 32 * pw + 4 * i + sub;
+    uint32_t w[2][4];
+    float mx = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      ld_shared_v4(q_tile + h * PANEL_BYTES + row * 128 + ((chunk ^ (row & 7)) << 4), w[h]);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        mx = fmaxf(mx, fabsf(hab_bits_to_float(w[h][k] << 16)));
+        mx = fmaxf(mx, fabsf(hab_bits_to_float(w[h][k] & 0xffff0000u)));
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    // 2^k with k = 14 - exponent(mx), kept within float's normal powers (a NaN row: 1)
+    const int e = int((hab_float_to_bits(mx) >> 23) & 0xff) - 127;
+    const int k = mx > 0.f && mx <= 3.4e38f ? min(126, max(-126, 14 - e)) : 0;
+    const float s = hab_bits_to_float(uint32_t(127 + k) << 23);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t o[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const __half2 v = __floats2half2_rn(hab_bits_to_float(w[h][j] << 16) * s,
+                                            hab_bits_to_float(w[h][j] & 0xffff0000u) * s);
+        o[j] = *reinterpret_cast<const uint32_t*>(&v);
+      }
+      st_shared_v4(q_tile + h * PANEL_BYTES + row * 128 + ((chunk ^ (row & 7)) << 4), o);
+    }
+    if (chunk == 0) q_inv[row] = hab_bits_to_float(uint32_t(127 - k) << 23);
   }
 }
 
@@ -66,10 +187,17 @@ HAB_DEV void copy_rows(uint32_t dst, const uint16_t* row_ptr, const uint16_t* fa
 // (one block-table read a row), the K copies, the mask word, the V copies; the next
 // tile's addresses are computed while the ring slot is still busy. The ring position `jg`
 // runs on across work items, so the next item's Q and first tiles load while the
-// consumers finish the last one.
+// consumers finish the last one. FP8: a tile's codes are loaded into registers while
+// the tile before is widened (K of tile j + 1 once K of tile j is in its slot, V the
+// same); the loads' latency is hidden by the ring, the widening reads no shared memory.
+template <bool FP8>
 HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t smem, int pw, int lane) {
+  using L = Layout<FP8>;
+  constexpr int KV_BYTES = FP8 ? 1 : 2;
   const int r = 32 * pw + lane;  // the row this lane addresses
   const HabFastDiv page_div(int(p.page_size));
+  const bool e5m2 = p.kv_dtype == HAB_FP8_E5M2;
+  const bool widen_query = FP8 && p.dtype == HAB_BF16;
   int jg = 0;
   for (int round = 0;; ++round) {
     if (pw == 0 && lane == 0) b.fetch[round & 1] = fetch_work(p, round);
@@ -78,31 +206,43 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
     TileInfo ti;
     const bool has = tile_info(p, w, ti);
     // Q row r = (token m_tok0 + r / G, head kv_head * G + r % G), null: past the item
-    auto q_row_of = [&]() -> const uint16_t* {
+    auto q_row_of = [&]() -> const uint8_t* {
       const int tok = ti.m_tok0 + r / ti.group;
       if (!has || r >= ti.tok_m * ti.group || tok >= ti.len_q) return nullptr;
-      return static_cast<const uint16_t*>(p.q) + (ti.q_start + tok) * p.q_stride[0] +
-             (int64_t(ti.kv_head) * ti.group + r % ti.group) * p.q_stride[1];
+      return static_cast<const uint8_t*>(p.q) +
+             2 * ((ti.q_start + tok) * p.q_stride[0] + (int64_t(ti.kv_head) * ti.group + r % ti.group) * p.q_stride[1]);
     };
-    auto first_rows = [&]() {
-      return has && ti.n_tiles > 0 ? key_rows(p, ti, page_div, ti.tile_lo * BLOCK_N + r) : KeyRows{};
+    auto rows_of = [&](int j) {
+      return key_rows<KV_BYTES>(p, ti, page_div, (ti.tile_lo + j) * BLOCK_N + r);
     };
+    auto wait_empty = [&](uint64_t* empty, int at) {
+      hab_sm90::mbar_wait(empty + at % L::STAGES, ((at / L::STAGES) & 1) ^ 1);
+    };
+    Codes8 kc, vc;  // FP8: the codes of the tile to be widened next
     // a key tile into ring position `at`: K (and its mask word), then V
     auto load_k = [&](int at, const KeyRows& kr, uint32_t bits) {  // bits: the warp's rows present
-      const int s = at % STAGES;
-      const uint32_t parity = ((at / STAGES) & 1) ^ 1;
-      hab_sm90::mbar_wait(b.empty_k + s, parity);
+      const int s = at % L::STAGES;
+      wait_empty(b.empty_k, at);
       if (lane == 0) b.mask[4 * s + pw] = bits;
-      copy_rows(smem + K_OFF + s * TILE_BYTES, kr.k, static_cast<const uint16_t*>(p.k_cache), pw, lane);
-      hab_sm90::mbar_arrive_cp_async(b.full_k + s);
+      if (FP8) {
+        widen_rows8(smem + L::K_OFF + s * TILE_BYTES, kc, pw, lane, e5m2);
+        hab_sm90::mbar_arrive(b.full_k + s);
+      } else {
+        copy_rows(smem + L::K_OFF + s * TILE_BYTES, kr.k, p.k_cache, pw, lane);
+        hab_sm90::mbar_arrive_cp_async(b.full_k + s);
+      }
       if (lane == 0) hab_sm90::mbar_arrive(b.full_k + s);  // releases the mask word
     };
     auto load_v = [&](int at, const KeyRows& kr) {
-      const int s = at % STAGES;
-      const uint32_t parity = ((at / STAGES) & 1) ^ 1;
-      hab_sm90::mbar_wait(b.empty_v + s, parity);
-      copy_rows(smem + V_OFF + s * TILE_BYTES, kr.v, static_cast<const uint16_t*>(p.v_cache), pw, lane);
-      hab_sm90::mbar_arrive_cp_async(b.full_v + s);
+      const int s = at % L::STAGES;
+      wait_empty(b.empty_v, at);
+      if (FP8) {
+        widen_rows8(smem + L::V_OFF + s * TILE_BYTES, vc, pw, lane, e5m2);
+        hab_sm90::mbar_arrive(b.full_v + s);
+      } else {
+        copy_rows(smem + L::V_OFF + s * TILE_BYTES, kr.v, p.v_cache, pw, lane);
+        hab_sm90::mbar_arrive_cp_async(b.full_v + s);
+      }
     };
     hab_sm90::mbar_wait(b.empty_q, (round & 1) ^ 1);
     if (pw == 0 && lane == 0) {
@@ -114,15 +254,32 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
       hab_sm90::mbar_arrive(b.full_q);  // no copies: the barrier completes at once
       break;
     }
-    copy_rows(smem + Q_OFF, q_row_of(), static_cast<const uint16_t*>(p.q), pw, lane);
-    hab_sm90::mbar_arrive_cp_async(b.full_q);
-    KeyRows next = first_rows();
+    copy_rows(smem + L::Q_OFF, q_row_of(), p.q, pw, lane);
+    if (widen_query) {
+      asm volatile("cp.async.wait_all;\n" ::: "memory");  // this lane's Q copies (nothing else is in flight)
+      widen_q(smem + L::Q_OFF, b.q_inv, pw, lane);
+      hab_sm90::mbar_arrive(b.full_q);
+    } else {
+      hab_sm90::mbar_arrive_cp_async(b.full_q);
+    }
+    KeyRows next = ti.n_tiles > 0 ? rows_of(0) : KeyRows{};
+    uint32_t next_bits = __ballot_sync(0xffffffffu, next.k != nullptr);
+    if (FP8 && ti.n_tiles > 0) {
+      load_rows8(kc, next.k, pw, lane);
+      load_rows8(vc, next.v, pw, lane);
+    }
     for (int j = 0; j < ti.n_tiles; ++j, ++jg) {
       const KeyRows kr = next;
-      const uint32_t bits = __ballot_sync(0xffffffffu, kr.k != nullptr);
-      if (j + 1 < ti.n_tiles) next = key_rows(p, ti, page_div, (ti.tile_lo + j + 1) * BLOCK_N + r);
+      const uint32_t bits = next_bits;
+      const bool more = j + 1 < ti.n_tiles;
+      if (more) {
+        next = rows_of(j + 1);
+        next_bits = __ballot_sync(0xffffffffu, next.k != nullptr);
+      }
       load_k(jg, kr, bits);
+      if (FP8 && more) load_rows8(kc, next.k, pw, lane);
       load_v(jg, kr);
+      if (FP8 && more) load_rows8(vc, next.v, pw, lane);
     }
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives its thread

@@ -333,9 +333,10 @@ def native_cases() -> None:
 
 
 def native_prefill(name, *, prefix, extend, group, hkv=2, page=16, k_new=False, bad_ids=False,
-                   **opts):
+                   kv_dtype=None, **opts):
     """One native prefix-prefill call on a shuffled paged cache, checked against the
-    reference (hostile ids: finite only)."""
+    reference (hostile ids: finite only); ``kv_dtype`` fp8: the cache quantized with
+    scales 0.5 / 2.0."""
     gen = torch.Generator(device=DEV).manual_seed(1)
     d, hq = 128, hkv * group
     lens_k = [a + b for a, b in zip(prefix, extend)]
@@ -343,6 +344,11 @@ def native_prefill(name, *, prefix, extend, group, hkv=2, page=16, k_new=False, 
     need = len(lens_k) * cols
     k = torch.randn(need, hkv, page, d, device=DEV, generator=gen).to(torch.bfloat16)
     v = torch.randn(need, hkv, page, d, device=DEV, generator=gen).to(torch.bfloat16)
+    kw = dict(opts)
+    if kv_dtype is not None:
+        k = reference.quantize_fp8(k.float(), kv_dtype, 0.5)
+        v = reference.quantize_fp8(v.float(), kv_dtype, 2.0)
+        kw.update(k_scale=0.5, v_scale=2.0)
     table = torch.randperm(need, device=DEV, generator=gen).reshape(len(lens_k), cols)
     table = table.to(torch.int32)
     if bad_ids:
@@ -353,7 +359,6 @@ def native_prefill(name, *, prefix, extend, group, hkv=2, page=16, k_new=False, 
     lens = torch.tensor(lens_k, dtype=torch.int32, device=DEV)
     total = int(cu[-1])
     q = torch.randn(total, hq, d, device=DEV, generator=gen).to(torch.bfloat16)
-    kw = dict(opts)
     if k_new:
         kw["k_new"] = torch.randn(total, hkv, d, device=DEV, generator=gen).to(torch.bfloat16)
         kw["v_new"] = torch.randn(total, hkv, d, device=DEV, generator=gen).to(torch.bfloat16)
@@ -375,6 +380,12 @@ def native_prefill_cases() -> None:
                    sliding_window=70, soft_cap=15.0,
                    sinks=torch.linspace(-1, 1, 8, device=DEV))
     native_prefill("hostile ids", prefix=(300, 40), extend=(100, 30), group=4, bad_ids=True)
+    # fp8 caches: codes loaded a tile ahead and widened by the producers
+    native_prefill("fp8 e4m3 G4, hostile ids", prefix=(300, 40), extend=(100, 30), group=4,
+                   bad_ids=True, kv_dtype=torch.float8_e4m3fn)
+    native_prefill("fp8 e5m2 G8 page 1, window sinks soft cap", prefix=(257, 3), extend=(60, 131),
+                   group=8, page=1, kv_dtype=torch.float8_e5m2, sliding_window=70,
+                   soft_cap=15.0, sinks=torch.linspace(-1, 1, 16, device=DEV))
 
 
 def main() -> None:

@@ -2,13 +2,17 @@
 
 GPU tests need an sm_90 GPU (H100/H200: the kernel is written for sm_90a's wgmma) and build
 the extension on first use. They run the Triton prefill's real-size cases that the native
-kernel covers (head_dim 128, fp16/bf16 KV) and the cases its structure adds: GQA groups that
-leave rows of the 128-row tile idle, keys walked over many pipeline stages, tiles that
-straddle the prefix and the dense new keys, hostile block ids, a cache past 2^31
-elements, CUDA-graph replay. CPU tests: what a plan chooses and the errors it raises.
+kernel covers (head_dim 128, fp16/bf16 KV, fp8 KV without dense new keys) and the cases its
+structure adds: GQA groups that leave rows of the 128-row tile idle, keys walked over many
+pipeline stages, tiles that straddle the prefix and the dense new keys, hostile block ids, a
+cache past 2^31 elements, CUDA-graph replay; with fp8 caches (widened to fp16 by the
+producers, a bf16 Q rescaled per row into fp16) both formats, tensor scales, queries past
+fp16's range. CPU tests: what a plan chooses and the errors it raises.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -34,7 +38,7 @@ def _need_sm90():
 
 
 def _covered(case: Case) -> bool:
-    return case.head_dim == 128 and case.kv_dtype is None
+    return case.head_dim == 128 and (case.kv_dtype is None or not case.k_new)
 
 
 NATIVE_CASES = [c for c in GPU_CASES if _covered(c)] + [
@@ -54,6 +58,22 @@ NATIVE_CASES = [c for c in GPU_CASES if _covered(c)] + [
          head_dim=128, dtype=torch.bfloat16),
     Case("n_bshd_knew_p1", (64, 1), (190, 33), group=2, kv_heads=4, page=1, head_dim=128,
          dtype=torch.bfloat16, k_new=True, layout="bshd", q_noncontig=True),
+    # fp8 caches: the staged, widened tiles over many ring turns, both formats, fp16 and
+    # bf16 queries, every mask and option, the permuted layout
+    Case("n_fp8_e4m3_long", (3000,), (300,), group=4, kv_heads=2, page=16, head_dim=128,
+         dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn),
+    Case("n_fp8_e5m2_f16", (130, 0, 257), (200, 129, 1), group=3, kv_heads=2, page=64,
+         head_dim=128, dtype=torch.float16, kv_dtype=torch.float8_e5m2),
+    Case("n_fp8_g1_p1", (40, 3), (700, 2), group=1, kv_heads=4, page=1, head_dim=128,
+         dtype=torch.bfloat16, kv_dtype=torch.float8_e5m2),
+    Case("n_fp8_window_sinks_cap", (700, 5), (400, 260), group=4, kv_heads=2, page=64,
+         head_dim=128, dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, window=100,
+         sinks=True, soft_cap=20.0),
+    Case("n_fp8_noncausal_bshd", (333, 0), (129, 300), group=8, kv_heads=2, page=16,
+         head_dim=128, dtype=torch.float16, kv_dtype=torch.float8_e4m3fn, causal=False,
+         layout="bshd", q_noncontig=True),
+    Case("n_fp8_g64", (40, 3), (70, 2), group=64, kv_heads=1, page=16, head_dim=128,
+         dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn),
 ]
 
 
@@ -144,14 +164,38 @@ def test_native_prefill_ragged_batch_with_new_keys():
 
 
 @gpu
-def test_native_prefill_refuses_what_it_does_not_cover():
-    """impl='native' on an sm_90 GPU: fp8 KV and head_dim 64 raise, naming the reason."""
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_native_prefill_fp8_tensor_scales_and_wide_queries(kv_dtype):
+    """fp8 caches with 1-element tensor scales (read on the device), bf16 queries far past
+    fp16's range in some rows and tiny in others (each row is rescaled into fp16), a
+    zero row: within the budget of the reference."""
     _need_sm90()
     dev = torch.device("cuda")
-    fp8 = Case("n_fp8", (40,), (20,), group=4, kv_heads=2, page=16, head_dim=128,
-               dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn)
+    case = Case("n_fp8_wide_q", (500, 40), (300, 129), group=4, kv_heads=2, page=16,
+                head_dim=128, dtype=torch.bfloat16, kv_dtype=kv_dtype)
+    args, kw = make_inputs(case, dev, seed=7)
+    q = args[0].clone()
+    q[::7] *= 3.0e6    # |q| ~ 1e7: past fp16's 65504
+    q[3::11] *= 1e-7   # below fp16's normal range
+    q[5] = 0.0
+    kw = dict(kw, k_scale=torch.tensor([kw["k_scale"]], device=dev),
+              v_scale=torch.tensor(kw["v_scale"], device=dev))
+    # logits ~ 1e7: the softmax is one-hot in those rows, in the reference too
+    kw["return_lse"] = False
+    run_case(dataclasses.replace(case, lse=False), dev, impl="native",
+             inputs=((q,) + args[1:], kw))
+
+
+@gpu
+def test_native_prefill_refuses_what_it_does_not_cover():
+    """impl='native' on an sm_90 GPU: fp8 KV with dense new keys and head_dim 64 raise,
+    naming the reason."""
+    _need_sm90()
+    dev = torch.device("cuda")
+    fp8 = Case("n_fp8_knew", (40,), (20,), group=4, kv_heads=2, page=16, head_dim=128,
+               dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, k_new=True)
     args, kw = make_inputs(fp8, dev)
-    with pytest.raises(ValueError, match="fp8"):
+    with pytest.raises(ValueError, match="k_new"):
         prefix_prefill_attention(*args, impl="native", **kw)
     d64 = Case("n_d64", (40,), (20,), group=4, kv_heads=2, page=16, head_dim=64,
                dtype=torch.bfloat16)
@@ -177,29 +221,41 @@ def test_native_prefill_reasons():
     shape = dict(head_dim=128, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, group=4)
     assert _native.shape_unsupported(**shape) is None
     assert "head_dim 64" in _native.shape_unsupported(**dict(shape, head_dim=64))
-    assert "fp8" in _native.shape_unsupported(
-        **dict(shape, kv_dtype=torch.float8_e5m2))
+    assert _native.shape_unsupported(**dict(shape, kv_dtype=torch.float8_e5m2)) is None
+    assert "float32" in _native.shape_unsupported(**dict(shape, kv_dtype=torch.float32))
     assert "group 256" in _native.shape_unsupported(**dict(shape, group=256))
     k = torch.zeros(4, 2, 16, 128, dtype=torch.float8_e4m3fn)
-    assert "fp8" in _native.layer_unsupported(k, k)
+    assert _native.layer_unsupported(k, k) is None
+    assert "differ" in _native.layer_unsupported(k, k.view(torch.float8_e5m2))
+    # fp8 rows 8 codes apart: 8 bytes, not the 16 of a copy
+    k8_odd = torch.zeros(4, 2, 16, 136, dtype=torch.float8_e4m3fn)[..., 8:]
+    assert "aligned" in _native.layer_unsupported(k8_odd, k8_odd)
     k16 = torch.zeros(4, 2, 16, 128, dtype=torch.bfloat16)
     assert _native.layer_unsupported(k16, k16) is None
     # a view whose rows start 2 elements apart is not 16-byte aligned
     odd = torch.zeros(4, 2, 16, 130, dtype=torch.bfloat16)[..., 2:]
     assert "aligned" in _native.layer_unsupported(odd, odd)
     q = torch.zeros(6, 8, 128, dtype=torch.bfloat16)
-    assert _native.call_unsupported(q, q, None, None) is None
-    assert "q" in _native.call_unsupported(q[..., ::2].expand(6, 8, 64), q, None, None)
+    bf16 = torch.bfloat16
+    assert _native.call_unsupported(q, q, None, None, bf16) is None
+    assert "q" in _native.call_unsupported(q[..., ::2].expand(6, 8, 64), q, None, None, bf16)
     # q's base 4 elements past an aligned one: 8 bytes, not 16; out needs only 4 bytes
     flat = torch.zeros(6 * 8 * 128 + 4, dtype=torch.bfloat16)
     shifted = flat[4:].view(6, 8, 128)
-    assert "q rows not 16-byte" in _native.call_unsupported(shifted, q, None, None)
-    assert _native.call_unsupported(q, shifted, None, None) is None
+    assert "q rows not 16-byte" in _native.call_unsupported(shifted, q, None, None, bf16)
+    assert _native.call_unsupported(q, shifted, None, None, bf16) is None
     # a stride that breaks the alignment counts only on an axis longer than 1
     rows = torch.zeros(1, 8, 130, dtype=torch.bfloat16)[..., :128]  # head stride 130
-    assert _native.call_unsupported(rows[:, :1], rows[:, :1], None, None) is None
-    assert "q" in _native.call_unsupported(rows, q[:1], None, None)
-    assert "k_new" in _native.call_unsupported(q, q, rows.expand(6, 8, 128), q)
+    assert _native.call_unsupported(rows[:, :1], rows[:, :1], None, None, bf16) is None
+    assert "q" in _native.call_unsupported(rows, q[:1], None, None, bf16)
+    assert "k_new" in _native.call_unsupported(q, q, rows.expand(6, 8, 128), q, bf16)
+    # fp8 caches: 16-bit queries of either dtype, no dense new keys
+    e4m3 = torch.float8_e4m3fn
+    assert _native.call_unsupported(q, q, None, None, e4m3) is None
+    assert _native.call_unsupported(q.half(), q.half(), None, None, e4m3) is None
+    assert "k_new" in _native.call_unsupported(q, q, q[:, :2], q[:, :2], e4m3)
+    assert "q dtype" in _native.call_unsupported(q.float(), q.float(), None, None, e4m3)
+    assert "q dtype" in _native.call_unsupported(q.half(), q.half(), None, None, bf16)
 
 
 def test_native_prefill_auto_rule():
@@ -211,14 +267,14 @@ def test_native_prefill_auto_rule():
 
 @gpu
 def test_native_prefill_auto_choices():
-    """On sm_90 'auto' plans native, except for an fp8 cache or a forced Triton tile."""
+    """On sm_90 'auto' plans native (fp8 caches too), except for a forced Triton tile."""
     _need_sm90()
     dev = torch.device("cuda")
     cu = torch.tensor([0, 40], dtype=torch.int32, device=dev)
     lens = torch.tensor([90], dtype=torch.int32, device=dev)
     kw = dict(total_q=40, num_q_heads=8, num_kv_heads=2, head_dim=128, q_dtype=torch.bfloat16)
     assert plan_prefix_prefill(cu, lens, **kw).impl == "native"
-    assert plan_prefix_prefill(cu, lens, kv_dtype=torch.float8_e4m3fn, **kw).impl == "triton"
+    assert plan_prefix_prefill(cu, lens, kv_dtype=torch.float8_e4m3fn, **kw).impl == "native"
     assert plan_prefix_prefill(cu, lens, tile=(256, 64, 16, 3), **kw).impl == "triton"
     with pytest.raises(ValueError, match="128-row"):
         plan_prefix_prefill(cu, lens, tile=(256, 64, 16, 3), impl="native", **kw)

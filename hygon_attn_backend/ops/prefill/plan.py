@@ -135,7 +135,8 @@ class PrefillLayer:
     """
 
     __slots__ = ("k_cache", "v_cache", "scale", "causal", "k_scale", "v_scale",
-                 "sliding_window", "soft_cap", "sinks", "key", "variant", "args", "native_why")
+                 "sliding_window", "soft_cap", "sinks", "key", "variant", "args", "native_why",
+                 "native_scales")
 
     def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
                  scale: Optional[float] = None, causal: bool = True, k_scale: ScaleLike = None,
@@ -156,6 +157,8 @@ class PrefillLayer:
         # why the native prefill cannot read these caches (None: it can)
         self.native_why = (native.layer_unsupported(k_cache, v_cache)
                            if k_cache.device.type == "cuda" else "CPU caches")
+        self.native_scales = (native.fp8_scales(k_scale, v_scale) if quant
+                              else (None, None, 1.0, 1.0))
 
 
 @dataclass(eq=False)
@@ -258,17 +261,16 @@ class PrefillPlan:
         if self.tile_req.shape[0] == 0 or self.total_q == 0:
             return (out, lse) if return_lse else out
         if self.impl == "native":
-            why = layer.native_why or (
-                None if q.dtype == layer.k_cache.dtype else
-                f"q dtype {q.dtype} with KV cache {layer.k_cache.dtype}") or \
-                native.call_unsupported(q, out, k_new, v_new)
+            why = layer.native_why or native.call_unsupported(q, out, k_new, v_new,
+                                                              layer.k_cache.dtype)
             if why is None:
                 native.launch(
                     out, q, layer.k_cache, layer.v_cache, block_table, cu_seqlens_q, seq_lens_k,
                     self.tile_req, self.tile_mblock, self.sched,
                     scale=layer.scale if layer.scale is not None else 1.0 / math.sqrt(q.shape[2]),
                     causal=layer.causal, k_new=k_new, v_new=v_new, lse=lse, sinks=layer.sinks,
-                    soft_cap=layer.soft_cap, sliding_window=layer.sliding_window)
+                    soft_cap=layer.soft_cap, sliding_window=layer.sliding_window,
+                    scales=layer.native_scales)
                 return (out, lse) if return_lse else out
             if self.impl_requested == "native":
                 raise ValueError(f"impl='native' does not cover this call: {why}")
@@ -330,7 +332,7 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     host and copied over once; without them it is built on the device with no host sync
     (safe before capturing a graph), and nothing is checked.
     q_dtype: the queries' dtype, if known (float32 runs the reference with ``"auto"``).
-    kv_dtype: the KV cache's dtype, if known (an fp8 cache keeps ``"auto"`` on Triton).
+    kv_dtype: the KV cache's dtype, if known.
     impl: ``"auto"`` | ``"triton"`` | ``"native"`` | ``"reference"``. ``"native"`` is the
     sm_90a wgmma kernel (``csrc/prefill_sm90.cu``: head_dim 128, fp16/bf16 q and KV, tiles
     of 128 rows); on a GPU without it (HIP, not sm_90) it runs Triton, as the engines pass
