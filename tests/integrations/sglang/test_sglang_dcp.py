@@ -12,8 +12,11 @@ path (SGLang's masked ``set_kv_buffer``: row ``out_cache_loc // 2`` on the rank 
 extend (a first prefill of two requests, decodes, a second turn over the radix-cached
 prefix) run on both ranks, and each rank's heads are checked against ``reference.py`` in
 fp64 on the unsharded sequence, within the budget the other tests use (4x the fp16
-reference's own error, plus the floor). The Triton kernels (ours and SGLang's masked write)
-run in the interpreter.
+reference's own error, plus the floor). SGLang's own Triton backend runs every pass too, on
+the same batches, pool and group (built on the runner of SGLang's attention test kit): its
+outputs meet the same budget and lie within it of ours, except where it is wrong (see
+``OVER_A_PREFIX``). The Triton kernels (ours, SGLang's attention and its masked write) run in
+the interpreter.
 
 The refusals (HND pool, speculative decoding, CUDA graphs, sliding window, sinks) are
 checked in this process with a stand-in group (they stop before any collective).
@@ -42,6 +45,14 @@ WORLD = 2
 #: every KV head; (8, 2): each rank's heads read one KV head of two, (4, 1): all one head
 CASES = [((8, 2), 1), ((8, 2), 16), ((4, 1), 16)]
 HEAD_DIM = 32
+#: the rows of the extend pass that attend over a cached prefix. SGLang 0.5.23's own Triton
+#: DCP extend (``_forward_extend_dcp``) gets them wrong when the group has more than one KV
+#: head: it passes the prefix kernel an empty ``k`` sliced to the rank's KV heads, and
+#: ``extend_attention_fwd`` takes the GQA group from that (``q.shape[1] //
+#: k_extend.shape[1]``: ``W`` times too large), so the all-gathered heads read the wrong KV
+#: heads of the shard (rank 1 of 8 q / 2 kv heads: off by up to 34 where the fp64 oracle and
+#: ours agree to 1e-2). Our output is checked there against the oracle only.
+OVER_A_PREFIX = ("mixed: c over the cache", "mixed: b's decode row")
 
 
 def _tokens(rng, n):
@@ -103,32 +114,83 @@ def check_block_table(srv, reqs):
         assert torch.equal(ours, theirs), f"request {b}: {ours.tolist()} vs {theirs.tolist()}"
 
 
+def sglang_triton_twin(srv, model):
+    """SGLang's own Triton backend (``TritonAttnBackend``, its DCP path) over the same
+    ``ReqToTokenPool``, pool and allocator as ``srv``'s backend, built on the runner of
+    SGLang's attention test kit (``sglang.test.kits.attention_unittest``), its model config
+    holding the model's heads (the backend divides them by ``attn_tp_size`` and multiplies
+    them by ``attn_dcp_size`` itself)."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit
+
+    # the kit enters get_parallel().override(attn_tp_size=1, attn_dcp_rank=0) when imported
+    # (for its one-process cases), which would hide this rank's DCP state: leave it
+    if getattr(kit, "_parallel_override", None) is not None and \
+            not getattr(kit, "_left_by_dcp_test", False):
+        kit._parallel_override.__exit__(None, None, None)
+        kit._left_by_dcp_test = True
+    case = kit.DenseAttentionCase(name="dcp", backend="triton", forward_mode=ForwardMode.DECODE,
+                                  num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
+                                  page_size=srv.pool.page_size, prefix_lens=(1,))
+    cfg = kit.TinyModelConfig(num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
+                              head_dim=model.head_dim, hidden_size=64,
+                              context_len=srv.req_to_token_pool.req_to_token.shape[1])
+    runner = kit.MockModelRunner(case=case, model_config=cfg, dtype=model.dtype, device="cpu",
+                                 max_context_len=srv.req_to_token_pool.req_to_token.shape[1],
+                                 head_dim=model.head_dim,
+                                 runner_batch_size=srv.req_to_token_pool.req_to_token.shape[0])
+    runner.req_to_token_pool = srv.req_to_token_pool
+    runner.token_to_kv_pool = srv.pool
+    runner.token_to_kv_pool_allocator = srv.allocator
+    runner.init_kv_index_translator()
+    return TritonAttnBackend(runner)
+
+
 def run_case(rank: int, heads, page_size: int) -> dict:
     from tests.support.sglang_harness import Server, TinyModel
+
+    class TwinServer(Server):
+        """Each pass run by our backend, then by SGLang's Triton backend on the same batch
+        (its masked write stores the same rows again)."""
+
+        def _run(self, batch, q, k, v):
+            out = super()._run(batch, q, k, v)
+            h, d = self.num_heads, self.model.head_dim
+            q_rank = q.view(q.shape[0], -1, d)[:, self.dcp_rank * h:(self.dcp_rank + 1) * h]
+            self.twin.init_forward_metadata(batch)
+            theirs = self.twin.forward(q_rank.reshape(q.shape[0], h * d), k, v, self.layer,
+                                       batch)
+            self.twin_out = theirs.view(-1, h, d)
+            return out
 
     num_heads, num_kv_heads = heads
     seed = 31 + page_size + num_heads
     model = TinyModel(dtype=torch.float16, seed=seed, num_heads=num_heads,
                       num_kv_heads=num_kv_heads, head_dim=HEAD_DIM)
-    srv = Server(model, page_size=page_size, seed=seed, dcp_size=WORLD, dcp_rank=rank)
+    srv = TwinServer(model, page_size=page_size, seed=seed, dcp_size=WORLD, dcp_rank=rank)
+    srv.twin = sglang_triton_twin(srv, model)
+    assert (srv.twin.dcp_size, srv.twin.dcp_rank) == (WORLD, rank)  # its DCP path
     rng = random.Random(seed)
     h = num_heads // WORLD
     mine = slice(rank * h, (rank + 1) * h)
-    checks = []
+    checks, twins = [], []
 
-    def record(req, out, positions, what):
-        ref64, ref16 = oracle(model, req.tokens[:positions[-1] + 1], positions, mine)
-        checks.append((what, out.clone(), ref64, ref16))
+    def record(outs, *rows):
+        """``rows``: ``(request, positions, what)`` of each request of the pass."""
+        theirs = srv.twin_out.split([o.shape[0] for o in outs])
+        for out, twin, (req, positions, what) in zip(outs, theirs, rows):
+            ref64, ref16 = oracle(model, req.tokens[:positions[-1] + 1], positions, mine)
+            checks.append((what, out.clone(), ref64, ref16))
+            twins.append((what, twin.clone(), ref64, ref16, out.clone()))
 
     n1 = 29 if page_size == 1 else 29 + 2 * page_size  # ends mid-page
     a, b = srv.start(_tokens(rng, n1)), srv.start(_tokens(rng, 7))
     outs = srv.extend([a, b])  # first prefill of two requests (no prefix anywhere)
-    record(a, outs[0], list(range(n1)), "prefill a")
-    record(b, outs[1], list(range(7)), "prefill b")
+    record(outs, (a, list(range(n1)), "prefill a"), (b, list(range(7)), "prefill b"))
     for step in range(3):
         outs = srv.decode([a, b], [rng.randrange(1, 1000), rng.randrange(1, 1000)])
-        record(a, outs[0], [a.kv_len - 1], f"decode {step} a")
-        record(b, outs[1], [b.kv_len - 1], f"decode {step} b")
+        record(outs, (a, [a.kv_len - 1], f"decode {step} a"),
+               (b, [b.kv_len - 1], f"decode {step} b"))
     check_block_table(srv, [a, b])
     owned = check_shard(srv, [a, b])
     history = list(a.tokens)
@@ -138,16 +200,26 @@ def run_case(rank: int, heads, page_size: int) -> dict:
     d = srv.start(_tokens(rng, 5))  # a new request: no prefix on either rank
     b.tokens.append(rng.randrange(1, 1000))  # b's next token as a decode row of the batch
     outs = srv.extend([c, b, d], mode=ForwardMode.MIXED)
-    record(c, outs[0], list(range(c.cached_len, len(c.tokens))), "mixed: c over the cache")
-    record(b, outs[1], [b.kv_len - 1], "mixed: b's decode row")
-    record(d, outs[2], list(range(5)), "mixed: d's first prefill")
+    record(outs, (c, list(range(c.cached_len, len(c.tokens))), "mixed: c over the cache"),
+           (b, [b.kv_len - 1], "mixed: b's decode row"),
+           (d, list(range(5)), "mixed: d's first prefill"))
     outs = srv.decode([c, b, d], [rng.randrange(1, 1000) for _ in range(3)])
-    for r, out, name in zip([c, b, d], outs, "cbd"):
-        record(r, out, [r.kv_len - 1], f"turn 2 decode {name}")
+    record(outs, *[(r, [r.kv_len - 1], f"turn 2 decode {name}")
+                   for r, name in zip([c, b, d], "cbd")])
     check_block_table(srv, [c, b, d])
     plans = srv.backend.forward_metadata.plans.values()
-    return dict(checks=checks, owned=owned,
+    return dict(checks=checks, twins=twins, owned=owned,
                 plans=sorted({p.impl for by_kind in plans for p in by_kind.values()}))
+
+
+def publish_dcp(rank: int, group) -> None:
+    """This process as rank ``rank`` of a DCP group of ``WORLD`` over the TP group of
+    ``WORLD`` (SGLang's parallel state)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    get_parallel().override_permanently(
+        attn_tp_size=WORLD, dcp_size=WORLD, dcp_enabled=True,
+        attn_dcp_size=WORLD, dcp_rank=rank, attn_dcp_rank=rank, dcp_group=group)
 
 
 def rank_main(rank: int, store: str, results: str) -> None:
@@ -165,9 +237,7 @@ def rank_main(rank: int, store: str, results: str) -> None:
                                  use_torch_symm_mem_all_reduce=False,
                                  use_hpu_communicator=False, use_xpu_communicator=False,
                                  group_name="dcp")
-        get_parallel().override_permanently(
-            attn_tp_size=WORLD, dcp_size=WORLD, dcp_enabled=True, attn_dcp_size=WORLD,
-            dcp_rank=rank, attn_dcp_rank=rank, dcp_group=group)
+        publish_dcp(rank, group)
         res = {(heads, p): run_case(rank, heads, p) for heads, p in CASES}
         torch.save(res, os.path.join(results, f"rank{rank}.pt"))
     finally:
@@ -189,7 +259,15 @@ def test_two_rank_dcp_decode_and_extend_match_the_reference():
             for what, out, ref64, ref16 in res["checks"]:
                 assert_within_budget(out, ref64, ref16,
                                      what=f"{case} rank {rank} {what}")
-            assert len(res["checks"]) == 14
+            assert len(res["checks"]) == len(res["twins"]) == 14
+            for what, theirs, ref64, ref16, ours in res["twins"]:
+                if case[0][1] > 1 and what in OVER_A_PREFIX:
+                    continue  # SGLang 0.5.23 reads the wrong KV heads there (see above)
+                # SGLang's Triton backend on the same shards: the same budget, and close to ours
+                _, budget = assert_within_budget(theirs, ref64, ref16,
+                                                 what=f"{case} rank {rank} {what} (SGLang)")
+                diff = (ours.double() - theirs.double()).abs().max().item()
+                assert diff <= budget, f"{case} rank {rank} {what}: ours vs SGLang's {diff:.3e}"
             assert res["plans"] == ["triton"], res["plans"]  # our kernels (the interpreter)
         # the shards split the sequences: both ranks' stored tokens add up to the whole
         assert results[0][case]["owned"] + results[1][case]["owned"] == \
