@@ -125,21 +125,30 @@ class Server:
 
     def __init__(self, model: TinyModel, *, page_size: int, pool_tokens: int = 1024,
                  max_context: int = 256, max_reqs: int = 8, kv_dtype: Optional[torch.dtype] = None,
-                 k_scale: Optional[float] = None, seed: int = 0):
+                 k_scale: Optional[float] = None, seed: int = 0, dcp_size: int = 1,
+                 dcp_rank: int = 0):
+        """``dcp_size`` > 1: this process is rank ``dcp_rank`` of a DCP group, set up as
+        SGLang 0.5.23 does (its ``get_parallel()`` must say so before the backend is built):
+        the allocator and the tree page ``page_size * dcp_size`` slots over
+        ``pool_tokens * dcp_size``, the pool keeps pages of ``page_size`` rows, the layer
+        holds the rank's ``num_heads / dcp_size`` query heads (the model's heads ``[rank *
+        Hq, (rank + 1) * Hq)``) and every KV head. Outputs are the rank's heads."""
         self.model = model
-        self.page_size = page_size
+        self.dcp_size, self.dcp_rank = dcp_size, dcp_rank
+        self.page_size = page_size * dcp_size  # the allocator's page (SGLang's under DCP)
         self.device = model.device
         dev = str(model.device)
         self.pool = MHATokenToKVPool(
             size=pool_tokens, page_size=page_size, dtype=kv_dtype or model.dtype,
             head_num=model.num_kv_heads, head_dim=model.head_dim, layer_num=1, device=dev,
             enable_memory_saver=False, enable_alt_stream=False)
-        if page_size == 1:
+        if self.page_size == 1:
             self.allocator = TokenToKVPoolAllocator(pool_tokens, self.pool.dtype, dev,
                                                     self.pool, need_sort=False)
         else:
-            self.allocator = PagedTokenToKVPoolAllocator(pool_tokens, page_size, self.pool.dtype,
-                                                         dev, self.pool, need_sort=False)
+            self.allocator = PagedTokenToKVPoolAllocator(pool_tokens * dcp_size, self.page_size,
+                                                         self.pool.dtype, dev, self.pool,
+                                                         need_sort=False)
         # fragmented free list, as a long-running server has: requests get scattered slots
         g = torch.Generator().manual_seed(seed)
         free = self.allocator.free_pages
@@ -148,8 +157,9 @@ class Server:
                                                 device=dev, enable_memory_saver=False)
         self.tree = RadixCache(CacheInitParams(
             disable=False, req_to_token_pool=self.req_to_token_pool,
-            token_to_kv_pool_allocator=self.allocator, page_size=page_size))
-        self.layer = RadixAttention(num_heads=model.num_heads, head_dim=model.head_dim,
+            token_to_kv_pool_allocator=self.allocator, page_size=self.page_size))
+        self.num_heads = model.num_heads // dcp_size  # this rank's query heads
+        self.layer = RadixAttention(num_heads=self.num_heads, head_dim=model.head_dim,
                                     scaling=model.scale, num_kv_heads=model.num_kv_heads,
                                     layer_id=0)
         self.layer.sliding_window_size = -1 if model.window is None else model.window
@@ -382,13 +392,17 @@ class Server:
         rows_before = self.req_to_token_pool.req_to_token.clone()
         self.backend.init_forward_metadata(batch)
         kwargs = {} if self.model.sinks is None else {"sinks": self.model.sinks}
+        if self.dcp_size > 1:  # the rank's query heads
+            h, d = self.num_heads, self.model.head_dim
+            q = q.view(q.shape[0], -1, d)[:, self.dcp_rank * h:(self.dcp_rank + 1) * h]
+            q = q.reshape(q.shape[0], h * d)
         out = self.backend.forward(q, k, v, self.layer, batch, **kwargs)
         assert snapshots_equal(tree_before, tree_snapshot(self.tree)), \
             "the backend changed the tree"
         assert torch.equal(rows_before, self.req_to_token_pool.req_to_token), \
             "the backend wrote req_to_token"
         self.backend_calls += 1
-        return out.view(-1, self.model.num_heads, self.model.head_dim)
+        return out.view(-1, self.num_heads, self.model.head_dim)
 
 
 def _take_row(pool: ReqToTokenPool) -> int:

@@ -30,6 +30,10 @@ Speculative decoding: EAGLE's draft decode steps are ``draft.HygonMultiStepDraft
 ``ops.decode.verify_on_decode`` says so, else as a prefix prefill of the drafts; draft
 extend runs as an extend batch.
 
+Decode context parallelism (``--dcp-size`` > 1: each rank holds a shard of every
+sequence): ``dcp.DcpGroup`` builds the pass's metadata and runs the layers (masked K/V
+write, LSE merge over the group); CUDA graphs and speculative decoding are refused there.
+
 CUDA graphs of verify and draft-extend-v2 batches keep static query offsets, key lengths
 and a packed tree-mask buffer beside the decode ones.
 
@@ -67,6 +71,7 @@ from hygon_attn_backend.ops._device import num_sms_of
 from hygon_attn_backend.ops.prefill import PrefillLayer, plan_prefix_prefill
 from hygon_attn_backend.ops import tree_mask as tree_pack
 from hygon_attn_backend.integrations.sglang import compat, page_table, spec
+from hygon_attn_backend.integrations.sglang import dcp as sgl_dcp
 
 logger = logging.getLogger(__name__)
 
@@ -178,8 +183,10 @@ def _model_heads(model_runner):
     tp = _attention_tp_size()
     if mc is None or dtype is None or tp is None:
         return None
+    dcp = _attention_dcp_size()  # DCP ranks replicate the group's KV heads
     try:
-        return (mc.num_attention_heads // tp, mc.get_num_kv_heads(tp), mc.head_dim, dtype)
+        kv = mc.get_num_kv_heads(tp) if dcp == 1 else mc.get_num_kv_heads(tp, dcp)
+        return (mc.num_attention_heads // tp, kv, mc.head_dim, dtype)
     except (AttributeError, TypeError, ZeroDivisionError):
         return None
 
@@ -260,14 +267,6 @@ class HygonAttnBackend(*compat.backend_bases(AttentionBackend)):
         (``draft.HygonMultiStepDraftBackend``): its decode batches hold that many rows a
         request (EAGLE's ``topk`` branches), and it serves no prefill (no warm-up)."""
         super().__init__()
-        dcp = _attention_dcp_size()
-        if dcp > 1:
-            # SGLang's DCP stores each token on one rank only (slot out_cache_loc // dcp, the
-            # rank of position % dcp) and merges the ranks' partial attention by LSE; attention
-            # over the whole pool there would read the other ranks' slots as this rank's.
-            raise NotImplementedError(f"hygon attention backend: decode context parallelism "
-                                      f"(--dcp-size {dcp}) is not implemented for SGLang; "
-                                      f"leave --dcp-size at 1")
         self._rows_per_request = draft_rows_per_request or 1
         self.device = torch.device(model_runner.device)
         self.req_to_token_pool = model_runner.req_to_token_pool
@@ -284,6 +283,9 @@ class HygonAttnBackend(*compat.backend_bases(AttentionBackend)):
         if getattr(pool, "is_quantized_kv_cache", False):
             raise NotImplementedError("hygon attention backend: quantized KV-cache methods are not "
                                       "supported (fp8 KV via --kv-cache-dtype is)")
+        dcp_size = _attention_dcp_size()  # --dcp-size: each rank holds a shard (dcp.py)
+        self._dcp = None if dcp_size == 1 else sgl_dcp.DcpGroup.from_runtime(
+            model_runner, pool, world_size=dcp_size, draft=draft_rows_per_request is not None)
         self.page_size = int(getattr(pool, "page_size", 1) or 1)
         self.max_blocks = -(-self.req_to_token.shape[1] // self.page_size)
         self.impl = envs.impl()
@@ -349,6 +351,9 @@ class HygonAttnBackend(*compat.backend_bases(AttentionBackend)):
         reason = _unsupported_mode(mode)
         if reason is not None:
             raise NotImplementedError(f"hygon attention backend: {reason} is not supported")
+        if self._dcp is not None:
+            self.forward_metadata = self._dcp.init_forward_metadata(self, forward_batch)
+            return
         if mode.is_target_verify():
             return self._init_verify_metadata(forward_batch)
         bs = forward_batch.batch_size
@@ -490,6 +495,8 @@ class HygonAttnBackend(*compat.backend_bases(AttentionBackend)):
         """Static buffers the captured decode graphs read: ``[max_bs, max_blocks]`` block
         table and ``[max_bs]`` seq lens (filled with 1, the padding length)."""
         del max_num_tokens, kwargs
+        if self._dcp is not None:
+            self._dcp.refuse_cuda_graphs()
         self._graph_max_bs = max_bs
         self._decode_workspaces = {}  # sized for max_bs: rebuilt on (re)capture
         self._graph_meta = {}
@@ -635,6 +642,9 @@ class HygonAttnBackend(*compat.backend_bases(AttentionBackend)):
         new tokens (None: already in the pool at ``out_cache_loc``).
         Returns ``[num_tokens, Hq * D]`` in q's dtype.
         """
+        if self._dcp is not None:
+            return self._dcp.forward(self, q, k, v, layer, forward_batch, sinks=sinks,
+                                     save_kv_cache=save_kv_cache, kwargs=kwargs, decode=False)
         st = self._layer(layer, kwargs)
         if (k is None) != (v is None):
             raise ValueError("k and v must both be tensors or both be None")
@@ -667,6 +677,9 @@ class HygonAttnBackend(*compat.backend_bases(AttentionBackend)):
         q: ``[bs, Hq * D]``; k, v: ``[bs, Hkv, D]`` the new token's K/V (written first).
         Returns ``[bs, Hq * D]`` in q's dtype.
         """
+        if self._dcp is not None:
+            return self._dcp.forward(self, q, k, v, layer, forward_batch, sinks=sinks,
+                                     save_kv_cache=save_kv_cache, kwargs=kwargs, decode=True)
         st = self._layer(layer, kwargs)
         if k is not None and v is not None and save_kv_cache:
             self._save_kv(layer, forward_batch, k, v)

@@ -37,8 +37,8 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
+from hygon_attn_backend.ops.context_parallel import local_lens, local_max_len, merge_by_lse
 from hygon_attn_backend.ops.decode import DecodePlan, DecodeWorkspace, plan_paged_decode
-from hygon_attn_backend.ops.lse_merge import merge_partials
 from hygon_attn_backend.ops.prefill import PrefillPlan, plan_prefix_prefill
 
 
@@ -68,25 +68,6 @@ class ContextParallel:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank!r}")
-
-
-def local_lens(lens: torch.Tensor, *, world_size: int, rank: int,
-               interleave: int = 1) -> torch.Tensor:
-    """How many of a sequence's first ``lens`` tokens rank ``rank`` stores (runs of
-    ``interleave`` tokens dealt to ranks in turn). ``lens``: any shape, int; returns int32
-    of its shape, on its device (no host sync). Mirrors vLLM's ``get_dcp_local_seq_lens``.
-    """
-    lens = lens.to(torch.int32)
-    span = world_size * interleave
-    base = lens // span * interleave
-    rest = lens - base * world_size  # tokens past the last whole round, < span
-    return base + torch.clamp(rest - rank * interleave, min=0, max=interleave)
-
-
-def local_max_len(max_len: int, *, world_size: int, interleave: int = 1) -> int:
-    """The most tokens one rank stores of a sequence of ``max_len`` tokens."""
-    span = world_size * interleave
-    return -(-max_len // span) * interleave
 
 
 @dataclass
@@ -158,15 +139,6 @@ def plan_step(md, cp: ContextParallel, *, num_q_heads: int, num_kv_heads: int,
         dm.new_plan = plan_prefix_prefill(cu, new, num_q_heads=num_q_heads, has_k_new=True,
                                           **common)
     return dm
-
-
-def merge_by_lse(out: torch.Tensor, out_a: torch.Tensor, lse_a: torch.Tensor,
-                 out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
-    """Two disjoint key sets' attention (``[N, H, D]``, LSEs ``[N, H]``) merged into
-    ``out`` (:func:`merge_partials`); returns ``out``."""
-    merged, _ = merge_partials(torch.stack([out_a.float(), out_b.float()]),
-                               torch.stack([lse_a.float(), lse_b.float()]))
-    return out.copy_(merged)
 
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
