@@ -41,6 +41,6 @@ def merge_by_lse(out: torch.Tensor, out_a: torch.Tensor, lse_a: torch.Tensor,
     """Two disjoint key sets' attention (``[N, H, D]``, natural-log LSEs ``[N, H]``; ``-inf``:
     the set had no key for the row) merged into ``out`` (``[N, H, D]``, any float dtype;
     :func:`merge_partials`); returns ``out``."""
-    merged, _ = merge_partials(torch.stack([out_a.float(), out_b.float()]),
-                               torch.stack([lse_a.float(), lse_b.float()]))
-    return out.copy_(merged)
+    merge_partials(torch.stack([out_a, out_b.to(out_a.dtype)]),
+                   torch.stack([lse_a.float(), lse_b.float()]), out=out)
+    return out
