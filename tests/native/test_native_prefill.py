@@ -275,6 +275,10 @@ def test_native_prefill_auto_choices():
     kw = dict(total_q=40, num_q_heads=8, num_kv_heads=2, head_dim=128, q_dtype=torch.bfloat16)
     assert plan_prefix_prefill(cu, lens, **kw).impl == "native"
     assert plan_prefix_prefill(cu, lens, kv_dtype=torch.float8_e4m3fn, **kw).impl == "native"
+    # SGLang's extend passes the new K/V dense: with an fp8 cache that stays on Triton
+    dense = plan_prefix_prefill(cu, lens, kv_dtype=torch.float8_e4m3fn, has_k_new=True, **kw)
+    assert dense.impl == "triton"
+    assert plan_prefix_prefill(cu, lens, has_k_new=True, **kw).impl == "native"
     assert plan_prefix_prefill(cu, lens, tile=(256, 64, 16, 3), **kw).impl == "triton"
     with pytest.raises(ValueError, match="128-row"):
         plan_prefix_prefill(cu, lens, tile=(256, 64, 16, 3), impl="native", **kw)

@@ -456,7 +456,8 @@ class HygonAttnBackend(*compat.backend_bases(AttentionBackend)):
                 num_kv_heads=num_kv_heads, head_dim=head_dim,
                 host_cu_seqlens_q=meta.host_cu_seqlens_q, host_seq_lens_k=meta.host_seq_lens,
                 capacity=meta.block_table.shape[1] * self.page_size, q_dtype=q_dtype,
-                kv_dtype=self.kv_dtype, tree_mask=meta.tree_mask, impl=self.impl)
+                kv_dtype=self.kv_dtype, tree_mask=meta.tree_mask, impl=self.impl,
+                has_k_new=True)  # the layers pass the new tokens' K/V
         else:
             plan = plan_paged_decode(
                 meta.block_table, meta.seq_lens, num_q_heads=num_q_heads,

@@ -331,11 +331,14 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     tokens per block-table row, ``max_blocks * page_size``) and the tile map is built on the
     host and copied over once; without them it is built on the device with no host sync
     (safe before capturing a graph), and nothing is checked.
+    has_k_new: the layers' calls pass the new tokens' K/V dense (``k_new``/``v_new``): the
+    host check then bounds only the prefix by ``capacity``, and with an fp8 cache
+    ``"auto"`` plans Triton (the native prefill reads the keys from an fp8 cache only).
     q_dtype: the queries' dtype, if known (float32 runs the reference with ``"auto"``).
     kv_dtype: the KV cache's dtype, if known.
     impl: ``"auto"`` | ``"triton"`` | ``"native"`` | ``"reference"``. ``"native"`` is the
-    sm_90a wgmma kernel (``csrc/prefill_sm90.cu``: head_dim 128, fp16/bf16 q and KV, tiles
-    of 128 rows); on a GPU without it (HIP, not sm_90) it runs Triton, as the engines pass
+    sm_90a wgmma kernel (``csrc/prefill_sm90.cu``: head_dim 128, fp16/bf16 q, KV of q's
+    dtype or fp8, tiles of 128 rows); on a GPU without it (HIP, not sm_90) it runs Triton, as the engines pass
     one ``HYGON_ATTN_IMPL`` to every op; on an sm_90 GPU a call it does not cover raises.
     ``"auto"`` takes it where :func:`tuning.native_preferred` says so, unless ``tile``
     forces a Triton tile of another height.
@@ -363,7 +366,7 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     chosen, tile = tuning.choose(device=device, impl=impl, total_q=total_q, num_seqs=num_seqs,
                                  num_kv_heads=num_kv_heads, group=group, head_dim=head_dim,
                                  q_dtype=q_dtype, kv_dtype=kv_dtype, tile=tile,
-                                 tree=tree_mask is not None)
+                                 tree=tree_mask is not None, dense_new_keys=has_k_new)
     block_m, block_n, num_warps, num_stages = tile
     if block_m < group:
         raise ValueError(f"tile BLOCK_M={block_m} is smaller than the GQA group {group}")
