@@ -137,12 +137,13 @@ def mla_extend_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
                          cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                          v_head_dim: int, scale: Optional[float] = None,
                          out: Optional[torch.Tensor] = None, return_lse: bool = False,
-                         compute_dtype: torch.dtype = torch.float32):
+                         kv_scale=None, compute_dtype: torch.dtype = torch.float32):
     """Reference absorbed MLA extend: the new tokens attend to a paged latent cache.
 
     q: ``[total_q, Hq, D]`` (``D = kv_lora_rank + rope``, 576 for DeepSeek V3).
     kv_cache: ``[num_blocks, P, D]`` (any strides), one latent row per token: the key is
-       the whole row, the value its first ``v_head_dim`` columns.
+       the whole row, the value its first ``v_head_dim`` columns. fp8 (float8_e4m3fn /
+       float8_e5m2): the row is ``code * kv_scale`` (a float or 1-element tensor, None: 1).
     block_table: ``[B, max_blocks]``; token ``t`` of request ``b`` is row
        ``kv_cache[block_table[b, t // P], t % P]``; an id outside ``[0, num_blocks)``
        makes its keys absent.
@@ -176,6 +177,10 @@ def mla_extend_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         if num_blocks and present.any():
             rows[present.to(q.device)] = kv_cache[ids[present], pos[present] % page].to(
                 device=q.device, dtype=compute_dtype)
+            if kv_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and \
+                    kv_scale is not None:
+                rows = rows * torch.as_tensor(kv_scale, dtype=compute_dtype,
+                                              device=q.device).reshape(())
         present = present.to(q.device)
         mask = shifted_causal_mask(len_q, len_k, device=q.device) & present
         kv = rows.unsqueeze(1)  # [Lk, 1, D]

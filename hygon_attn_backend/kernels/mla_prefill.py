@@ -76,6 +76,7 @@ def _ragged_walk(acc, l_i, m_i, q1, q2, diag, k_base, v_base, stride_kt, stride_
                          mask=offs_d1[None, :] < d_qk, other=0.0)
         else:
             k1 = tl.load(k_base + k_rows[:, None] + offs_d1[None, :] * stride_kd)
+        k1 = k1.to(q1.dtype)  # an fp8 cache's codes, exact in fp16 / bf16
         s = tl.dot(q1, tl.trans(k1))  # [BLOCK_M, BLOCK_N] fp32
         if HAS_D2:
             k2_ptrs = k_base + k_rows[:, None] + (D1 + offs_d2)[None, :] * stride_kd
@@ -88,7 +89,7 @@ def _ragged_walk(acc, l_i, m_i, q1, q2, diag, k_base, v_base, stride_kt, stride_
                 k2 = tl.load(k2_ptrs, mask=offs_d2[None, :] < d2_valid, other=0.0)
             else:
                 k2 = tl.load(k2_ptrs)
-            s = tl.dot(q2, tl.trans(k2), s)
+            s = tl.dot(q2, tl.trans(k2.to(q2.dtype)), s)
         if CHECK:
             vis = n_ok[None, :]
             if MASKED and CAUSAL:
@@ -118,6 +119,7 @@ def _ragged_walk(acc, l_i, m_i, q1, q2, diag, k_base, v_base, stride_kt, stride_
 def ragged_attention_kernel(
         q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
         tile_req_ptr, tile_mblock_ptr, sm_scale, d_qk, d_v, total_q, total_k,
+        kv_scale_ptr, kv_scale_value,
         stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd,
         stride_vt, stride_vh, stride_vd, stride_ot, stride_oh, stride_od,
         stride_lseh, stride_lset,
@@ -125,7 +127,8 @@ def ragged_attention_kernel(
         GROUP: tl.constexpr, HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         D1: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr,
         RETURN_LSE: tl.constexpr, PAD_D1: tl.constexpr, PAD_D2: tl.constexpr,
-        PAD_V: tl.constexpr, PAGED: tl.constexpr = False, PAGE_SIZE: tl.constexpr = 1):
+        PAD_V: tl.constexpr, PAGED: tl.constexpr = False, PAGE_SIZE: tl.constexpr = 1,
+        SCALE_FROM_PTR: tl.constexpr = False):
     """Grid ``(max_tiles, num_kv_heads * GROUP // HEADS)``; unused tile slots
     (``tile_req < 0``) exit. A tile packs ``HEADS`` query heads of one KV head's group of
     ``GROUP`` (``HEADS == GROUP``: the whole group, each K/V tile loaded once for it; a
@@ -143,7 +146,10 @@ def ragged_attention_kernel(
     paged cache (``stride_kb``/``stride_vb`` a block, ``stride_kt``/``stride_vt`` a slot),
     ``cu_seqlens_k_ptr`` holds ``seq_lens_k [B]`` (every key of a request, prefix and new,
     in the cache), ``block_table [B, max_blocks]`` (row stride ``stride_bt``, column
-    ``stride_btb``); ids outside ``[0, num_blocks)`` are absent keys.
+    ``stride_btb``); ids outside ``[0, num_blocks)`` are absent keys. An fp8 cache's rows
+    are ``code * kv_scale`` (``kv_scale_ptr[0]`` with SCALE_FROM_PTR, else
+    ``kv_scale_value``; 1 for a 16-bit cache): the codes are widened to q's dtype, the
+    scale folded into the logits' scale and the output.
     """
     TOK_M: tl.constexpr = BLOCK_M // HEADS
     HEAD_BLOCKS: tl.constexpr = GROUP // HEADS  # programs sharing one KV head's group
@@ -199,7 +205,11 @@ def ragged_attention_kernel(
     else:
         q2 = q1  # unused
 
-    qk_scale = sm_scale * 1.4426950408889634  # log2(e), for exp2
+    if SCALE_FROM_PTR:
+        kv_scale = tl.load(kv_scale_ptr).to(tl.float32)
+    else:
+        kv_scale = kv_scale_value
+    qk_scale = sm_scale * kv_scale * 1.4426950408889634  # log2(e), for exp2
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: no -inf - -inf
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, DV], dtype=tl.float32)
@@ -229,7 +239,7 @@ def ragged_attention_kernel(
 
     # ---- epilogue: rows that saw no key (l_i == 0) give out = 0, lse = -inf
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    out = acc * (1.0 / l_safe)[:, None]  # [BLOCK_M, DV]
+    out = acc * (kv_scale / l_safe)[:, None]  # [BLOCK_M, DV]
     o_rows = (q_start + tok).to(tl.int64) * stride_ot + head.to(tl.int64) * stride_oh
     tl.store(out_ptr + o_rows[:, None] + offs_dv[None, :] * stride_od,
              out.to(out_ptr.dtype.element_ty),

@@ -10,6 +10,7 @@ the input dtype (tests/support/budget.py).
 from __future__ import annotations
 
 import math
+from typing import Optional
 from dataclasses import dataclass
 
 import pytest
@@ -410,6 +411,9 @@ class ExtendCase:
     page: int = 16
     dtype: torch.dtype = torch.float16
     bad_block: bool = False  # one used table entry out of range: its keys absent
+    kv_dtype: Optional[torch.dtype] = None  # fp8: the latent cache quantized with kv_scale
+    kv_scale: float = 0.7
+    tensor_scale: bool = False  # the scale as a 1-element device tensor
 
 
 EXTEND_CPU_CASES = [
@@ -418,6 +422,10 @@ EXTEND_CPU_CASES = [
     ExtendCase("page4_empty", (0, 6, 3), (0, 5, 0), page=4),
     ExtendCase("latent_576_512", (7,), (2,), heads=2, d=576, d_v=512, page=16),
     ExtendCase("absent_block", (20, 4), (5, 3), page=4, bad_block=True),
+    ExtendCase("fp8_e4m3_576", (9, 0), (3, 5), heads=4, d=576, d_v=512, page=16,
+               kv_dtype=torch.float8_e4m3fn),
+    ExtendCase("fp8_e5m2_tensor_scale_p1", (6, 2), (2, 4), heads=8, page=1,
+               kv_dtype=torch.float8_e5m2, tensor_scale=True, kv_scale=1.9),
 ]
 
 EXTEND_GPU_CASES = [
@@ -427,6 +435,8 @@ EXTEND_GPU_CASES = [
                d_v=512, page=1, dtype=torch.bfloat16),
     ExtendCase("g_dsv3_p16_fp16", (2048, 5), (64, 300), heads=16, d=576, d_v=512, page=16,
                dtype=torch.float16),
+    ExtendCase("g_dsv3_fp8_e4m3", (3000, 40), (200, 129), heads=16, d=576, d_v=512,
+               page=64, dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, kv_scale=0.05),
 ]
 
 
@@ -441,6 +451,11 @@ def make_extend_inputs(case: ExtendCase, device, *, seed: int = 0):
     store = torch.randn(num_blocks, case.page, case.d + 8, generator=gen,
                         device=device).to(case.dtype)
     kv = store[..., :case.d]
+    if case.kv_dtype is not None:  # codes of x / kv_scale, SGLang's pool strides kept
+        codes = torch.empty(store.shape, dtype=case.kv_dtype, device=device)
+        codes.copy_(reference.quantize_fp8(store.float() * case.kv_scale, case.kv_dtype,
+                                           case.kv_scale))
+        kv = codes[..., :case.d]
     perm = torch.randperm(num_seqs * max_blocks, generator=gen, device=device) + 3
     table = perm.reshape(num_seqs, max_blocks).to(torch.int32)
     if case.bad_block:
@@ -456,14 +471,19 @@ def check_extend(case: ExtendCase, device, *, impl="triton", plan=None, inputs=N
     q, kv, table, cu, lens_k = inputs or make_extend_inputs(case, device)
     out = torch.full((q.shape[0], q.shape[1], case.d_v), float("nan"), dtype=q.dtype,
                      device=device)
+    scale = None
+    if case.kv_dtype is not None:
+        scale = (torch.tensor([case.kv_scale], device=device) if case.tensor_scale
+                 else case.kv_scale)
     res, lse = mla_extend_attention(q, kv, table, cu, lens_k, v_head_dim=case.d_v, out=out,
-                                    return_lse=True, impl=impl, plan=plan)
+                                    return_lse=True, impl=impl, plan=plan, kv_scale=scale)
     assert res is out
     ref64, ref_lse = reference.mla_extend_attention(q, kv, table, cu, lens_k,
                                                     v_head_dim=case.d_v, return_lse=True,
-                                                    compute_dtype=torch.float64)
+                                                    compute_dtype=torch.float64,
+                                                    kv_scale=scale)
     ref_lp = reference.mla_extend_attention(q, kv, table, cu, lens_k, v_head_dim=case.d_v,
-                                            compute_dtype=q.dtype)
+                                            compute_dtype=q.dtype, kv_scale=scale)
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse).cpu(), finite.cpu()), f"{case.name}: -inf rows"
     if finite.any():

@@ -32,9 +32,14 @@ batches' static buffers are the dense backend's (``backend.py``): the same block
 lengths and query offsets; only the plans differ. A verify batch must be a chain
 (EAGLE ``topk = 1``): the MLA kernels take no tree mask, and a tree is refused.
 
-Not supported (a clear error): fp8 latent pools, DSA (sparse) pools, sliding windows,
-logit capping, cross-attention, an MHA-method extend over a cached prefix (SGLang's
-chunked-prefix paths), the multi-step draft decode of an MLA draft model.
+fp8 latent pools (``--kv-cache-dtype fp8_e4m3`` / ``fp8_e5m2``): SGLang's MLA pool casts
+each row to the format without a scale (``MLATokenToKVPool.set_kv_buffer``), so the
+kernels read the codes with scale 1.
+
+Not supported (a clear error): a layer with a KV scale (``k_scale``: the MLA pool writes
+unscaled), DSA (sparse) pools, sliding windows, logit capping, cross-attention, an
+MHA-method extend over a cached prefix (SGLang's chunked-prefix paths), the multi-step
+draft decode of an MLA draft model.
 """
 
 from __future__ import annotations
@@ -47,7 +52,6 @@ import torch
 
 from hygon_attn_backend.integrations.sglang import compat
 from hygon_attn_backend.integrations.sglang.backend import HygonAttnBackend, _attention_tp_size
-from hygon_attn_backend.ops import _checks
 from hygon_attn_backend.ops.mla import (MLADecodePlan, allocate_mla_decode_workspace,
                                         plan_mla_decode)
 from hygon_attn_backend.ops.mla_prefill import (plan_mla_extend, plan_ragged_attention,
@@ -113,7 +117,7 @@ class _MLALayer:
         if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
             refuse("a sliding window")
         if layer.k_scale is not None:
-            refuse("a scaled (fp8) KV cache")
+            refuse("a KV scale (k_scale; SGLang's MLA pool writes fp8 rows unscaled)")
         absorbed = (layer.tp_k_head_num == 1 and layer.qk_head_dim == latent_dim
                     and layer.v_head_dim == kv_lora_rank)
         return cls(layer=layer, absorbed=absorbed, num_heads=layer.tp_q_head_num,
@@ -135,9 +139,6 @@ class HygonMLABackend(HygonAttnBackend):
         if getattr(pool, "use_dsa", False):
             raise NotImplementedError("hygon attention backend: DSA (sparse MLA) pools are "
                                       "not supported")
-        if pool.dtype in _checks.FP8_DTYPES:
-            raise NotImplementedError("hygon attention backend: fp8 MLA latent caches are not "
-                                      "supported (use --kv-cache-dtype auto)")
         if getattr(pool, "kv_cache_dim", rank + rope) != rank + rope:
             raise NotImplementedError(f"hygon attention backend: MLA pool rows of "
                                       f"{pool.kv_cache_dim} columns (expected kv_lora_rank "
@@ -151,8 +152,8 @@ class HygonMLABackend(HygonAttnBackend):
         #: in init_forward_metadata, before the layers; until then by the first layer)
         self._scale: Optional[float] = None
         self._model_heads = self._mla_heads(model_runner)
-        logger.info("hygon attention backend: MLA latent pool %d + %d, page_size=%d",
-                    rank, rope, self.page_size)
+        logger.info("hygon attention backend: MLA latent pool %d + %d, %s, page_size=%d",
+                    rank, rope, pool.dtype, self.page_size)
 
     def _mla_heads(self, model_runner):
         """``(Hq, 1, W, dtype)`` of the absorbed layers on this attention-TP rank, or None

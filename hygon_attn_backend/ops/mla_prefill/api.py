@@ -33,6 +33,7 @@ import torch
 
 from hygon_attn_backend import reference
 from hygon_attn_backend.ops import _checks
+from hygon_attn_backend.ops._checks import ScaleLike
 from hygon_attn_backend.ops._dispatch import select_impl
 from hygon_attn_backend.ops._interpreter import triton_computes
 from hygon_attn_backend.ops.mla_prefill import triton, tuning
@@ -198,6 +199,7 @@ def mla_extend_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
                          cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                          v_head_dim: int, scale: Optional[float] = None,
                          out: Optional[torch.Tensor] = None, return_lse: bool = False,
+                         kv_scale: ScaleLike = None,
                          plan: Optional[RaggedPlan] = None, validate: Optional[bool] = None,
                          impl: str = "auto"):
     """The absorbed MLA extend (SGLang's ``AttnForwardMethod.MLA`` for an extend with a
@@ -206,9 +208,10 @@ def mla_extend_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     q: ``[total_q, Hq, D]`` float16/bfloat16 (float32: the reference), any strides; ``D =
        kv_lora_rank + rope`` (576 for DeepSeek V3, at most 576); request ``b`` owns rows
        ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` (``Lq_b``).
-    kv_cache: ``[num_blocks, P, D]`` q's dtype, any strides (SGLang's MLA pool ``[slots,
-       1, D]`` is ``view(-1, P, D)``): one latent row per token; the key is the whole row,
-       the value its first ``v_head_dim`` columns (512).
+    kv_cache: ``[num_blocks, P, D]`` q's dtype or float8_e4m3fn / float8_e5m2, any strides
+       (SGLang's MLA pool ``[slots, 1, D]`` is ``view(-1, P, D)``): one latent row per
+       token; the key is the whole row, the value its first ``v_head_dim`` columns (512).
+       An fp8 row is ``code * kv_scale``.
     block_table: ``[B, max_blocks]`` int32/int64; token ``t`` of request ``b`` is slot
        ``t % P`` of block ``block_table[b, t // P]``; an id outside ``[0, num_blocks)`` is
        never read (its keys are absent).
@@ -218,6 +221,8 @@ def mla_extend_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
        row ``i`` sees key ``j`` iff ``j <= i + (Lk - Lq)``.
     scale: softmax scale (finite, > 0), default ``1 / sqrt(D)``. out: optional ``[total_q,
        Hq, v_head_dim]`` q's dtype. return_lse: also ``lse [Hq, total_q]`` float32.
+    kv_scale: an fp8 cache's per-tensor scale, a float or a 1-element float32 tensor (read
+       on the device), default 1; ignored for a 16-bit cache.
     plan: a :func:`plan_mla_extend` result for this batch (once per step, every layer);
        validate / impl as :func:`ragged_attention`.
 
@@ -233,8 +238,10 @@ def mla_extend_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     _checks.check_tensor("q", q, ndim=3, dtypes=_checks.Q_DTYPES)
     device = q.device
     total_q, num_q_heads, head_dim = q.shape
-    _checks.check_tensor("kv_cache", kv_cache, ndim=3, dtypes=(q.dtype,), device=device,
+    _checks.check_tensor("kv_cache", kv_cache, ndim=3,
+                         dtypes=(q.dtype,) + tuple(_checks.FP8_DTYPES), device=device,
                          shape=(None, None, head_dim))
+    kv_scale = _checks.check_scale("kv_scale", kv_scale, kv_cache.dtype, device)
     if kv_cache.shape[1] < 1:
         raise ValueError(f"page_size must be a positive int, got {kv_cache.shape[1]} "
                          f"(kv_cache {_checks.describe(kv_cache)})")
@@ -279,4 +286,4 @@ def mla_extend_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
                                v_head_dim=int(v_head_dim), page_size=kv_cache.shape[1],
                                host_cu_seqlens_q=host_cu, q_dtype=q.dtype, impl=impl)
     return plan.run_extend(q, kv_cache, block_table, scale=scale, out=out,
-                           return_lse=return_lse)
+                           return_lse=return_lse, kv_scale=kv_scale)

@@ -100,17 +100,18 @@ class RaggedPlan:
             raise ValueError("plan: cu_seqlens_q and cu_seqlens_k must be the tensors the "
                              "plan was built with")
 
-    def _launch(self, scale, causal, return_lse):
-        key = (scale, bool(causal), bool(return_lse))
+    def _launch(self, scale, causal, return_lse, scale_from_ptr=False):
+        key = (scale, bool(causal), bool(return_lse), bool(scale_from_ptr))
         launch = self._launches.get(key)
         if launch is None:
             _checks.check_softmax_scale(scale)
             launch = self._launches[key] = triton.make_ragged_launch(
-                self, causal=causal, scale=scale, return_lse=return_lse)
+                self, causal=causal, scale=scale, return_lse=return_lse,
+                scale_from_ptr=scale_from_ptr)
         return launch
 
     def run_extend(self, q, kv_cache, block_table, *, scale=None, out=None,
-                   return_lse=False):
+                   return_lse=False, kv_scale=None):
         """Launch the absorbed MLA extend for one layer (arguments as
         :func:`ops.mla_prefill.mla_extend_attention`, already checked)."""
         if not self.paged:
@@ -120,12 +121,17 @@ class RaggedPlan:
         if self.impl == "reference" or not triton_computes(q.dtype):
             return reference.mla_extend_attention(
                 q, kv_cache, block_table, self.cu_seqlens_q, self.cu_seqlens_k,
-                v_head_dim=self.head_dim_v, scale=scale, out=out, return_lse=return_lse)
+                v_head_dim=self.head_dim_v, scale=scale, out=out, return_lse=return_lse,
+                kv_scale=kv_scale)
         lse = (torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
                if return_lse else None)
         if self.total_q and self.tile_req.shape[0]:
-            triton.run_extend(self._launch(scale, True, return_lse), q, kv_cache,
-                              block_table, out, lse, self.head_dim_v)
+            fp8 = kv_cache.dtype in _checks.FP8_DTYPES
+            scale_t = kv_scale if fp8 and isinstance(kv_scale, torch.Tensor) else None
+            triton.run_extend(self._launch(scale, True, return_lse, scale_t is not None), q,
+                              kv_cache, block_table, out, lse, self.head_dim_v,
+                              kv_scale=scale_t if scale_t is not None
+                              else (kv_scale if fp8 else None))
         return (out, lse) if return_lse else out
 
     def run(self, q, k, v, *, scale=None, causal=True, out=None, return_lse=False):

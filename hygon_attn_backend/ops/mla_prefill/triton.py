@@ -14,15 +14,17 @@ from hygon_attn_backend.ops._launch import NO_LAYER, Launch
 
 #: what each call of the ragged kernel supplies, in the order :func:`run_ragged` passes it
 PER_CALL = (
-    "q_ptr", "k_ptr", "v_ptr", "out_ptr", "lse_ptr", "block_table_ptr",
+    "q_ptr", "k_ptr", "v_ptr", "out_ptr", "lse_ptr", "block_table_ptr", "kv_scale_ptr",
     "stride_qt", "stride_qh", "stride_qd", "stride_kt", "stride_kh", "stride_kd",
     "stride_vt", "stride_vh", "stride_vd", "stride_ot", "stride_oh", "stride_od",
     "stride_lseh", "stride_lset", "stride_bt", "stride_btb", "max_blocks", "num_blocks",
-    "stride_kb", "stride_vb")
+    "stride_kb", "stride_vb", "kv_scale_value")
 
 
-def make_ragged_launch(plan, *, causal: bool, scale, return_lse: bool) -> Launch:
-    """The launch of ``ragged_attention_kernel`` for ``plan`` and one layer's options."""
+def make_ragged_launch(plan, *, causal: bool, scale, return_lse: bool,
+                       scale_from_ptr: bool = False) -> Launch:
+    """The launch of ``ragged_attention_kernel`` for ``plan`` and one layer's options
+    (``scale_from_ptr``: an fp8 cache's scale comes as a 1-element tensor)."""
     from hygon_attn_backend.kernels.mla_prefill import ragged_attention_kernel
 
     cfg = plan.config
@@ -36,7 +38,8 @@ def make_ragged_launch(plan, *, causal: bool, scale, return_lse: bool) -> Launch
         D1=cfg.d1, D2=cfg.d2, DV=cfg.dv, CAUSAL=bool(causal), RETURN_LSE=bool(return_lse),
         PAD_D1=plan.head_dim_qk < cfg.d1,
         PAD_D2=cfg.d2 > 0 and cfg.d1 + cfg.d2 != plan.head_dim_qk,
-        PAD_V=cfg.dv != plan.head_dim_v, PAGED=plan.paged, PAGE_SIZE=plan.page_size)
+        PAD_V=cfg.dv != plan.head_dim_v, PAGED=plan.paged, PAGE_SIZE=plan.page_size,
+        SCALE_FROM_PTR=bool(scale_from_ptr))
     grid = (plan.tile_req.shape[0], plan.num_kv_heads * (plan.group // cfg.heads), 1)
     return Launch(ragged_attention_kernel, grid, fixed, PER_CALL, num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages)
@@ -46,22 +49,28 @@ def run_ragged(launch: Launch, q, k, v, out, lse) -> None:
     """One call (tensors as ``ragged_attention`` takes them, checked); ``lse`` None: a
     placeholder stands in (never written)."""
     lse_t, lse_s = (lse, lse.stride()) if lse is not None else (out, (0, 0))
-    launch(NO_LAYER, q, k, v, out, lse_t, q, *q.stride(), *k.stride(), *v.stride(),
-           *out.stride(), *lse_s, 0, 0, 0, 0, 0, 0)
+    launch(NO_LAYER, q, k, v, out, lse_t, q, q, *q.stride(), *k.stride(), *v.stride(),
+           *out.stride(), *lse_s, 0, 0, 0, 0, 0, 0, 1.0)
 
 
-def run_extend(launch: Launch, q, kv_cache, block_table, out, lse, v_head_dim: int) -> None:
+def run_extend(launch: Launch, q, kv_cache, block_table, out, lse, v_head_dim: int,
+               kv_scale=None) -> None:
     """One call of the absorbed MLA extend (tensors as ``mla_extend_attention`` takes
     them, checked): ``kv_cache [num_blocks, P, D]`` is K, its first ``v_head_dim`` columns
-    V (one KV head); an empty table is never read (any pointer stands in)."""
+    V (one KV head); an empty table is never read (any pointer stands in). ``kv_scale``:
+    an fp8 cache's scale, a float (None: 1) or the 1-element float32 tensor the launch was
+    built for."""
     lse_t, lse_s = (lse, lse.stride()) if lse is not None else (out, (0, 0))
     v = kv_cache[..., :v_head_dim]
     max_blocks = block_table.shape[1]
     bt = block_table if max_blocks and block_table.shape[0] else q
     bt_s = block_table.stride() if bt is block_table else (0, 0)
     sb, ss, sd = kv_cache.stride()
-    launch(NO_LAYER, q, kv_cache, v, out, lse_t, bt, *q.stride(), ss, 0, sd, ss, 0, sd,
-           *out.stride(), *lse_s, *bt_s, max_blocks, kv_cache.shape[0], sb, sb)
+    from_ptr = isinstance(kv_scale, torch.Tensor)
+    launch(NO_LAYER, q, kv_cache, v, out, lse_t, bt, kv_scale if from_ptr else q,
+           *q.stride(), ss, 0, sd, ss, 0, sd, *out.stride(), *lse_s, *bt_s, max_blocks,
+           kv_cache.shape[0], sb, sb,
+           1.0 if from_ptr or kv_scale is None else float(kv_scale))
 
 
 def merge_tile(num_heads: int, head_dim: int) -> "tuple[int, int]":

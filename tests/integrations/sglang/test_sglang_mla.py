@@ -29,10 +29,12 @@ from sglang.test.kits.attention_unittest.runner_modes import (  # noqa: E402
     speculative_target_verify_runner as verify_kit,
 )
 
+from hygon_attn_backend import reference  # noqa: E402
 from hygon_attn_backend.integrations.sglang import register  # noqa: E402
 from hygon_attn_backend.integrations.sglang.mla import HygonMLABackend  # noqa: E402
 from hygon_attn_backend.ops.mla import MLADecodePlan  # noqa: E402
 from hygon_attn_backend.ops.mla_prefill import RaggedPlan  # noqa: E402
+from tests.support.budget import assert_within_budget  # noqa: E402
 
 CASES = kit.make_mla_cases("hygon")
 DTYPES = (torch.float16, torch.float32)
@@ -110,6 +112,55 @@ def test_kit_mla_case(case, dtype, width, device, mla_calls):
     fixture = _run_case(case, dtype, device, width)
     op = "decode" if case.forward_mode.is_decode() else "extend"
     assert mla_calls == {(op, _impl(fixture.backend, dtype)): 1}, mla_calls
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_kit_mla_case_fp8_pool(case, device, monkeypatch):
+    """The kit's fp8 (e4m3) latent pool, DeepSeek widths, float16. SGLang's pool casts
+    the rows to e4m3 unscaled; each of our kernel calls on that pool equals the fp64
+    reference over the same codes within the shared budget, and the layer output stays
+    within fp8's error of the kit's unquantized reference."""
+    seen = []
+    for cls, name in ((MLADecodePlan, "run"), (RaggedPlan, "run_extend")):
+        real = getattr(cls, name)
+
+        def recorded(self, q, kv_cache, *args, _real=real, **kwargs):
+            out = _real(self, q, kv_cache, *args, **kwargs)
+            seen.append((self, q.clone(), kv_cache, args, kwargs, out.clone()))
+            return out
+
+        monkeypatch.setattr(cls, name, recorded)
+    previous = torch.is_grad_enabled()
+    torch.set_grad_enabled(False)
+    try:
+        register()
+        fixture = kit.build_mla_attention_fixture(_KitTestCase(), case, dtype=torch.float16,
+                                                  device=str(device), fp8_kv_cache=True,
+                                                  **_widths("deepseek"))
+        assert isinstance(fixture.backend, HygonMLABackend)
+        assert fixture.backend.kv_dtype == torch.float8_e4m3fn
+        actual = kit.run_mla_fixture_eager(fixture)
+        expected = kit.expected_mla_fixture_output(fixture)
+    finally:
+        torch.set_grad_enabled(previous)
+    assert len(seen) == 1, len(seen)
+    plan, q, kv_cache, args, kwargs, out = seen[0]
+    assert kv_cache.dtype == torch.float8_e4m3fn
+    if isinstance(plan, MLADecodePlan):
+        ref = [reference.mla_decode_attention(q, kv_cache, plan.block_table, plan.seq_lens,
+                                              kv_lora_rank=plan.kv_lora_rank, scale=plan.scale,
+                                              compute_dtype=cd) for cd in (torch.float64,
+                                                                           torch.float16)]
+    else:
+        ref = [reference.mla_extend_attention(q, kv_cache, args[0], plan.cu_seqlens_q,
+                                              plan.cu_seqlens_k, v_head_dim=plan.head_dim_v,
+                                              scale=kwargs.get("scale"), compute_dtype=cd)
+               for cd in (torch.float64, torch.float16)]
+    assert_within_budget(out, ref[0], ref[1], what=case.name)
+    assert torch.isfinite(actual).all()
+    # e4m3 keeps 3 mantissa bits: the layer output moves by a few percent of its range
+    err = (actual.float() - expected.float()).abs().max().item()
+    assert err < 0.1 * max(1.0, expected.float().abs().max().item()), err
 
 
 # ``non_monotonic_extend`` permutes a request's extend slots: with pages of more than one
