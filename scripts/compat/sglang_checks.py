@@ -104,7 +104,13 @@ def _base_env(cache_dir: pathlib.Path) -> pathlib.Path:
         print(f"[sglang_checks] building the base environment {root}", file=sys.stderr)
         python = _venv(root)
         _pip(python, "--upgrade", "pip")
-        _pip(python, *BASE_PINS)
+        # in scripts/setup_cpu_env.sh's order: torch alone (the CPU build where the index
+        # serves one), the rest, Triton last without dependencies. One resolve of all the
+        # pins fails on PyPI, whose torch 2.13.0 is the CUDA build and pins triton 3.7.1.
+        torch_pin, triton_pin, *rest = BASE_PINS
+        _pip(python, torch_pin)
+        _pip(python, *rest)
+        _pip(python, "--no-deps", triton_pin)
         site = _site_packages(python)
         # SGLang imports torchvision; its ops need two schemas on CPU torch (see the shim)
         (site / "tv_cpu_shim.py").write_text(shim)
