@@ -50,9 +50,6 @@ from typing import Dict, List, Optional
 VERSIONS = ["0.5.10", "0.5.17", "0.5.23"]
 #: the oldest and the newest: what CI builds and runs
 CI_VERSIONS = [VERSIONS[0], VERSIONS[-1]]
-#: the version scripts/setup_cpu_env.sh installs into the checkout's .venv (same torch 2.13
-#: CPU, Triton, torchvision and pinned requirements as a check environment): reused as is
-DEV_ENV_VERSION = "0.5.23"
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BASE_PINS = ["torch==2.13.0", "triton==3.9.0", "torchvision==0.28.0", "pytest>=7",
@@ -125,8 +122,6 @@ def build_env(version: str, cache_dir: pathlib.Path) -> pathlib.Path:
     req = requirements_file(version)
     if not req.exists():
         raise FileNotFoundError(f"no requirements file for SGLang {version}: {req}")
-    if version == DEV_ENV_VERSION and _is_dev_env(REPO / ".venv"):
-        return REPO / ".venv" / "bin" / "python"
     cache_dir = pathlib.Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     base_site = _base_env(cache_dir)
@@ -149,12 +144,6 @@ def build_env(version: str, cache_dir: pathlib.Path) -> pathlib.Path:
         (site / "sgl_kernel_stub.pth").write_text("import sgl_kernel_stub\n")
     (root / OK_MARK).write_text(stamp)
     return python
-
-
-def _is_dev_env(venv: pathlib.Path) -> bool:
-    """The checkout's .venv as scripts/setup_cpu_env.sh builds it (this checkout installed
-    editable there, from the same requirements file)."""
-    return (venv / ".hygon-env-ok").exists()
 
 
 def _needs_sgl_kernel_stub(python: pathlib.Path) -> bool:
@@ -357,10 +346,7 @@ def run_checks(version: str, python: pathlib.Path, repo: pathlib.Path,
     python, repo = pathlib.Path(python), pathlib.Path(repo)
     only = only or DEFAULT_CHECKS
     try:
-        # the checkout's .venv is left as setup_cpu_env.sh made it (PYTHONPATH puts this
-        # checkout first in every check anyway)
-        if python.parent.parent != repo / ".venv":
-            _ensure_installed(python, repo)
+        _ensure_installed(python, repo)
     except subprocess.CalledProcessError as exc:
         return [_row(version, name, "fail", f"installing {repo} failed: {exc}")
                 for name, _ in CHECKS if not only or name in only]
