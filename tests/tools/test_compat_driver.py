@@ -99,3 +99,22 @@ def test_versions_need_one_engine():
     assert proc.returncode == 2
     assert "--versions needs one --engine" in proc.stderr
 
+
+def test_sglang_ci_reuses_the_checkouts_env_for_its_newest_version(tmp_path, monkeypatch):
+    sys.path.insert(0, str(RUN.parent))
+    try:
+        import sglang_checks
+    finally:
+        sys.path.remove(str(RUN.parent))
+    assert sglang_checks.CI_VERSIONS == ["0.5.10", sglang_checks.DEV_ENV_VERSION]
+    assert sglang_checks.DEV_ENV_VERSION == sglang_checks.VERSIONS[-1]
+    # the version scripts/setup_cpu_env.sh installs (the file the Makefile rebuilds on)
+    assert (support.REPO / "requirements"
+            / f"sglang-{sglang_checks.DEV_ENV_VERSION}-cpu-nodeps.txt").exists()
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / ".hygon-env-ok").touch()
+    monkeypatch.setattr(sglang_checks, "REPO", tmp_path)
+    cache = tmp_path / "cache"
+    got = sglang_checks.build_env(sglang_checks.DEV_ENV_VERSION, cache)
+    assert got == tmp_path / ".venv" / "bin" / "python"
+    assert not cache.exists()  # nothing built
