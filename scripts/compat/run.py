@@ -2,7 +2,7 @@
 checks against this checkout, print a table (version x check -> pass / fail / n/a).
 
     python scripts/compat/run.py [--engine vllm|sglang|all] [--versions a,b] [--ci]
-                                 [--cache DIR] [--markdown FILE]
+                                 [--cache DIR] [--markdown FILE] [--build-only]
 
 ``make compat`` runs every version of every engine. ``--ci``: the oldest and the newest
 supported version of each engine (each engine module's ``CI_VERSIONS``). Each engine is a
@@ -11,6 +11,8 @@ module beside this file (``vllm_checks``, ``sglang_checks``) exposing ``VERSIONS
 python, repo) -> rows`` (dicts with engine, version, check, result, reason); an engine
 whose module is absent is skipped with a note. An environment that cannot be built is
 one ``env`` row with result ``fail`` and the reason. Exit status: 1 if any row failed.
+``--build-only`` builds the environments and runs no check (CI builds them while its test
+suite runs, then runs the checks on the cached environments).
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ def load_engine(name: str):
         raise
 
 
-def run_engine(module, engine: str, versions, cache: pathlib.Path) -> list[dict]:
+def run_engine(module, engine: str, versions, cache: pathlib.Path,
+               build_only: bool = False) -> list[dict]:
+    """Build each version's environment and run its checks (``build_only``: one ``env``
+    row per version instead, ``pass`` with the build time)."""
     rows = []
     for version in versions:
         start = time.time()
@@ -54,6 +59,10 @@ def run_engine(module, engine: str, versions, cache: pathlib.Path) -> list[dict]
             envs.log(f"{engine} {version}: environment failed: {exc}")
             continue
         envs.log(f"{engine} {version}: environment {python} ({time.time() - start:.0f} s)")
+        if build_only:
+            rows.append({"engine": engine, "version": version, "check": "env",
+                         "result": "pass", "reason": f"{python} ({time.time() - start:.0f} s)"})
+            continue
         got = module.run_checks(version, pathlib.Path(python), REPO)
         rows.extend(got)
         envs.log(f"{engine} {version}: checks done in {time.time() - start:.0f} s")
@@ -98,6 +107,8 @@ def main(argv=None) -> int:
     parser.add_argument("--markdown", type=pathlib.Path, help="also write the table here")
     parser.add_argument("--json", type=pathlib.Path,
                         help="also write the rows here (a JSON list of the row dicts)")
+    parser.add_argument("--build-only", action="store_true",
+                        help="build (or find) the environments, run no check")
     args = parser.parse_args(argv)
     if args.versions and args.engine == "all":
         parser.error("--versions needs one --engine")
@@ -114,7 +125,7 @@ def main(argv=None) -> int:
             versions = [v.strip() for v in args.versions.split(",") if v.strip()]
         else:
             versions = list(module.CI_VERSIONS if args.ci else module.VERSIONS)
-        rows.extend(run_engine(module, engine, versions, cache))
+        rows.extend(run_engine(module, engine, versions, cache, args.build_only))
 
     text = table(rows) if rows else "no checks ran\n"
     if notes:

