@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Optional
 
 import torch
 
@@ -23,6 +24,7 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.mla.prefill.cpu_sdpa import CPUSDPAMLAPrefillBackend
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
+from hygon_attn_backend import reference
 from hygon_attn_backend.integrations.vllm.mla import HygonMLAImpl, HygonMLAMetadataBuilder
 from tests.support.vllm_harness import _known
 
@@ -53,13 +55,14 @@ def deepseek_config_dir(path, dims: Dims) -> str:
     return str(path)
 
 
-def vllm_config_for(model_dir, *, block_size: int) -> VllmConfig:
+def vllm_config_for(model_dir, *, block_size: int, cache_dtype: str = "auto") -> VllmConfig:
     model = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
                         dtype="float16", max_model_len=MAX_MODEL_LEN)
     scheduler = SchedulerConfig(**_known(SchedulerConfig, dict(
         max_num_seqs=16, max_num_batched_tokens=MAX_MODEL_LEN, max_model_len=MAX_MODEL_LEN,
         is_encoder_decoder=False)))
-    return VllmConfig(model_config=model, cache_config=CacheConfig(block_size=block_size),
+    return VllmConfig(model_config=model,
+                      cache_config=CacheConfig(block_size=block_size, cache_dtype=cache_dtype),
                       scheduler_config=scheduler)
 
 
@@ -106,12 +109,23 @@ def make_case(context_lens, query_lens, *, dims=Dims(), block_size=4, scale=None
         block_table=table, num_blocks=num_blocks)
 
 
-def oracle(case: MLACase) -> torch.Tensor:
-    """``[N, H, v]`` float64."""
+def dequantized(x: torch.Tensor, k_scale: float) -> torch.Tensor:
+    """``x`` as an e4m3 cache with scale ``k_scale`` holds it (float64)."""
+    return reference.quantize_fp8(x.float(), torch.float8_e4m3fn, k_scale).double() * k_scale
+
+
+def oracle(case: MLACase, *, k_scale: Optional[float] = None) -> torch.Tensor:
+    """``[N, H, v]`` float64. ``k_scale``: an e4m3 cache of that scale; the rows read from
+    it (every context row, a decode's new row) are its dequantised values, a prefill's new
+    rows (the step's own latent) exact."""
     d = case.dims
     w = case.w_kv_b.double().view(d.rank, d.heads, d.nope + d.v)
     outs, row = [], 0
     for ctx, ql, kv_c, k_pe in zip(case.context_lens, case.query_lens, case.kv_c, case.k_pe):
+        if k_scale is not None:
+            cached = ctx + ql if ql == 1 else ctx  # decodes (1 row) read their row back
+            kv_c = torch.cat([dequantized(kv_c[:cached], k_scale), kv_c[cached:].double()])
+            k_pe = torch.cat([dequantized(k_pe[:cached], k_scale), k_pe[cached:].double()])
         kv = torch.einsum("lr,rhd->lhd", kv_c.double(), w)
         k = torch.cat([kv[..., :d.nope], k_pe.double()[:, None].expand(-1, d.heads, -1)], -1)
         v = kv[..., d.nope:]
@@ -146,8 +160,10 @@ def _builder(case: MLACase, vllm_config, workspace_rows, builder_cls):
             num_heads=d.heads, scale=case.scale, kv_lora_rank=d.rank, qk_nope_head_dim=d.nope,
             qk_rope_head_dim=d.rope, v_head_dim=d.v, vllm_config=vllm_config))
     vllm_config.compilation_config.static_forward_context[LAYER] = layer
+    fp8 = vllm_config.cache_config.cache_dtype != "auto"
     spec = MLAAttentionSpec(block_size=case.block_size, num_kv_heads=1,
-                            head_size=d.rank + d.rope, dtype=torch.float16)
+                            head_size=d.rank + d.rope,
+                            dtype=torch.uint8 if fp8 else torch.float16)
     builder = builder_cls(spec, [LAYER], vllm_config, torch.device("cpu"))
     if workspace_rows is not None:  # small chunks: splits and continuations
         builder.chunked_prefill_workspace_size = workspace_rows
@@ -174,14 +190,18 @@ def common_metadata(case: MLACase) -> CommonAttentionMetadata:
         seq_lens_cpu_upper_bound=sl.clone())))
 
 
-def run(case: MLACase, model_dir, *, workspace_rows=None, vllm_cpu_mla: bool = False):
+def run(case: MLACase, model_dir, *, workspace_rows=None, vllm_cpu_mla: bool = False,
+        k_scale: Optional[float] = None):
     """Builder -> ``do_kv_cache_update`` (new tokens) -> decode + prefill, as vLLM calls
     them. Returns ``(out [N, H, v] float16, metadata)``. ``vllm_cpu_mla``: run vLLM's own
     CPU MLA backend (``CPUMLAImpl``, vLLM's builder) on the same inputs instead of ours
-    (block size 16 only: its decode kernel's)."""
+    (block size 16 only: its decode kernel's). ``k_scale``: an ``fp8`` cache (vLLM's bytes,
+    viewed as e4m3 for the attention calls as vLLM's MLA layer does) of that scale."""
     d = case.dims
     h16 = torch.float16
-    vllm_config = vllm_config_for(model_dir, block_size=case.block_size)
+    fp8 = k_scale is not None
+    vllm_config = vllm_config_for(model_dir, block_size=case.block_size,
+                                  cache_dtype="fp8" if fp8 else "auto")
     w = case.w_kv_b.to(h16)
     with set_current_vllm_config(vllm_config):
         builder_cls, impl_cls = (HygonMLAMetadataBuilder, HygonMLAImpl)
@@ -193,32 +213,44 @@ def run(case: MLACase, model_dir, *, workspace_rows=None, vllm_cpu_mla: bool = F
             builder_cls, impl_cls = MLACommonMetadataBuilder, CPUMLAImpl
         builder = _builder(case, vllm_config, workspace_rows, builder_cls)
         md = builder.build(0, common_metadata(case))
-        impl = impl_cls(d.heads, d.rank + d.rope, case.scale, 1, None, None, "auto", None,
+        impl = impl_cls(d.heads, d.rank + d.rope, case.scale, 1, None, None,
+                        "fp8" if fp8 else "auto", None,
                             "decoder", None, q_lora_rank=None, kv_lora_rank=d.rank,
                             qk_nope_head_dim=d.nope, qk_rope_head_dim=d.rope,
                             qk_head_dim=d.nope + d.rope, v_head_dim=d.v,
                             kv_b_proj=KvBProj(w))
-    cache = torch.zeros(case.num_blocks, case.block_size, d.rank + d.rope, dtype=h16)
+    cache = torch.zeros(case.num_blocks, case.block_size, d.rank + d.rope,
+                        dtype=torch.uint8 if fp8 else h16)
+    rows = cache.view(torch.float8_e4m3fn) if fp8 else cache  # what attention reads
+
+    def stored(x):  # a row as the cache holds it
+        return reference.quantize_fp8(x.float(), torch.float8_e4m3fn, k_scale) if fp8 \
+            else x.to(h16)
+
     # the context rows, as earlier steps wrote them (vLLM's layout: [kv_c | k_pe] a row)
     for i, ctx in enumerate(case.context_lens):
         for pos in range(ctx):
             blk = int(case.block_table[i, pos // case.block_size])
-            cache[blk, pos % case.block_size, :d.rank] = case.kv_c[i][pos].to(h16)
-            cache[blk, pos % case.block_size, d.rank:] = case.k_pe[i][pos].to(h16)
+            rows[blk, pos % case.block_size, :d.rank] = stored(case.kv_c[i][pos])
+            rows[blk, pos % case.block_size, d.rank:] = stored(case.k_pe[i][pos])
     new_c = torch.cat([c[ctx:] for c, ctx in zip(case.kv_c, case.context_lens)]).to(h16)
     new_pe = torch.cat([p[ctx:] for p, ctx in zip(case.k_pe, case.context_lens)]).to(h16)
-    impl.do_kv_cache_update(new_c, new_pe.unsqueeze(1), cache, md.slot_mapping, "auto", None)
+    scale_t = torch.tensor([k_scale if fp8 else 1.0], dtype=torch.float32)
+    impl.do_kv_cache_update(new_c, new_pe.unsqueeze(1), cache, md.slot_mapping,
+                            "fp8" if fp8 else "auto", scale_t if fp8 else None)
+    cache = rows
+    layer = SimpleNamespace(_k_scale=scale_t)
 
     q = case.q.to(h16)
     out = torch.full((q.shape[0], d.heads * d.v), float("nan"), dtype=h16)
     nd = md.num_decode_tokens
     if md.num_prefills:
-        impl.forward_mha(q[nd:], new_c[nd:], new_pe[nd:].unsqueeze(1), cache, md, None,
-                         output=out[nd:])
+        impl.forward_mha(q[nd:], new_c[nd:], new_pe[nd:].unsqueeze(1), cache, md,
+                         scale_t if fp8 else None, output=out[nd:])
     if nd:
         w3 = w.view(d.rank, d.heads, d.nope + d.v)
         w_uk, w_uv = w3[..., :d.nope], w3[..., d.nope:]
         ql_nope = torch.einsum("bhp,rhp->bhr", q[:nd, :, :d.nope], w_uk)
-        latent, _ = impl.forward_mqa((ql_nope, q[:nd, :, d.nope:]), cache, md, None)
+        latent, _ = impl.forward_mqa((ql_nope, q[:nd, :, d.nope:]), cache, md, layer)
         out[:nd] = torch.einsum("bhr,rhv->bhv", latent, w_uv).reshape(nd, -1)
     return out.view(-1, d.heads, d.v), md

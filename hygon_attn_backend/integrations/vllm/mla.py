@@ -18,7 +18,10 @@ the batch), and calls this impl's
   called.
 
 vLLM's metadata builder (``MLACommonMetadataBuilder``) splits the batch and plans the
-context chunks; ours adds the decode plan. vLLM's CPU platform disables chunked prefill
+context chunks; ours adds the decode plan. fp8 caches (``fp8`` / ``fp8_e4m3``): vLLM
+allocates bytes and its layer views them as e4m3 for the attention calls; the write
+quantizes with the layer's ``k_scale``, the decode reads the codes with ``_k_scale``, the
+context chunks are dequantised as gathered (:func:`.mla_step.context`). vLLM's CPU platform disables chunked prefill
 and prefix caching for MLA models, so there the context path does not run in the engine
 (its tests drive it through vLLM's own chunk metadata).
 """
@@ -48,6 +51,18 @@ from . import BACKEND_NAME, logger, mla_step
 __all__ = ["HygonMLABackend", "HygonMLAMetadataBuilder", "HygonMLAImpl",
            "HygonMLADecodeMetadata"]
 
+#: vLLM's fp8 ``kv_cache_dtype`` strings for MLA and the format its layer views the byte
+#: cache as (``current_platform.fp8_dtype()``: e4m3fn on CUDA and CPU builds)
+FP8_MLA_CACHE = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
+FP8_MLA_DTYPES = (torch.float8_e4m3fn,)
+
+
+def mla_cache_dtype(kv_cache_dtype: str, stored: torch.dtype) -> torch.dtype:
+    """The dtype our MLA ops read vLLM's latent cache as: the fp8 format for an fp8
+    ``kv_cache_dtype`` (vLLM allocates the cache as bytes), else the stored dtype."""
+    return FP8_MLA_CACHE.get(str(kv_cache_dtype), stored)
+
+
 #: The widest latent row the decode op takes (kv_lora_rank <= 512, rope <= 128; the
 #: prefill's extend reads at most 576, DeepSeek's 512 + 64).
 MAX_LATENT_WIDTH = 576
@@ -58,7 +73,8 @@ class HygonMLABackend(MLACommonBackend):
 
     # The Triton interpreter on CPU takes fp16 only; fp32 runs the reference ops.
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
-    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
+    # fp8: vLLM's MLA layer views the byte cache as its platform's fp8 dtype (e4m3)
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "fp8", "fp8_e4m3"]
 
     @staticmethod
     def get_name() -> str:
@@ -96,6 +112,10 @@ class HygonMLABackend(MLACommonBackend):
             return "the hygon MLA backend serves MLA layers only"
         if use_sparse:
             return "sparse MLA (DeepSeek-V3.2's indexer) is not supported"
+        if kv_cache_dtype not in cls.supported_kv_cache_dtypes and \
+                kv_cache_dtype not in ("float16", "bfloat16"):
+            return (f"kv_cache_dtype {kv_cache_dtype} (the MLA backend takes auto, fp8 and "
+                    "fp8_e4m3)")
         return None
 
 
@@ -120,7 +140,8 @@ class HygonMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         layer = vllm_config.compilation_config.static_forward_context[layer_names[0]]
         self.scale = float(layer.scale)
         self.q_dtype = self.model_config.dtype
-        self.kv_dtype = kv_cache_spec.dtype
+        self.kv_dtype = mla_cache_dtype(vllm_config.cache_config.cache_dtype,
+                                        kv_cache_spec.dtype)
         self.impl = envs.impl()
         use_triton = select_impl(self.impl, torch.device(device)) == "triton"
         logger.info("hygon attention backend (MLA): %s (HYGON_ATTN_IMPL=%s) for layers %s",
@@ -163,6 +184,7 @@ class HygonMLAImpl(MLACommonImpl[MLACommonMetadata]):
             raise NotImplementedError("sparse MLA (an indexer) is not supported")
         # The absorbed query reaches forward_mqa unquantised: fp8 query input is not taken.
         self.supports_quant_query_input = False
+        self.fp8 = mla_cache_dtype(kv_cache_dtype, torch.float16) in FP8_MLA_DTYPES
         self._use_flashinfer_concat_mla_k = False
         self.ops_impl = envs.impl()
 
@@ -178,7 +200,11 @@ class HygonMLAImpl(MLACommonImpl[MLACommonMetadata]):
             return
         slots = slot_mapping.flatten()
         n = min(slots.shape[0], kv_c_normed.shape[0])
+        fp8 = mla_cache_dtype(kv_cache_dtype, kv_cache.dtype)
+        if fp8 in FP8_MLA_DTYPES:  # vLLM's byte cache: the codes of x / k_scale
+            kv_cache = kv_cache.view(fp8)
         write_mla_cache(kv_c_normed[:n], k_pe[:n].reshape(n, -1), kv_cache, slots[:n],
+                        kv_scale=k_scale if fp8 in FP8_MLA_DTYPES else None,
                         impl=self.ops_impl)
 
     def forward_mqa(self, q, kv_c_and_k_pe_cache: torch.Tensor,
@@ -187,7 +213,8 @@ class HygonMLAImpl(MLACommonImpl[MLACommonMetadata]):
         if not isinstance(decode, HygonMLADecodeMetadata) or decode.plan is None:
             raise ValueError("attn_metadata.decode: no hygon decode plan (metadata not "
                              "built by HygonMLAMetadataBuilder)")
-        return mla_step.decode(decode.plan, q, kv_c_and_k_pe_cache, scale=self.scale)
+        return mla_step.decode(decode.plan, q, kv_c_and_k_pe_cache, scale=self.scale,
+                               kv_scale=layer._k_scale if self.fp8 else None)
 
     def forward_mha(self, q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor,
                     kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: MLACommonMetadata,
@@ -202,4 +229,5 @@ class HygonMLAImpl(MLACommonImpl[MLACommonMetadata]):
             qk_nope_head_dim=self.qk_nope_head_dim, v_head_dim=self.v_head_dim,
             scale=self.scale, query_start_loc=prefill.query_start_loc, out=output,
             kv_cache=kv_c_and_k_pe_cache, block_table=prefill.block_table,
-            chunks=() if chunked is None else chunked.chunks, impl=self.ops_impl)
+            chunks=() if chunked is None else chunked.chunks, impl=self.ops_impl,
+            kv_scale=k_scale if self.fp8 else None)

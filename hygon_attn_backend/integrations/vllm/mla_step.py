@@ -35,14 +35,16 @@ from hygon_attn_backend.ops.mla_prefill import merge_attn_states, ragged_attenti
 __all__ = ["decode", "prefill", "gather_latent", "ContextChunk"]
 
 
-def decode(plan: MLADecodePlan, q, kv_cache: torch.Tensor, *, scale: float):
+def decode(plan: MLADecodePlan, q, kv_cache: torch.Tensor, *, scale: float,
+           kv_scale=None):
     """The absorbed decode of one layer.
 
     plan: the step's decode plan (built with this layer group's scale, heads and dtypes).
     q: ``[B, H, W]`` or the pair ``(ql_nope [B, H, kv_lora_rank], q_pe [B, H, rope])``
        vLLM passes, fp16/bf16 (fp32 runs the reference); W = kv_lora_rank + rope.
-    kv_cache: ``[num_blocks, page_size, W]`` vLLM's MLA cache.
+    kv_cache: ``[num_blocks, page_size, W]`` vLLM's MLA cache (fp8: its float8 view).
     scale: the layer's softmax scale (checked against the plan's).
+    kv_scale: an fp8 cache's scale (the layer's ``_k_scale``, a 1-element tensor), else None.
     Returns ``(out [B, H, kv_lora_rank], lse [B, H] float32 or None)``.
     """
     if isinstance(q, (tuple, list)):
@@ -50,7 +52,7 @@ def decode(plan: MLADecodePlan, q, kv_cache: torch.Tensor, *, scale: float):
     if abs(plan.scale - float(scale)) > 1e-6 * abs(float(scale)):
         raise ValueError(f"scale: the layer's softmax scale {scale} differs from the decode "
                          f"plan's {plan.scale}")
-    result = plan.run(q, kv_cache)
+    result = plan.run(q, kv_cache, kv_scale=kv_scale)
     if plan.return_lse:
         return result
     return result, None
@@ -120,7 +122,7 @@ def prefill(q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, *,
             scale: float, query_start_loc: torch.Tensor, out: torch.Tensor,
             kv_cache: Optional[torch.Tensor] = None,
             block_table: Optional[torch.Tensor] = None,
-            chunks: Sequence = (), impl: str = "auto") -> torch.Tensor:
+            chunks: Sequence = (), impl: str = "auto", kv_scale=None) -> torch.Tensor:
     """The up-projected (MHA) MLA prefill of one layer, written into ``out``.
 
     q: ``[N, H, qk_nope + rope]`` the prefill rows' queries; kv_c: ``[N, kv_lora_rank]``
@@ -134,7 +136,8 @@ def prefill(q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, *,
     kv_cache, block_table, chunks: the latent cache ``[num_blocks, page, kv_lora_rank +
        rope]``, the prefills' block table and vLLM's context chunks (see
        :class:`ContextChunk`); empty ``chunks``: no request has a cached context.
-    impl: the ops' ``impl``.
+    impl: the ops' ``impl``. kv_scale: an fp8 cache's scale (float or 1-element tensor):
+       context rows are ``code * kv_scale``.
     Returns ``out``.
     """
     dims = dict(num_heads=num_heads, qk_nope_head_dim=qk_nope_head_dim,
@@ -150,17 +153,18 @@ def prefill(q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, *,
     new_out, new_lse = ragged_attention(q, k, v, query_start_loc, query_start_loc,
                                         scale=scale, causal=True, return_lse=True, impl=impl)
     ctx_out, ctx_lse = context(q, kv_cache, block_table, chunks, kv_b_proj=kv_b_proj,
-                               scale=scale, impl=impl, **dims)
+                               scale=scale, impl=impl, kv_scale=kv_scale, **dims)
     merge_attn_states(ctx_out, ctx_lse, new_out, new_lse, out=out3, impl=impl)
     return out
 
 
 def context(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
             chunks: Sequence, *, kv_b_proj: Callable, num_heads: int, qk_nope_head_dim: int,
-            v_head_dim: int, scale: float, impl: str = "auto"):
+            v_head_dim: int, scale: float, impl: str = "auto", kv_scale=None):
     """The prefill rows' attention to their cached context, chunk by chunk.
 
-    q: ``[N, H, qk_nope + rope]``; kv_cache, block_table, chunks: as :func:`prefill`.
+    q: ``[N, H, qk_nope + rope]``; kv_cache, block_table, chunks, kv_scale: as
+    :func:`prefill` (an fp8 context is dequantised as gathered, chunk by chunk).
     Returns ``(out [N, H, v_head_dim] q's dtype, lse [H, N] float32)``: rows of requests
     without context (no chunk covers them) are 0 with LSE ``-inf`` (no weight in the merge).
     A request split over two chunks (vLLM's continuation) is merged by LSE like the rest:
@@ -172,6 +176,11 @@ def context(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
     rank = kv_cache.shape[2] - (q.shape[2] - qk_nope_head_dim)
     for chunk in chunks:
         latent = gather_latent(kv_cache, block_table, chunk)
+        if latent.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            latent = latent.to(torch.float32)
+            if kv_scale is not None:
+                latent = latent * torch.as_tensor(kv_scale, dtype=torch.float32,
+                                                  device=latent.device).reshape(())
         if latent.dtype != q.dtype:
             latent = latent.to(q.dtype)
         k, v = _up_project(kv_b_proj, latent[:, :rank], latent[:, rank:].unsqueeze(1),

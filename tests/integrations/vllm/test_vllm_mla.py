@@ -100,9 +100,12 @@ def test_mla_class_refuses_what_it_cannot_serve():
                                   block_size=16, use_mla=True)
     assert HygonMLABackend.validate_configuration(device_capability=None,
                                                   **sel._asdict()) == []
+    for fp8 in ("fp8", "fp8_e4m3"):  # vLLM's MLA layer views its byte cache as e4m3
+        assert HygonMLABackend.validate_configuration(
+            device_capability=None, **sel._replace(kv_cache_dtype=fp8)._asdict()) == []
     for bad, word in ((sel._replace(use_mla=False), "MLA"),
                       (sel._replace(use_sparse=True), "parse"),
-                      (sel._replace(kv_cache_dtype="fp8"), "kv_cache_dtype"),
+                      (sel._replace(kv_cache_dtype="fp8_e5m2"), "kv_cache_dtype"),
                       (sel._replace(dtype=torch.float32), "dtype")):
         reasons = HygonMLABackend.validate_configuration(device_capability=None,
                                                          **bad._asdict())
@@ -183,6 +186,22 @@ def test_impl_matches_mla_oracle(name, impl, mla_dir):
         chunks = md.prefill.chunked_context.chunks
         assert len(chunks) >= 2 and any(c.is_continuation for c in chunks)
     torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("name", ["mixed_context", "chunked_continuation"])
+def test_impl_fp8_cache_matches_mla_oracle(name, impl, mla_dir):
+    """An fp8 latent cache (vLLM's bytes, kv_cache_dtype "fp8", k_scale 0.02): the new rows
+    written as e4m3 codes of x / k_scale, decode reading the codes with the layer's scale,
+    the prefill's context gathered and dequantised; against the oracle over the values
+    the cache holds."""
+    ctx, ql, rows = CASES[name]
+    case = harness.make_case(ctx, ql, seed=len(name))
+    out, md = harness.run(case, mla_dir, workspace_rows=rows, k_scale=0.02)
+    assert md.decode.plan.kv_dtype == torch.float8_e4m3fn
+    ref = harness.oracle(case, k_scale=0.02)
+    torch.testing.assert_close(out.double(), ref, atol=3e-3, rtol=3e-3)
+    # the cache's rounding is visible: the exact oracle is further away
+    assert (harness.oracle(case) - ref).abs().max() > 3e-3
 
 
 def test_model_scale_reaches_both_paths(mla_dir):
