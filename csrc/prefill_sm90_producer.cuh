@@ -219,30 +219,30 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
       hab_sm90::mbar_wait(empty + at % L::STAGES, ((at / L::STAGES) & 1) ^ 1);
     };
     Codes8 kc, vc;  // FP8: the codes of the tile to be widened next
+    // a K or V tile into its ring slot `tile`, completing `full`: FP8 widens this lane's
+    // codes, else the rows are copied from `rows` (null: zeros, `fallback` never read)
+    auto fill = [&](uint32_t tile, const Codes8& codes, const uint8_t* rows, const void* fallback,
+                    uint64_t* full) {
+      if (FP8) {
+        widen_rows8(tile, codes, pw, lane, e5m2);
+        hab_sm90::mbar_arrive(full);
+      } else {
+        copy_rows(tile, rows, fallback, pw, lane);
+        hab_sm90::mbar_arrive_cp_async(full);
+      }
+    };
     // a key tile into ring position `at`: K (and its mask word), then V
     auto load_k = [&](int at, const KeyRows& kr, uint32_t bits) {  // bits: the warp's rows present
       const int s = at % L::STAGES;
       wait_empty(b.empty_k, at);
       if (lane == 0) b.mask[4 * s + pw] = bits;
-      if (FP8) {
-        widen_rows8(smem + L::K_OFF + s * TILE_BYTES, kc, pw, lane, e5m2);
-        hab_sm90::mbar_arrive(b.full_k + s);
-      } else {
-        copy_rows(smem + L::K_OFF + s * TILE_BYTES, kr.k, p.k_cache, pw, lane);
-        hab_sm90::mbar_arrive_cp_async(b.full_k + s);
-      }
+      fill(smem + L::K_OFF + s * TILE_BYTES, kc, kr.k, p.k_cache, b.full_k + s);
       if (lane == 0) hab_sm90::mbar_arrive(b.full_k + s);  // releases the mask word
     };
     auto load_v = [&](int at, const KeyRows& kr) {
       const int s = at % L::STAGES;
       wait_empty(b.empty_v, at);
-      if (FP8) {
-        widen_rows8(smem + L::V_OFF + s * TILE_BYTES, vc, pw, lane, e5m2);
-        hab_sm90::mbar_arrive(b.full_v + s);
-      } else {
-        copy_rows(smem + L::V_OFF + s * TILE_BYTES, kr.v, p.v_cache, pw, lane);
-        hab_sm90::mbar_arrive_cp_async(b.full_v + s);
-      }
+      fill(smem + L::V_OFF + s * TILE_BYTES, vc, kr.v, p.v_cache, b.full_v + s);
     };
     hab_sm90::mbar_wait(b.empty_q, (round & 1) ^ 1);
     if (pw == 0 && lane == 0) {
