@@ -47,14 +47,16 @@ from hygon_attn_backend.ops._dispatch import select_impl
 from hygon_attn_backend.ops.mla import MLADecodePlan, plan_mla_decode, write_mla_cache
 
 from . import BACKEND_NAME, logger, mla_step
+from .step import FP8_CACHE_DTYPES
 
 __all__ = ["HygonMLABackend", "HygonMLAMetadataBuilder", "HygonMLAImpl",
            "HygonMLADecodeMetadata"]
 
 #: vLLM's fp8 ``kv_cache_dtype`` strings for MLA and the format its layer views the byte
-#: cache as (``current_platform.fp8_dtype()``: e4m3fn on CUDA and CPU builds)
-FP8_MLA_CACHE = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
-FP8_MLA_DTYPES = (torch.float8_e4m3fn,)
+#: cache as (``current_platform.fp8_dtype()``: e4m3fn on CUDA and CPU builds): the e4m3
+#: ones of the dense backend's
+FP8_MLA_CACHE = {name: dtype for name, dtype in FP8_CACHE_DTYPES.items()
+                 if dtype == torch.float8_e4m3fn}
 
 
 def mla_cache_dtype(kv_cache_dtype: str, stored: torch.dtype) -> torch.dtype:
@@ -74,7 +76,7 @@ class HygonMLABackend(MLACommonBackend):
     # The Triton interpreter on CPU takes fp16 only; fp32 runs the reference ops.
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
     # fp8: vLLM's MLA layer views the byte cache as its platform's fp8 dtype (e4m3)
-    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "fp8", "fp8_e4m3"]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", *FP8_MLA_CACHE]
 
     @staticmethod
     def get_name() -> str:
@@ -184,7 +186,8 @@ class HygonMLAImpl(MLACommonImpl[MLACommonMetadata]):
             raise NotImplementedError("sparse MLA (an indexer) is not supported")
         # The absorbed query reaches forward_mqa unquantised: fp8 query input is not taken.
         self.supports_quant_query_input = False
-        self.fp8 = mla_cache_dtype(kv_cache_dtype, torch.float16) in FP8_MLA_DTYPES
+        self.fp8_dtype = FP8_MLA_CACHE.get(str(kv_cache_dtype))  # None: a 16-bit cache
+        self.fp8 = self.fp8_dtype is not None
         self._use_flashinfer_concat_mla_k = False
         self.ops_impl = envs.impl()
 
@@ -200,12 +203,10 @@ class HygonMLAImpl(MLACommonImpl[MLACommonMetadata]):
             return
         slots = slot_mapping.flatten()
         n = min(slots.shape[0], kv_c_normed.shape[0])
-        fp8 = mla_cache_dtype(kv_cache_dtype, kv_cache.dtype)
-        if fp8 in FP8_MLA_DTYPES:  # vLLM's byte cache: the codes of x / k_scale
-            kv_cache = kv_cache.view(fp8)
+        if self.fp8:  # vLLM's byte cache: the codes of x / k_scale
+            kv_cache = kv_cache.view(self.fp8_dtype)
         write_mla_cache(kv_c_normed[:n], k_pe[:n].reshape(n, -1), kv_cache, slots[:n],
-                        kv_scale=k_scale if fp8 in FP8_MLA_DTYPES else None,
-                        impl=self.ops_impl)
+                        kv_scale=k_scale if self.fp8 else None, impl=self.ops_impl)
 
     def forward_mqa(self, q, kv_c_and_k_pe_cache: torch.Tensor,
                     attn_metadata: MLACommonMetadata, layer: AttentionLayer):

@@ -15,7 +15,6 @@ BLOCK_M = 128  # query rows of a native prefill program (csrc/prefill_sm90.cu)
 TILE = (BLOCK_M, 128, 8, 3)  # the Triton tile a layer it does not cover runs on its map
 HEAD_DIM = 128
 DTYPES = (torch.float16, torch.bfloat16)  # q and out; the caches q's dtype or fp8
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def device_unsupported(device: torch.device) -> Optional[str]:
@@ -33,7 +32,7 @@ def device_unsupported(device: torch.device) -> Optional[str]:
 
 def dtype_unsupported(kv_dtype: torch.dtype) -> Optional[str]:
     """Why a KV cache of ``kv_dtype`` cannot run the native prefill (None: it can)."""
-    if kv_dtype not in DTYPES and kv_dtype not in FP8_DTYPES:
+    if kv_dtype not in DTYPES and kv_dtype not in _checks.FP8_DTYPES:
         return (f"KV cache dtype {kv_dtype} (native prefill: float16/bfloat16, "
                 "float8_e4m3fn/float8_e5m2)")
     return None
@@ -80,7 +79,7 @@ def layer_unsupported(k_cache: torch.Tensor, v_cache: torch.Tensor) -> Optional[
         why = f"KV cache dtypes {k_cache.dtype} / {v_cache.dtype} differ"
     if why is not None:
         return why
-    elems = 16 if k_cache.dtype in FP8_DTYPES else 8  # 16-byte copies
+    elems = 16 if k_cache.dtype in _checks.FP8_DTYPES else 8  # 16-byte copies
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not _rows_aligned(t, elems):
             return (f"{name} rows not 16-byte aligned with a contiguous last dim (strides "
@@ -92,7 +91,7 @@ def call_unsupported(q: torch.Tensor, out: torch.Tensor, k_new: Optional[torch.T
                      v_new: Optional[torch.Tensor], kv_dtype: torch.dtype) -> Optional[str]:
     """Why one call's tensors cannot run the native prefill with caches of ``kv_dtype``
     (None: they can)."""
-    if kv_dtype in FP8_DTYPES:
+    if kv_dtype in _checks.FP8_DTYPES:
         if q.dtype not in DTYPES:
             return f"q dtype {q.dtype} with an fp8 KV cache"
         if k_new is not None:

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from hygon_attn_backend.ops import _device
+from hygon_attn_backend.ops import _checks, _device
 from hygon_attn_backend.ops._dispatch import select_impl, triton_interpreter_on
 from hygon_attn_backend.ops.prefill import native
 
@@ -126,7 +126,7 @@ def choose(*, device: torch.device, impl: str, total_q: int, num_seqs: int,
             impl = "triton"  # no native prefill on this GPU
         native_why = native_why or native.shape_unsupported(
             head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype, group=group)
-        if native_why is None and dense_new_keys and kv_dtype in native.FP8_DTYPES:
+        if native_why is None and dense_new_keys and kv_dtype in _checks.FP8_DTYPES:
             native_why = "dense k_new / v_new with an fp8 KV cache (the native kernel reads fp8 only)"
         if native_why is None and tree:
             native_why = "a tree mask (the native prefill has the causal and window masks)"
