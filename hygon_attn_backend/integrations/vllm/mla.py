@@ -21,9 +21,9 @@ vLLM's metadata builder (``MLACommonMetadataBuilder``) splits the batch and plan
 context chunks; ours adds the decode plan. fp8 caches (``fp8`` / ``fp8_e4m3``): vLLM
 allocates bytes and its layer views them as e4m3 for the attention calls; the write
 quantizes with the layer's ``k_scale``, the decode reads the codes with ``_k_scale``, the
-context chunks are dequantised as gathered (:func:`.mla_step.context`). vLLM's CPU platform disables chunked prefill
-and prefix caching for MLA models, so there the context path does not run in the engine
-(its tests drive it through vLLM's own chunk metadata).
+context chunks are dequantised as gathered (:func:`.mla_step.context`). vLLM's CPU
+platform disables chunked prefill and prefix caching for MLA models, so there the context
+path does not run in the engine (its tests drive it through vLLM's own chunk metadata).
 """
 
 from __future__ import annotations

@@ -126,12 +126,9 @@ class RaggedPlan:
         lse = (torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
                if return_lse else None)
         if self.total_q and self.tile_req.shape[0]:
-            fp8 = kv_cache.dtype in _checks.FP8_DTYPES
-            scale_t = kv_scale if fp8 and isinstance(kv_scale, torch.Tensor) else None
-            triton.run_extend(self._launch(scale, True, return_lse, scale_t is not None), q,
-                              kv_cache, block_table, out, lse, self.head_dim_v,
-                              kv_scale=scale_t if scale_t is not None
-                              else (kv_scale if fp8 else None))
+            ks = kv_scale if kv_cache.dtype in _checks.FP8_DTYPES else None  # 16-bit: none
+            triton.run_extend(self._launch(scale, True, return_lse, isinstance(ks, torch.Tensor)),
+                              q, kv_cache, block_table, out, lse, self.head_dim_v, kv_scale=ks)
         return (out, lse) if return_lse else out
 
     def run(self, q, k, v, *, scale=None, causal=True, out=None, return_lse=False):

@@ -338,8 +338,9 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     kv_dtype: the KV cache's dtype, if known.
     impl: ``"auto"`` | ``"triton"`` | ``"native"`` | ``"reference"``. ``"native"`` is the
     sm_90a wgmma kernel (``csrc/prefill_sm90.cu``: head_dim 128, fp16/bf16 q, KV of q's
-    dtype or fp8, tiles of 128 rows); on a GPU without it (HIP, not sm_90) it runs Triton, as the engines pass
-    one ``HYGON_ATTN_IMPL`` to every op; on an sm_90 GPU a call it does not cover raises.
+    dtype or fp8, tiles of 128 rows); on a GPU without it (HIP, not sm_90) it runs Triton,
+    as the engines pass one ``HYGON_ATTN_IMPL`` to every op; on an sm_90 GPU a call it does
+    not cover raises.
     ``"auto"`` takes it where :func:`tuning.native_preferred` says so, unless ``tile``
     forces a Triton tile of another height.
     two_walks: force the Triton kernel's second unmasked walk on or off (None:

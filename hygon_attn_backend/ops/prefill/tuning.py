@@ -111,7 +111,8 @@ def tile_config_hip(*, head_dim_pad: int, group_pow2: int, fills_sms: bool
 def choose(*, device: torch.device, impl: str, total_q: int, num_seqs: int,
            num_kv_heads: int, group: int, head_dim: int, q_dtype: Optional[torch.dtype],
            kv_dtype: Optional[torch.dtype], tile: Optional[tuple] = None,
-           tree: bool = False, dense_new_keys: bool = False) -> "tuple[str, tuple[int, int, int, int]]":
+           tree: bool = False,
+           dense_new_keys: bool = False) -> "tuple[str, tuple[int, int, int, int]]":
     """``(impl, (BLOCK_M, BLOCK_N, num_warps, num_stages))`` for one batch: ``impl``
     resolved by :func:`native_preferred` and what the native kernel covers, and the tile
     (``tile`` forces a Triton tile; with ``"auto"`` one of another height keeps Triton).
@@ -127,7 +128,8 @@ def choose(*, device: torch.device, impl: str, total_q: int, num_seqs: int,
         native_why = native_why or native.shape_unsupported(
             head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype, group=group)
         if native_why is None and dense_new_keys and kv_dtype in _checks.FP8_DTYPES:
-            native_why = "dense k_new / v_new with an fp8 KV cache (the native kernel reads fp8 only)"
+            native_why = ("dense k_new / v_new with an fp8 KV cache (the native kernel reads "
+                          "fp8 only)")
         if native_why is None and tree:
             native_why = "a tree mask (the native prefill has the causal and window masks)"
         if native_why is None and impl == "auto" and tile is not None and \

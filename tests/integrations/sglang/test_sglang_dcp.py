@@ -16,8 +16,8 @@ from an fp8 pool rounded as it stores them), within the budget the other tests u
 fp16 reference's own error, plus the floor). SGLang's own Triton backend runs every pass of
 the fp16 cases too, on the same batches, pool and group (built on the runner of SGLang's
 attention test kit): its outputs meet the same budget and lie within it of ours, except
-where it is wrong (see ``OVER_A_PREFIX``). The Triton kernels (ours, SGLang's attention and its masked write) run in
-the interpreter.
+where it is wrong (see ``OVER_A_PREFIX``). The Triton kernels (ours, SGLang's attention
+and its masked write) run in the interpreter.
 
 The refusals (HND pool, speculative decoding, CUDA graphs, sliding window, sinks) are
 checked in this process with a stand-in group (they stop before any collective).
