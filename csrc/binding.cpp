@@ -314,6 +314,67 @@ void prefix_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_ca
   check(hab_prefix_prefill(&p, stream_of(q)), "prefix_prefill");
 }
 
+// MLA decode (csrc/mla_decode_sm90.cu): q [B, T, Hq, 576], kv [N, P, 576], out
+// [B, T, Hq, 512] of q's dtype; lse [B, T, Hq] float32 (unsplit, optional); the scratch
+// (max_logits, exp_sums [slots, rows], partial_out [slots, rows, 512] float32) for
+// num_partitions > 1.
+void mla_decode(at::Tensor& out, const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& max_logits,
+                const std::optional<at::Tensor>& exp_sums, const std::optional<at::Tensor>& partial_out,
+                const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_table,
+                const at::Tensor& seq_lens, double scale, int64_t num_partitions, int64_t partition_size) {
+  TORCH_CHECK(q.dim() == 4 && out.dim() == 4 && kv_cache.dim() == 3, "mla_decode: q, out must be [B, T, Hq, W], kv [N, P, W]");
+  TORCH_CHECK(q.stride(3) == 1 && out.stride(3) == 1 && kv_cache.stride(2) == 1,
+              "mla_decode: the innermost dimension must be contiguous");
+  TORCH_CHECK(out.scalar_type() == q.scalar_type() && kv_cache.scalar_type() == q.scalar_type(),
+              "mla_decode: q, kv_cache and out share one 16-bit dtype");
+  c10::OptionalDeviceGuard guard(q.device());
+  HabMlaDecodeParams p{};
+  p.out = out.data_ptr();
+  p.q = q.data_ptr();
+  p.kv = kv_cache.data_ptr();
+  p.block_table = block_table.data_ptr();
+  p.seq_lens = seq_lens.data_ptr();
+  p.scale = float(scale);
+  p.dtype = dtype_code(q, "q");
+  p.table_is_int64 = index_is_int64(block_table, "block_table");
+  p.lens_is_int64 = index_is_int64(seq_lens, "seq_lens");
+  p.num_seqs = q.size(0);
+  p.num_tokens = q.size(1);
+  p.num_heads = q.size(2);
+  p.width = q.size(3);
+  p.rank = out.size(3);
+  p.page_size = kv_cache.size(1);
+  p.num_blocks = kv_cache.size(0);
+  p.max_blocks = block_table.size(1);
+  p.num_partitions = num_partitions;
+  p.partition_size = partition_size;
+  copy_strides(p.q_stride, q, 3);
+  copy_strides(p.o_stride, out, 3);
+  copy_strides(p.kv_stride, kv_cache, 2);
+  copy_strides(p.bt_stride, block_table);
+  p.lens_stride = seq_lens.stride(0);
+  if (lse.has_value()) {
+    TORCH_CHECK(lse->scalar_type() == at::kFloat && lse->dim() == 3, "mla_decode: lse must be float32 [B, T, Hq]");
+    p.lse = lse->data_ptr<float>();
+    copy_strides(p.lse_stride, *lse);
+  }
+  if (num_partitions > 1) {
+    TORCH_CHECK(max_logits.has_value() && exp_sums.has_value() && partial_out.has_value(),
+                "mla_decode: a split launch needs its scratch");
+    TORCH_CHECK(max_logits->scalar_type() == at::kFloat && exp_sums->scalar_type() == at::kFloat &&
+                    partial_out->scalar_type() == at::kFloat && max_logits->dim() == 2 &&
+                    exp_sums->strides() == max_logits->strides() && partial_out->dim() == 3 &&
+                    partial_out->stride(2) == 1,
+                "mla_decode: the scratch must be float32 [slots, rows] x 2 and [slots, rows, 512]");
+    p.max_logits = max_logits->data_ptr<float>();
+    p.exp_sums = exp_sums->data_ptr<float>();
+    p.partial_out = partial_out->data_ptr<float>();
+    copy_strides(p.ml_stride, *max_logits);
+    copy_strides(p.po_stride, *partial_out, 2);
+  }
+  check(hab_mla_decode(&p, stream_of(q)), "mla_decode");
+}
+
 int64_t warp_size() { return hab_runtime_warp_size(); }
 
 int64_t decode_programs_per_sm(at::ScalarType q_dtype, at::ScalarType kv_dtype, int64_t head_dim, int64_t rows,
@@ -339,6 +400,9 @@ TORCH_LIBRARY(hygon_attn, m) {
         "Tensor tile_req, Tensor tile_mblock, Tensor(c!)? sched, float scale, float soft_cap, bool causal, int sliding_window, "
         "bool pingpong, bool overlap, Tensor? k_scale, Tensor? v_scale, float k_scale_value, "
         "float v_scale_value) -> ()");
+  m.def("mla_decode(Tensor(a!) out, Tensor(b!)? lse, Tensor(c!)? max_logits, Tensor(d!)? exp_sums, "
+        "Tensor(e!)? partial_out, Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, float scale, "
+        "int num_partitions, int partition_size) -> ()");
   m.def("warp_size() -> int", &warp_size);
   m.def("decode_programs_per_sm(ScalarType q_dtype, ScalarType kv_dtype, int head_dim, int rows, int loop_stages, "
         "int loop_tile) -> int",
@@ -350,4 +414,5 @@ TORCH_LIBRARY_IMPL(hygon_attn, CUDA, m) {
   m.impl("copy_blocks", &copy_blocks);
   m.impl("paged_decode", &paged_decode);
   m.impl("prefix_prefill", &prefix_prefill);
+  m.impl("mla_decode", &mla_decode);
 }

@@ -160,6 +160,40 @@ typedef struct HabPrefillParams {
 
 const char* hab_prefix_prefill(const HabPrefillParams* p, void* stream);
 
+// MLA decode on sm_90a (wgmma) over a paged latent cache: one latent row of 576 values a
+// token (kv_lora_rank 512 + rope 64), the key the whole row, the value its first 512; the
+// query rows of a request (row = t * Hq + h of T tokens x Hq heads) share every key. q
+// [B, T, Hq, 576], kv [num_blocks, P, 576] views of q's 16-bit dtype, innermost stride 1,
+// rows 16-byte aligned (checked by the caller). Token t of a request sees keys
+// j <= seq_len - T + t. A block id outside [0, num_blocks) or a key past the table's
+// max_blocks * P is absent. Unsplit (num_partitions 1): out [B, T, Hq, 512] q's dtype and
+// lse (natural log, or null). Split: partition z of each sequence (the length over
+// num_partitions, >= partition_size keys, a multiple of 64) writes its running max (log2
+// units), sum and normalised partial output to the scratch slot seq * num_partitions + z,
+// as the Triton MLA decode does (kernels/mla_decode.py; its combine merges them).
+typedef struct HabMlaDecodeParams {
+  void* out;            // [B, T, Hq, 512] (unsplit)
+  float* lse;           // [B, T, Hq] or null (unsplit)
+  float* max_logits;    // [slots, rows] (split)
+  float* exp_sums;      // [slots, rows] (split)
+  float* partial_out;   // [slots, rows, 512] (split)
+  const void* q;
+  const void* kv;
+  const void* block_table;  // [B, max_blocks] int32 / int64
+  const void* seq_lens;     // [B] int32 / int64
+  float scale;
+  int dtype;  // F16 / BF16: q, kv and out
+  int table_is_int64, lens_is_int64;
+  int64_t num_seqs, num_tokens, num_heads, width, rank;
+  int64_t page_size, num_blocks, max_blocks, num_partitions, partition_size;
+  int64_t q_stride[3], o_stride[3], lse_stride[3];  // (seq, token, head)
+  int64_t kv_stride[2];                             // (block, slot)
+  int64_t bt_stride[2], lens_stride;
+  int64_t ml_stride[2], po_stride[2];  // max_logits / exp_sums, partial_out: (slot, row)
+} HabMlaDecodeParams;
+
+const char* hab_mla_decode(const HabMlaDecodeParams* p, void* stream);
+
 // Programs of the paged-decode kernel that fit on one multiprocessor at once (the
 // runtime's occupancy calculator) for queries of q_dtype, a KV cache of kv_dtype, head_dim,
 // `rows` query rows per KV head (G * T) and loop_stages / loop_tile as in HabDecodeParams,

@@ -3,9 +3,9 @@
 //   - mbarriers: init, arrive, the cp.async arrive (the barrier completes when the thread's
 //     earlier cp.async copies have landed), parity wait
 //   - cp.async 16-byte copies with zero fill
-//   - wgmma: shared-memory matrix descriptors (128-byte swizzle) and m64n128k16 with fp32
-//     accumulators, A from shared memory (SS) or from registers (RS), B from shared memory
-//     K-major (imm-trans-b 0) or MN-major (1); fence / commit / wait
+//   - wgmma: shared-memory matrix descriptors (128-byte swizzle), m64n128k16 and m64n64k16
+//     with fp32 accumulators, A from shared memory (SS) or from registers (RS), B from
+//     shared memory K-major (imm-trans-b 0) or MN-major (1); fence / commit / wait
 //
 // The instructions exist only in the sm_90a device pass (HAB_SM90A); in other passes the
 // functions compile to nothing (a barrier wait traps), so a kernel that uses them compiles
@@ -183,6 +183,58 @@ HAB_DEV void wgmma_ss_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
         : HAB_ACC64(d)
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  }
+#endif
+}
+
+#define HAB_ACC32(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+// D[64 x 64] (+)= A[64 x 16] B[16 x 64], A and B K-major in shared memory (32 accumulator
+// registers: element 4 i + e is row r0 + 8 (e >> 1), column 8 i + 2 t + (e & 1)).
+template <bool IS_BF16>
+HAB_DEV void wgmma_ss_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+#if defined(HAB_SM90A)
+  if (IS_BF16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : HAB_ACC32(d)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : HAB_ACC32(d)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  }
+#endif
+}
+
+// D[64 x 128] += A[64 x 16] B[16 x 128], A K-major in shared memory, B MN-major in shared
+// memory (imm-trans-b 1).
+template <bool IS_BF16>
+HAB_DEV void wgmma_ss_m64n128k16_tb(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+#if defined(HAB_SM90A)
+  if (IS_BF16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+        : HAB_ACC64(d)
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+        : HAB_ACC64(d)
+        : "l"(desc_a), "l"(desc_b), "r"(1));
   }
 #endif
 }

@@ -44,3 +44,16 @@ def gpu_is_hip() -> bool:
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def sm90_unsupported(device: torch.device, what: str) -> "str | None":
+    """None when ``device`` is an NVIDIA sm_90 GPU (H100/H200: the native wgmma kernels
+    are written for sm_90a), else the reason ``what`` cannot run there."""
+    if device.type != "cuda":
+        return f"device {device} ({what} runs on NVIDIA sm_90 GPUs)"
+    if gpu_is_hip():
+        return f"a HIP GPU ({what} is an sm_90 wgmma kernel; HIP runs Triton)"
+    cap = cuda_capability(device_index(device))
+    if cap != (9, 0):
+        return f"compute capability {cap[0]}.{cap[1]} ({what} needs sm_90: H100/H200)"
+    return None

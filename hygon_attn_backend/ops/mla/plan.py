@@ -18,7 +18,7 @@ import torch
 from hygon_attn_backend import reference
 from hygon_attn_backend.ops import _checks
 from hygon_attn_backend.ops._device import num_sms_of
-from hygon_attn_backend.ops.mla import triton, tuning
+from hygon_attn_backend.ops.mla import native, triton, tuning
 from hygon_attn_backend.ops.mla.tuning import MLAConfig
 
 __all__ = ["MLADecodePlan", "MLADecodeWorkspace", "MLAConfig", "plan_mla_decode",
@@ -95,7 +95,8 @@ class MLADecodePlan:
     """An MLA decode planned for one batch; :meth:`run` per layer.
 
     Built by :func:`plan_mla_decode`. Holds the batch's ``block_table`` and ``seq_lens``,
-    the resolved ``impl`` (``"triton"`` or ``"reference"``), the softmax ``scale``, the
+    the resolved ``impl`` (``"native"``, ``"triton"`` or ``"reference"``; what was asked
+    is ``impl_requested``), the softmax ``scale``, the
     launch ``config`` (None: nothing to launch) and the split-KV ``workspace``.
     """
 
@@ -116,6 +117,7 @@ class MLADecodePlan:
     return_lse: bool
     config: Optional[MLAConfig]
     workspace: Optional[MLADecodeWorkspace]
+    impl_requested: str = "auto"
     _variants: Dict[bool, tuple] = field(default_factory=dict, repr=False)
 
     @property
@@ -126,7 +128,7 @@ class MLADecodePlan:
     @property
     def num_launches(self) -> int:
         """Kernel launches a :meth:`run` (decode, and the combine of a split launch)."""
-        if self.impl != "triton" or self.config is None:
+        if self.impl not in ("triton", "native") or self.config is None:
             return 0
         return 2 if self.config.split else 1
 
@@ -203,6 +205,15 @@ class MLADecodePlan:
             launches = self._variants.get(from_ptr)
             if launches is None:
                 launches = self._variants[from_ptr] = triton.make_launches(self, from_ptr)
+            why = native.call_unsupported(q, kv_cache, out) if self.impl == "native" else None
+            if self.impl == "native" and why is None:
+                native.launch(self, q, kv_cache, out, lse)
+                triton.run_combine(launches, out, lse)
+                return (out, lse) if self.return_lse else out
+            if why is not None and self.impl_requested == "native":
+                raise ValueError(f"impl='native' does not cover this call: {why}")
+            # a Triton plan, or "auto" chose native and this call's tensors need Triton:
+            # the same config and partitions
             value = float(kv_scale) if fp8 and kv_scale is not None and not from_ptr else 1.0
             triton.run(launches, q, kv_cache, out, lse, kv_scale if from_ptr else None, value)
         return (out, lse) if self.return_lse else out
@@ -233,8 +244,12 @@ def plan_mla_decode(*, block_table: torch.Tensor, seq_lens: torch.Tensor, page_s
     max_seq_len: host-side bound of ``seq_lens`` sizing the split (default the table's
        capacity ``max_blocks * page_size``); a longer sequence gets the same answer.
     return_lse: the calls also return each row's LSE (``[B, (T,) Hq]`` float32).
-    impl: ``"auto"`` (Triton on a GPU or under ``TRITON_INTERPRET=1``, else the reference)
-       | ``"triton"`` | ``"reference"`` (``"native"``, one name for every op, runs Triton).
+    impl: ``"auto"`` (the native sm_90a kernel where ``tuning.native_preferred`` takes it
+       and it covers the batch: H100/H200, 512 + 64 rows of q's 16-bit dtype, >= 64 query
+       rows a request; else Triton on a GPU or under ``TRITON_INTERPRET=1``; else the
+       reference) | ``"native"`` (raises where it does not cover the batch) | ``"triton"``
+       | ``"reference"``. A call whose tensors the native kernel cannot take (rows not
+       16-byte aligned, a float32 ``out``) runs Triton under ``"auto"``.
     workspace: split-KV scratch (:func:`allocate_mla_decode_workspace`) reused across
        steps; without it a split plan allocates its own here.
     tile / num_partitions: force the Triton launch ``(BLOCK_M, BLOCK_N, num_warps,
@@ -278,8 +293,9 @@ def plan_mla_decode(*, block_table: torch.Tensor, seq_lens: torch.Tensor, page_s
     max_context = max_seq_len if max_seq_len is not None else max_blocks * page_size
     choice = tuning.choose(device=device, impl=impl, num_seqs=num_seqs, max_blocks=max_blocks,
                            num_q_heads=num_q_heads, num_tokens=num_tokens,
-                           kv_lora_rank=kv_lora_rank, q_dtype=q_dtype, kv_dtype=kv_dtype,
-                           max_context=max_context, tile=tile, num_partitions=num_partitions)
+                           kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, q_dtype=q_dtype,
+                           kv_dtype=kv_dtype, max_context=max_context, tile=tile,
+                           num_partitions=num_partitions)
     config = choice.config
     if config is not None and config.split:
         slots, rows = num_seqs * config.num_partitions, num_tokens * num_q_heads
@@ -298,4 +314,4 @@ def plan_mla_decode(*, block_table: torch.Tensor, seq_lens: torch.Tensor, page_s
         rope_dim=rope_dim, page_size=page_size, q_dtype=q_dtype, kv_dtype=kv_dtype,
         device=device, max_seq_len=max_context,
         scale=float(scale) if scale is not None else width ** -0.5,
-        return_lse=return_lse, config=config, workspace=workspace)
+        return_lse=return_lse, config=config, workspace=workspace, impl_requested=impl)

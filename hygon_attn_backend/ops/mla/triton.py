@@ -108,3 +108,13 @@ def run(launches, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, ls
            kv_cache.shape[0], *_strides4(q), *os_, *ls, *kv_cache.stride())
     if combine is not None:
         combine(NO_LAYER, out, lse_t, *os_, *ls)
+
+
+def run_combine(launches, out: torch.Tensor, lse) -> None:
+    """The combine of a split launch after the native decode filled the scratch (nothing
+    for one partition: the decode wrote ``out`` and ``lse``)."""
+    _, combine = launches
+    if combine is None:
+        return
+    ls = _strides_lse(lse) if lse is not None else (0, 0, 0)
+    combine(NO_LAYER, out, lse if lse is not None else out, *_strides4(out), *ls)

@@ -16,6 +16,7 @@ import torch
 
 from hygon_attn_backend.ops import _device
 from hygon_attn_backend.ops._dispatch import select_impl
+from hygon_attn_backend.ops.mla import native
 
 MLA_Q_DTYPES = (torch.float16, torch.bfloat16)
 MLA_MAX_RANK = 512        # kv_lora_rank the kernel takes (a [BLOCK_M, 512] fp32 accumulator)
@@ -24,6 +25,7 @@ MLA_MAX_BLOCK_M = 64      # query rows a program serves at most
 MLA_MIN_PARTITION = 256   # smallest split-KV partition (tokens) the rule chooses
 MLA_TARGET_PROGRAMS_PER_SM = 2  # the split aims at this many programs an SM
 WHOLE_SEQUENCE = 1 << 30  # partition floor of the one-partition launch
+MLA_NATIVE_MIN_ROWS = 64  # query rows a request from which impl="auto" takes the native kernel
 
 
 @dataclass
@@ -52,7 +54,7 @@ class MLAConfig:
 
 @dataclass
 class MLAChoice:
-    impl: str                     # "triton" | "reference"
+    impl: str                     # "native" | "triton" | "reference"
     config: Optional[MLAConfig]   # None: nothing to launch (reference, empty batch / table)
 
 
@@ -145,22 +147,50 @@ def workspace_partitions(*, num_seqs: int, num_q_heads: int, num_tokens: int,
                               max_context_len=max_context_len, num_sms=num_sms)
 
 
+def native_preferred(*, rows: int) -> bool:
+    """Whether ``impl="auto"`` takes the native MLA decode (``csrc/mla_decode_sm90.cu``)
+    for a batch of ``rows = T x Hq`` query rows a request, where it covers the batch
+    (sm_90, 512 + 64 rows of q's 16-bit dtype: ``native.shape_unsupported``).
+
+    Reasoning: from 64 rows a request the loop is bound by the two products (242 FLOP per
+    cached byte at 128 rows), which the native kernel runs on wgmma with a producer
+    warpgroup loading the tiles; below 64 the Triton decode's 16- and 32-row tiles read
+    the cache at up to 86% of the copy, and a native 64-row program would multiply padding.
+    Measurement: ``docs/benchmarks.md``, "MLA decode, native".
+    """
+    return rows >= MLA_NATIVE_MIN_ROWS
+
+
 def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
-           num_q_heads: int, num_tokens: int, kv_lora_rank: int, q_dtype: torch.dtype,
-           kv_dtype: torch.dtype, max_context: int, tile=None,
+           num_q_heads: int, num_tokens: int, kv_lora_rank: int, rope_dim: int,
+           q_dtype: torch.dtype, kv_dtype: torch.dtype, max_context: int, tile=None,
            num_partitions: Optional[int] = None) -> MLAChoice:
-    """The MLA decode's implementation and launch for one batch. ``impl="native"`` (one
-    ``HYGON_ATTN_IMPL`` for every op) runs Triton: there is no native MLA kernel. float32
-    queries run the reference (``impl="triton"`` refuses them). Arguments are validated by
-    the plan."""
+    """The MLA decode's implementation and launch for one batch. ``impl="native"`` runs
+    the sm_90a kernel where it covers the batch and raises where it does not;
+    ``"auto"`` takes it where :func:`native_preferred` says so (a forced ``tile`` keeps
+    Triton). float32 queries run the reference (``impl="triton"`` / ``"native"`` refuse
+    them). The native launch shares the Triton launch's config (64 rows, 64-key tiles,
+    the same partitions), so the Triton combine merges either. Arguments are validated
+    by the plan."""
     if q_dtype not in MLA_Q_DTYPES:
         if impl in ("triton", "native"):
             raise ValueError(f"impl={impl!r} takes float16/bfloat16 queries, got {q_dtype}")
         select_impl(impl, device)  # rejects an unknown impl name
         return MLAChoice("reference", None)
-    chosen = select_impl(impl, device, q_dtype=q_dtype)  # "native" resolves to "triton"
+    rows = num_tokens * num_q_heads
+    native_why = None
+    if impl in ("auto", "native"):
+        native_why = native.device_unsupported(device) or native.shape_unsupported(
+            kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, q_dtype=q_dtype, kv_dtype=kv_dtype)
+        if native_why is None and rows < native.ROWS:
+            native_why = f"{rows} query rows a request (native MLA decode: >= {native.ROWS})"
+    preferred = native_preferred(rows=rows) and tile is None
+    chosen = select_impl(impl, device, native_preferred=preferred,
+                         native_unsupported=native_why, q_dtype=q_dtype)
     if chosen == "reference" or not num_seqs or not max_blocks:
         return MLAChoice(chosen, None)
+    if chosen == "native":
+        tile = (native.ROWS, native.BLOCK_N, None, None)
     config = launch_config(num_seqs=num_seqs, num_q_heads=num_q_heads, num_tokens=num_tokens,
                            kv_lora_rank=kv_lora_rank, kv_elem_size=kv_dtype.itemsize,
                            max_context_len=max_context, num_sms=_device.num_sms_of(device),

@@ -10,6 +10,7 @@ import torch
 
 from hygon_attn_backend import native
 from hygon_attn_backend.ops import _checks
+from hygon_attn_backend.ops._device import sm90_unsupported
 
 BLOCK_M = 128  # query rows of a native prefill program (csrc/prefill_sm90.cu)
 TILE = (BLOCK_M, 128, 8, 3)  # the Triton tile a layer it does not cover runs on its map
@@ -20,14 +21,7 @@ DTYPES = (torch.float16, torch.bfloat16)  # q and out; the caches q's dtype or f
 def device_unsupported(device: torch.device) -> Optional[str]:
     """None when ``device`` has the native prefill (an NVIDIA sm_90 GPU: the kernel is
     written for sm_90a's wgmma), else the reason."""
-    if device.type != "cuda":
-        return f"device {device} (the native prefill runs on NVIDIA sm_90 GPUs)"
-    if getattr(torch.version, "hip", None):
-        return "a HIP GPU (the native prefill is the sm_90 wgmma kernel; HIP runs Triton)"
-    cap = torch.cuda.get_device_capability(device)
-    if cap != (9, 0):
-        return f"compute capability {cap[0]}.{cap[1]} (the native prefill needs sm_90: H100/H200)"
-    return None
+    return sm90_unsupported(device, "the native prefill")
 
 
 def dtype_unsupported(kv_dtype: torch.dtype) -> Optional[str]:
