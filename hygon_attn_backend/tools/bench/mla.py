@@ -261,7 +261,7 @@ def flashinfer_mla_runner(prob: MLAProblem, fi_mla, backend: str) -> Runner:
     W]`` cache goes in as two strided views, ``kv[..., :rank]`` (``ckv_cache``) and
     ``kv[..., rank:]`` (``kpe_cache``), q as ``[B * T, Hq, rank]`` / ``[B * T, Hq, rope]``
     views: FlashInfer's kernels take each tensor's page and token strides
-    (``batch_mla_run.cu``, ``batch_mla_sm90_run.cu``) and require only the last dimension
+    (``batch_mla_run.cu``, ``batch_mla_sm90_run.cu``) and assume only the last dimension
     dense, so nothing is copied."""
     import torch
     from hygon_attn_backend.tools.bench.engine_peers import FLASHINFER_WORKSPACE_BYTES
