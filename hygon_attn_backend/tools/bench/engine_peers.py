@@ -49,6 +49,30 @@ def _import(what: str, module: str):
         raise Unavailable(f"import failed: {type(exc).__name__}: {str(exc)[:120]}") from exc
 
 
+def flashinfer_module(name: str):
+    """``flashinfer.<name>``, imported without ``flashinfer/__init__.py``, which imports every
+    kernel family (and packages a GPU image may lack): when ``flashinfer`` is not imported
+    yet, a bare package module whose ``__path__`` is the installed folder stands in for it,
+    so only ``<name>`` and what it imports load. :class:`Unavailable` when it is not
+    installed or its import fails."""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+    if "flashinfer" not in sys.modules:
+        spec = importlib.util.find_spec("flashinfer")
+        if spec is None or not spec.submodule_search_locations:
+            raise Unavailable("not installed")
+        pkg = types.ModuleType("flashinfer")
+        pkg.__path__ = list(spec.submodule_search_locations)
+        pkg.__package__ = "flashinfer"
+        sys.modules["flashinfer"] = pkg
+    try:
+        return importlib.import_module(f"flashinfer.{name}")
+    except Exception as exc:  # a module of its import chain that the machine lacks
+        raise Unavailable(f"import failed: {type(exc).__name__}: {str(exc)[:120]}") from exc
+
+
 def _num_sms(device) -> int:
     import torch
     if device.type != "cuda":

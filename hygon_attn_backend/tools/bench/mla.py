@@ -17,7 +17,11 @@ of ``sglang.kernels.ops.attention.decode_attention`` with the MLA pool's ``[slot
 rows, the value its first ``kv_lora_rank`` columns, ``has_mla``, SGLang's own
 ``num_kv_splits`` of at most 8), ``vllm`` (``decode_attention_fwd`` of
 ``vllm.v1.attention.ops.triton_decode_attention`` with ``is_mla``, the block table and
-``_compute_num_kv_splits``'s power-of-two split count, as its Triton MLA backend calls it).
+``_compute_num_kv_splits``'s power-of-two split count, as its Triton MLA backend calls it),
+``flashinfer`` (``BatchMLAPagedAttentionWrapper`` of ``flashinfer.mla``, FlashInfer 0.6.18:
+the ``fa3`` backend on sm_90, ``fa2`` elsewhere, CUDA-graph buffers, ``plan`` once before
+timing, the latent and rope parts of the cache passed as strided views; the one peer also
+timed on the MTP rows, causal, its note giving the time over its own one-token row).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from hygon_attn_backend.tools.bench._runner import Runner, Unavailable
 DEFAULT_SHAPES = "32,4096;32,32768;64,8192;128,4096;128,32768"
 GPU_DEFAULTS = dict(shapes=DEFAULT_SHAPES, heads="128,16", dtype="bfloat16")
 CPU_DEFAULTS = dict(shapes="2,40", heads="16", dtype="float16")
-MLA_PEERS = ("sglang", "vllm")
+MLA_PEERS = ("sglang", "vllm", "flashinfer")
+MTP_PEERS = ("flashinfer",)  # the peers timed on the --mtp rows too
 SGLANG_MAX_KV_SPLITS = 8  # server default of --triton-attention-num-kv-splits
 VLLM_MIN_WORK_PER_SPLIT = 512  # vllm/v1/attention/backends/mla/triton_mla.py
 VLLM_SPLIT_OCCUPANCY_MULTIPLIER = 2
@@ -208,7 +213,82 @@ def vllm_mla(prob: MLAProblem) -> Runner:
                   keep=[logits, lse, one])
 
 
-PEER_MAKERS = {"sglang": sglang_mla, "vllm": vllm_mla}
+def flashinfer_mla_args(prob: MLAProblem) -> tuple:
+    """The batch as FlashInfer's MLA ``plan`` describes it, int32 on the problem's device:
+    ``(qo_indptr, kv_indptr, kv_indices, kv_len_arr)``: ``qo_indptr = arange(B + 1) * T``,
+    ``kv_indptr`` the cumulative page counts ``ceil(seq_len / P)``, ``kv_indices`` every
+    request's block-table row cut to its page count, the rows concatenated, and
+    ``kv_len_arr`` the ``seq_lens``."""
+    import torch
+    dev = prob.q.device
+    i32 = dict(dtype=torch.int32, device=dev)
+    pages = (prob.seq_lens.to(torch.int64) + prob.page_size - 1) // prob.page_size
+    qo_indptr = torch.arange(prob.batch + 1, **i32) * prob.num_tokens
+    kv_indptr = torch.zeros(prob.batch + 1, **i32)
+    kv_indptr[1:] = torch.cumsum(pages, 0).to(torch.int32)
+    cols = torch.arange(prob.block_table.shape[1], device=dev)
+    used = cols[None, :] < pages[:, None]  # a boolean index reads row after row
+    kv_indices = prob.block_table[used].to(torch.int32).contiguous()
+    return qo_indptr, kv_indptr, kv_indices, prob.seq_lens.to(torch.int32).contiguous()
+
+
+def flashinfer_backend(device) -> str:
+    """``fa3`` on compute capability 9 (what ``backend="auto"`` resolves to on sm_90a),
+    ``fa2`` elsewhere."""
+    import torch
+    return "fa3" if torch.cuda.get_device_capability(device)[0] == 9 else "fa2"
+
+
+def flashinfer_mla(prob: MLAProblem) -> Runner:
+    """FlashInfer's ``BatchMLAPagedAttentionWrapper`` (``flashinfer.mla``, 0.6.18) on a GPU
+    (:func:`flashinfer_mla_runner`); ``flashinfer`` itself is not imported
+    (:func:`engine_peers.flashinfer_module`)."""
+    import importlib.util
+    from hygon_attn_backend.tools.bench.engine_peers import flashinfer_module
+    if importlib.util.find_spec("flashinfer") is None:
+        raise Unavailable("not installed")
+    if prob.q.device.type != "cuda":
+        raise Unavailable("needs a CUDA GPU")
+    return flashinfer_mla_runner(prob, flashinfer_module("mla"),
+                                 flashinfer_backend(prob.q.device))
+
+
+def flashinfer_mla_runner(prob: MLAProblem, fi_mla, backend: str) -> Runner:
+    """The wrapper of module ``fi_mla`` built with ``use_cuda_graph=True`` over fixed
+    ``qo_indptr`` / ``kv_indptr`` / ``kv_indices`` / ``kv_len_arr`` buffers and planned once
+    here, outside the timed (captured) call; ``causal`` for ``T > 1`` (query ``t`` of a
+    request sees keys up to ``seq_len - T + t``, as the reference). The ``[num_blocks, P,
+    W]`` cache goes in as two strided views, ``kv[..., :rank]`` (``ckv_cache``) and
+    ``kv[..., rank:]`` (``kpe_cache``), q as ``[B * T, Hq, rank]`` / ``[B * T, Hq, rope]``
+    views: FlashInfer's kernels take each tensor's page and token strides
+    (``batch_mla_run.cu``, ``batch_mla_sm90_run.cu``) and assume only the last dimension
+    dense, so nothing is copied."""
+    import torch
+    from hygon_attn_backend.tools.bench.engine_peers import FLASHINFER_WORKSPACE_BYTES
+    dev = prob.q.device
+    b, t, hq, rank = prob.batch, prob.num_tokens, prob.num_q_heads, prob.rank
+    rope = prob.kv.shape[2] - rank
+    names = ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr")
+    args = dict(zip(names, flashinfer_mla_args(prob)))
+    bufs = {k: torch.empty_like(v) for k, v in args.items()}  # the buffers a graph replays
+    ws = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
+    wrapper = fi_mla.BatchMLAPagedAttentionWrapper(ws, use_cuda_graph=True, backend=backend,
+                                                   **bufs)
+    wrapper.plan(**args, num_heads=hq, head_dim_ckv=rank, head_dim_kpe=rope,
+                 page_size=prob.page_size, causal=t > 1, sm_scale=prob.scale,
+                 q_data_type=prob.q.dtype, kv_data_type=prob.kv.dtype)
+    q3 = prob.q.reshape(b * t, hq, rank + rope)
+    q_nope, q_pe = q3[..., :rank], q3[..., rank:]  # [B * T, Hq, rank], [B * T, Hq, rope]
+    ckv, kpe = prob.kv[..., :rank], prob.kv[..., rank:]  # [num_blocks, P, rank / rope]
+    out = torch.empty(prob.q.shape[:-1] + (rank,), dtype=prob.q.dtype, device=dev)
+    out3 = out.view(b * t, hq, rank)
+    fn = lambda: wrapper.run(q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv, kpe_cache=kpe, out=out3)
+    name = "flashinfer mla" if t == 1 else f"flashinfer mla q_len {t}"
+    note = f"{backend}, causal" if t > 1 else backend
+    return Runner(name, fn, out, note=note, keep=[wrapper, ws, *args.values(), *bufs.values()])
+
+
+PEER_MAKERS = {"sglang": sglang_mla, "vllm": vllm_mla, "flashinfer": flashinfer_mla}
 
 
 def _parse_tiles(text: str):
@@ -321,7 +401,7 @@ def run_mla_bench(args) -> dict:
                 base = dict(op="decode", batch=batch, ctx=ctx, num_q_heads=heads,
                             num_kv_heads=1, head_dim=rank + rope, page=page)
                 print(f"B={batch} ctx={ctx} Hq={heads} page {page}", flush=True)
-                single_ms = None
+                single_ms = {}  # impl -> ms of its one-token row
                 for tokens in [1] + mtp:
                     prob = build(batch=batch, ctx=ctx, page_size=page, heads=heads, rank=rank,
                                  rope=rope, tokens=tokens, dtype=dtype, device=device)
@@ -334,16 +414,20 @@ def run_mla_bench(args) -> dict:
                                                         label=f"hygon (x{n} partitions)"),
                                        f"hygon (x{n} partitions)") for n in forced]
                         made += [_make(lambda n=n: PEER_MAKERS[n](prob), n) for n in peers]
+                    else:
+                        made += [_make(lambda n=n: PEER_MAKERS[n](prob), f"{n} q_len {tokens}")
+                                 for n in peers if n in MTP_PEERS]
                     got = _harness.run_all(made, lambda out: check(prob, out), base=base,
                                            graph=True, rep_ms=args.rep_ms,
                                            work=prob.kv_bytes(), ceiling=copy, device=device)
                     for row in got:
                         if row["status"] != "ok":
                             continue
-                        if row["impl"] == "hygon":
-                            single_ms = row["ms"]
-                        elif tokens > 1 and single_ms:
-                            row["note"] += f"; {row['ms'] / single_ms:.3f}x q_len 1"
+                        one = single_ms.get(row["impl"].split(" q_len ")[0])
+                        if tokens == 1:
+                            single_ms.setdefault(row["impl"], row["ms"])
+                        elif one:
+                            row["note"] += f"; {row['ms'] / one:.3f}x q_len 1"
                     rows += got
                     if tokens == 1 and args.same_bytes_copy:
                         rows.append(_same_bytes_copy_row(prob.kv_bytes(), base, copy,
