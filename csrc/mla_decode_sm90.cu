@@ -306,12 +306,8 @@ HAB_DEV void softmax_warpgroup(const HabMlaDecodeParams& p, const Work& w, const
                                             hab_sm90::desc_sw128(k_tile + off, 16, 1024), ks > 0);
     }
     hab_sm90::wgmma_commit();
-    hab_sm90::wgmma_wait<0>();  // S of this tile and P V of the last one
+    hab_sm90::wgmma_wait<0>();
     hab_sm90::fence_regs(sc);
-    hab_sm90::fence_regs(o[0]);
-    hab_sm90::fence_regs(o[1]);
-    hab_sm90::fence_regs_u32(pa);
-    if (j > 0) release(b.empty_k + (j - 1) % STAGES, lane);
     // column c is key n0 + c: visible when present (its mask bit) and, for T > 1, at or
     // before the row's own position
     const int n0 = w.key_lo + j * BLOCK_N;
@@ -382,11 +378,15 @@ HAB_DEV void softmax_warpgroup(const HabMlaDecodeParams& p, const Work& w, const
       }
     }
     hab_sm90::wgmma_commit();
+    // waited here, not with the next S: the stage goes back to the producers as soon as
+    // both halves of P V are done, so the tile after next loads over most of an iteration
+    // (a wait<1> after the next S made ptxas serialize the products)
+    hab_sm90::wgmma_wait<0>();
+    hab_sm90::fence_regs(o[0]);
+    hab_sm90::fence_regs(o[1]);
+    hab_sm90::fence_regs_u32(pa);
+    release(b.empty_k + s, lane);
   }
-  hab_sm90::wgmma_wait<0>();
-  hab_sm90::fence_regs(o[0]);
-  hab_sm90::fence_regs(o[1]);
-  hab_sm90::fence_regs_u32(pa);
   float inv[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

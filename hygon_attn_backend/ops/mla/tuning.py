@@ -120,19 +120,37 @@ def num_partitions_for(*, programs: int, max_context_len: int, num_sms: int) -> 
     return max(1, min(parts, most))
 
 
+def native_partitions_for(*, programs: int, max_context_len: int, num_sms: int) -> int:
+    """Split-KV partitions of the native MLA decode (1: no split): one wave.
+
+    Reasoning: a native program takes a whole SM (225 KB of shared memory), so the grid's
+    ``programs x partitions`` run in waves of ``num_sms``; a second, partly filled wave
+    costs as much as the first. Split only as far as the first wave still has room,
+    partitions of at least ``MLA_MIN_PARTITION`` tokens. Never more than the Triton rule's
+    count, so a workspace sized by that rule serves both.
+    Measurement (H200, bf16, Hq 128, page 64, 2026-12-04; ms at x1 / x2 / x4 / x8
+    partitions): (32, 32k) 1.429 / 0.738 / 0.747 / 0.782 (64 programs: x2);
+    (128, 4k) 0.382 / 0.453 / 0.491 / 0.565 and (128, 32k) 2.862 / 2.948 / 2.953 / 3.005
+    (256 programs: x1).
+    """
+    ctx = max(int(max_context_len), 1)
+    most = max(1, -(-ctx // MLA_MIN_PARTITION))
+    return max(1, min(max(1, num_sms) // max(1, programs), most))
+
+
 def launch_config(*, num_seqs: int, num_q_heads: int, num_tokens: int, kv_lora_rank: int,
                   kv_elem_size: int, max_context_len: int, num_sms: int, tile=None,
-                  num_partitions: Optional[int] = None) -> MLAConfig:
-    """The Triton MLA decode's launch for one batch (``tile`` / ``num_partitions``
-    force the tile and the split)."""
+                  num_partitions: Optional[int] = None, native: bool = False) -> MLAConfig:
+    """The MLA decode's launch for one batch (``tile`` / ``num_partitions`` force the
+    tile and the split; ``native``: the native kernel's split rule)."""
     rows = num_tokens * num_q_heads
     bm, bn, warps, stages = tile_config(block_m=block_m_for(rows),
                                         rank_pad=_device.next_pow2(kv_lora_rank),
                                         kv_elem_size=kv_elem_size, tile=tile)
     if num_partitions is None:
-        num_partitions = num_partitions_for(programs=num_seqs * -(-rows // bm),
-                                            max_context_len=max_context_len,
-                                            num_sms=num_sms)
+        rule = native_partitions_for if native else num_partitions_for
+        num_partitions = rule(programs=num_seqs * -(-rows // bm),
+                              max_context_len=max_context_len, num_sms=num_sms)
     if num_partitions > 1:  # a tile never straddles two partitions
         bn = min(bn, MLA_MIN_PARTITION)
     return MLAConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages,
@@ -194,7 +212,8 @@ def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
     config = launch_config(num_seqs=num_seqs, num_q_heads=num_q_heads, num_tokens=num_tokens,
                            kv_lora_rank=kv_lora_rank, kv_elem_size=kv_dtype.itemsize,
                            max_context_len=max_context, num_sms=_device.num_sms_of(device),
-                           tile=tile, num_partitions=num_partitions)
+                           tile=tile, num_partitions=num_partitions,
+                           native=chosen == "native")
     return MLAChoice(chosen, config)
 
 

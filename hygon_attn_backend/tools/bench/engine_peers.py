@@ -66,6 +66,9 @@ def flashinfer_module(name: str):
         pkg = types.ModuleType("flashinfer")
         pkg.__path__ = list(spec.submodule_search_locations)
         pkg.__package__ = "flashinfer"
+        # its JIT looks itself up (importlib.util.find_spec("flashinfer")), which needs a spec
+        pkg.__spec__ = spec
+        pkg.__file__ = spec.origin
         sys.modules["flashinfer"] = pkg
     try:
         return importlib.import_module(f"flashinfer.{name}")
