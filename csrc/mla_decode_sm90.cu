@@ -28,11 +28,12 @@
 // fp32 accumulator (128 registers a thread); warpgroup 0 takes the registers the
 // producers give up (setmaxnreg).
 //
-// Barriers: full_q / full_k complete when the producers' copies land (and the mask words
-// are written); empty_k when the 8 consumer warps are done with a stage; p_full when
-// warpgroup 0 has stored P and the factors, p_empty when warpgroup 1's product that read
-// them has finished. A consumer fences the async proxy after each wait (the copies and the
-// P stores are generic writes, wgmma reads through the async proxy).
+// Barriers: full_q / full_k (mbarriers) complete when the producers' copies land (and the
+// mask words are written); empty_k when the 8 consumer warps are done with a stage. The two
+// consumer warpgroups hand P over through named barriers: P_FULL when warpgroup 0 has
+// stored P and the factors, P_EMPTY when warpgroup 1's product that read them has
+// finished. The copies and the P stores are generic writes, wgmma reads through the async
+// proxy: the writers (P) or the readers (the copies, after their wait) fence it.
 #include <climits>
 
 #include "compat.h"
@@ -69,7 +70,10 @@ constexpr int ALPHA_OFF = P_OFF + PANEL_BYTES;      // [ROWS] float: a tile's re
 constexpr int INV_OFF = ALPHA_OFF + 4 * ROWS;       // [ROWS] float: 1 / l at the end
 constexpr int MASK_OFF = INV_OFF + 4 * ROWS;        // [STAGES][4] key bits (16 a producer warp)
 constexpr int BAR_OFF = MASK_OFF + 16 * STAGES;
-constexpr int NUM_BARS = 3 + 2 * STAGES;
+constexpr int NUM_BARS = 1 + 2 * STAGES;
+// named barriers of the two consumer warpgroups (256 threads): P and the factors stored /
+// read by warpgroup 1's last product; 1 / l at the end
+[[maybe_unused]] constexpr int BAR_P_FULL = 2, BAR_P_EMPTY = 3, BAR_FINISH = 1;
 constexpr int SMEM_USED = BAR_OFF + 8 * NUM_BARS;
 constexpr int SMEM_BYTES = SMEM_USED + 1024;  // slack: the tiles start on a 1024-byte boundary
 static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than an sm_90 program may have");
@@ -83,8 +87,6 @@ struct Barriers {
   uint64_t* full_q;
   uint64_t* full_k;   // [STAGES]
   uint64_t* empty_k;  // [STAGES]
-  uint64_t* p_full;
-  uint64_t* p_empty;
   uint32_t* mask;  // [STAGES][4]
   float* alpha;    // [ROWS]
   float* inv_l;    // [ROWS]
@@ -218,23 +220,20 @@ HAB_DEV void release(uint64_t* bar, int lane) {
   if (lane == 0) hab_sm90::mbar_arrive(bar);
 }
 
-HAB_DEV void rescale(float (&o)[2][64], const float (&alpha)[2]) {
+HAB_DEV void rescale(float (&o)[128], const float (&alpha)[2]) {
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      o[hh][4 * i + 0] *= alpha[0];
-      o[hh][4 * i + 1] *= alpha[0];
-      o[hh][4 * i + 2] *= alpha[1];
-      o[hh][4 * i + 3] *= alpha[1];
-    }
+  for (int i = 0; i < 32; ++i) {
+    o[4 * i + 0] *= alpha[0];
+    o[4 * i + 1] *= alpha[0];
+    o[4 * i + 2] *= alpha[1];
+    o[4 * i + 3] *= alpha[1];
   }
 }
 
 // out (unsplit) or the scratch slot (split) for this thread's rows of one warpgroup's
 // half: O * inv (inv = 0: the row saw no key)
 template <bool IS_BF16>
-HAB_DEV void store_rows(const HabMlaDecodeParams& p, const Work& w, const Rows& rs, const float (&o)[2][64],
+HAB_DEV void store_rows(const HabMlaDecodeParams& p, const Work& w, const Rows& rs, const float (&o)[128],
                         const float (&inv)[2], int col0, int t) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -243,23 +242,17 @@ HAB_DEV void store_rows(const HabMlaDecodeParams& p, const Work& w, const Rows& 
       const int64_t slot = w.seq * p.num_partitions + blockIdx.z;
       float* dst = p.partial_out + slot * p.po_stride[0] + int64_t(w.row0 + rs.r[h]) * p.po_stride[1] + col0;
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          *reinterpret_cast<float2*>(dst + hh * 128 + 8 * i + 2 * t) =
-              make_float2(o[hh][4 * i + 2 * h] * inv[h], o[hh][4 * i + 2 * h + 1] * inv[h]);
-        }
+      for (int i = 0; i < 32; ++i) {
+        *reinterpret_cast<float2*>(dst + 8 * i + 2 * t) =
+            make_float2(o[4 * i + 2 * h] * inv[h], o[4 * i + 2 * h + 1] * inv[h]);
       }
     } else {
       uint16_t* dst = static_cast<uint16_t*>(p.out) + w.seq * p.o_stride[0] + rs.tok[h] * p.o_stride[1] +
                       rs.head[h] * p.o_stride[2] + col0;
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          *reinterpret_cast<uint32_t*>(dst + hh * 128 + 8 * i + 2 * t) =
-              hab_sm90::pack2<IS_BF16>(o[hh][4 * i + 2 * h] * inv[h], o[hh][4 * i + 2 * h + 1] * inv[h]);
-        }
+      for (int i = 0; i < 32; ++i) {
+        *reinterpret_cast<uint32_t*>(dst + 8 * i + 2 * t) =
+            hab_sm90::pack2<IS_BF16>(o[4 * i + 2 * h] * inv[h], o[4 * i + 2 * h + 1] * inv[h]);
       }
     }
   }
@@ -278,12 +271,9 @@ HAB_DEV void softmax_warpgroup(const HabMlaDecodeParams& p, const Work& w, const
   const bool causal = p.num_tokens > 1;
   const float mult = p.scale * LOG2E;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  float o[2][64];
+  float o[128];  // this warpgroup's 64 x 256 of O
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[hh][i] = 0.f;
-  }
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
   uint32_t pa[16];  // P of the tile, the A fragments of the P V product (k-step kk: 4 kk ..)
 #pragma unroll
   for (int i = 0; i < 16; ++i) pa[i] = 0u;
@@ -311,14 +301,17 @@ HAB_DEV void softmax_warpgroup(const HabMlaDecodeParams& p, const Work& w, const
     // column c is key n0 + c: visible when present (its mask bit) and, for T > 1, at or
     // before the row's own position
     const int n0 = w.key_lo + j * BLOCK_N;
+    const bool all_keys = (bits[0] & bits[1] & bits[2] & bits[3] & 0xffffu) == 0xffffu;
+    if (!all_keys || (causal && n0 + BLOCK_N - 1 > min(diag[0], diag[1]))) {  // only tiles that need it pay
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < 8; ++i) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = 8 * i + 2 * t + (e & 1);
-        const bool key = (bits[i >> 1] >> (col & 15)) & 1u;
-        const bool vis = key && (!causal || n0 + col <= diag[e >> 1]);
-        sc[4 * i + e] = vis ? sc[4 * i + e] : -INFINITY;
+        for (int e = 0; e < 4; ++e) {
+          const int col = 8 * i + 2 * t + (e & 1);
+          const bool key = (bits[i >> 1] >> (col & 15)) & 1u;
+          const bool vis = key && (!causal || n0 + col <= diag[e >> 1]);
+          sc[4 * i + e] = vis ? sc[4 * i + e] : -INFINITY;
+        }
       }
     }
     float alpha[2];
@@ -348,7 +341,7 @@ HAB_DEV void softmax_warpgroup(const HabMlaDecodeParams& p, const Work& w, const
 #pragma unroll
     for (int i = 0; i < 16; ++i) pa[i] = hab_sm90::pack2<IS_BF16>(sc[2 * i], sc[2 * i + 1]);
     // P and the factors to warpgroup 1, once its product of the last tile has read them
-    hab_sm90::mbar_wait(b.p_empty, (j & 1) ^ 1);
+    if (j > 0) hab_sm90::named_sync(BAR_P_EMPTY, 256);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
 #pragma unroll
@@ -363,27 +356,21 @@ HAB_DEV void softmax_warpgroup(const HabMlaDecodeParams& p, const Work& w, const
       b.alpha[rs.r[1]] = alpha[1];
     }
     hab_sm90::fence_proxy_async();
-    hab_sm90::mbar_arrive(b.p_full);
+    hab_sm90::named_arrive(BAR_P_FULL, 256);
     rescale(o, alpha);
-    hab_sm90::fence_regs(o[0]);
-    hab_sm90::fence_regs(o[1]);
+    hab_sm90::fence_regs(o);
     hab_sm90::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {  // value channels 0..255: panels 0-3
       const uint32_t a[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        hab_sm90::wgmma_rs_m64n128k16_tb<IS_BF16>(
-            o[hh], a, hab_sm90::desc_sw128(k_tile + kk * 16 * 128 + 2 * hh * PANEL_BYTES, PANEL_BYTES, 1024));
-      }
+      hab_sm90::wgmma_rs_m64n256k16_tb<IS_BF16>(o, a, hab_sm90::desc_sw128(k_tile + kk * 16 * 128, PANEL_BYTES, 1024));
     }
     hab_sm90::wgmma_commit();
     // waited here, not with the next S: the stage goes back to the producers as soon as
     // both halves of P V are done, so the tile after next loads over most of an iteration
     // (a wait<1> after the next S made ptxas serialize the products)
     hab_sm90::wgmma_wait<0>();
-    hab_sm90::fence_regs(o[0]);
-    hab_sm90::fence_regs(o[1]);
+    hab_sm90::fence_regs(o);
     hab_sm90::fence_regs_u32(pa);
     release(b.empty_k + s, lane);
   }
@@ -407,7 +394,7 @@ HAB_DEV void softmax_warpgroup(const HabMlaDecodeParams& p, const Work& w, const
       }
     }
   }
-  hab_sm90::named_sync(1, 256);  // 1 / l to warpgroup 1
+  hab_sm90::named_sync(BAR_FINISH, 256);  // 1 / l to warpgroup 1
   store_rows<IS_BF16>(p, w, rs, o, inv, 0, t);
 }
 
@@ -417,40 +404,31 @@ HAB_DEV void value_warpgroup(const HabMlaDecodeParams& p, const Work& w, const B
                              int lane) {
   const int t = lane & 3;
   const Rows rs(p, w, wq, lane);
-  float o[2][64];
+  float o[128];  // this warpgroup's 64 x 256 of O
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[hh][i] = 0.f;
-  }
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
   for (int j = 0; j < w.n_tiles; ++j) {
     const int s = j % STAGES;
     const uint32_t k_tile = smem + K_OFF + s * TILE_BYTES;
-    hab_sm90::mbar_wait(b.p_full, j & 1);
+    hab_sm90::named_sync(BAR_P_FULL, 256);
     hab_sm90::mbar_wait(b.full_k + s, (j / STAGES) & 1);
     hab_sm90::fence_proxy_async();
     const float alpha[2] = {b.alpha[rs.r[0]], b.alpha[rs.r[1]]};
     rescale(o, alpha);
-    hab_sm90::fence_regs(o[0]);
-    hab_sm90::fence_regs(o[1]);
+    hab_sm90::fence_regs(o);
     hab_sm90::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        hab_sm90::wgmma_ss_m64n128k16_tb<IS_BF16>(
-            o[hh], hab_sm90::desc_sw128(smem + P_OFF + kk * 32, 16, 1024),
-            hab_sm90::desc_sw128(k_tile + kk * 16 * 128 + (4 + 2 * hh) * PANEL_BYTES, PANEL_BYTES, 1024));
-      }
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {  // value channels 256..511: panels 4-7
+      hab_sm90::wgmma_ss_m64n256k16_tb<IS_BF16>(o, hab_sm90::desc_sw128(smem + P_OFF + kk * 32, 16, 1024),
+                                                hab_sm90::desc_sw128(k_tile + kk * 16 * 128 + 4 * PANEL_BYTES, PANEL_BYTES, 1024));
     }
     hab_sm90::wgmma_commit();
     hab_sm90::wgmma_wait<0>();
-    hab_sm90::fence_regs(o[0]);
-    hab_sm90::fence_regs(o[1]);
-    release(b.p_empty, lane);
+    hab_sm90::fence_regs(o);
+    if (j + 1 < w.n_tiles) hab_sm90::named_arrive(BAR_P_EMPTY, 256);  // warpgroup 0 waits for it before P of j + 1
     release(b.empty_k + s, lane);
   }
-  hab_sm90::named_sync(1, 256);
+  hab_sm90::named_sync(BAR_FINISH, 256);
   const float inv[2] = {b.inv_l[rs.r[0]], b.inv_l[rs.r[1]]};
   store_rows<IS_BF16>(p, w, rs, o, inv, HALF, t);
 }
@@ -468,8 +446,6 @@ __global__ void __launch_bounds__(THREADS, 1) mla_decode_kernel(const __grid_con
   b.full_q = bars;
   b.full_k = bars + 1;
   b.empty_k = bars + 1 + STAGES;
-  b.p_full = bars + 1 + 2 * STAGES;
-  b.p_empty = bars + 2 + 2 * STAGES;
   b.mask = reinterpret_cast<uint32_t*>(base + MASK_OFF);
   b.alpha = reinterpret_cast<float*>(base + ALPHA_OFF);
   b.inv_l = reinterpret_cast<float*>(base + INV_OFF);
@@ -481,8 +457,6 @@ __global__ void __launch_bounds__(THREADS, 1) mla_decode_kernel(const __grid_con
       hab_sm90::mbar_init(b.full_k + s, COPIERS + PRODUCER_WARPS);  // copies + the mask words
       hab_sm90::mbar_init(b.empty_k + s, CONSUMER_WARPS);
     }
-    hab_sm90::mbar_init(b.p_full, 128);  // every thread of warpgroup 0 (its own P stores)
-    hab_sm90::mbar_init(b.p_empty, 4);   // the warps of warpgroup 1
   }
   __syncthreads();
   const uint32_t smem = hab_sm90::smem_addr(base);
