@@ -119,9 +119,9 @@ def cache_ops(name, *, layout, dim, page, dtype, slots, pairs, num_blocks=6, hkv
 
 
 def mla(name, *, page, heads, tokens=1, rank=512, rope=64, kv_dtype=torch.bfloat16, table,
-        lens, num_blocks=8, slots=(), **kw):
+        lens, num_blocks=8, slots=(), impl="triton", **kw):
     """The MLA decode (and its cache write first, hostile slots included) against the
-    reference."""
+    reference; ``impl="native"``: the sm_90a kernel."""
     from hygon_attn_backend.ops.mla import mla_decode_attention, write_mla_cache
 
     kv = torch.randn((num_blocks, page, rank + rope), device=DEV)
@@ -141,7 +141,7 @@ def mla(name, *, page, heads, tokens=1, rank=512, rope=64, kv_dtype=torch.bfloat
     q = torch.randn(shape, device=DEV).to(torch.bfloat16)
     args = (q, kv, _i32(table), _i32(list(lens)))
     out, _ = mla_decode_attention(*args, kv_lora_rank=rank, kv_scale=scale, return_lse=True,
-                                  impl="triton", **kw)
+                                  impl=impl, **kw)
     args = _cpu(args)
     ref = dict(kv_lora_rank=rank, kv_scale=scale)
     _check(name, out, reference.mla_decode_attention(*args, **ref, compute_dtype=torch.float64),
@@ -329,6 +329,13 @@ def native_cases() -> None:
     print("copy_blocks: ok", flush=True)
     if torch.cuda.get_device_capability() == (9, 0) and not torch.version.hip:
         native_prefill_cases()
+        mla("native mla decode Hq 128 page 64, bad ids, seq_len 0, past the table, split",
+            page=64, heads=128, num_blocks=40, impl="native",
+            table=[[0, -5, 1000, 3, 4, 5], [6, 7, 8, 9, 10, 11], [12, 13, 2**31 - 1, 14, 15, 16]],
+            lens=(300, 0, 5000))
+        mla("native mla decode Hq 64 T=2 page 1, bad ids, unsplit", page=1, heads=64, tokens=2,
+            num_blocks=200, impl="native", table=[list(range(100)), [150, -1] + list(range(2, 100))],
+            lens=(100, 77))
     print("sanitize_cases: native cases ran, outputs checked", flush=True)
 
 

@@ -30,6 +30,7 @@ import traceback
 from hygon_attn_backend.tools.argtypes import count
 
 OPS = ("decode", "prefill", "mla", "write_kv", "copy_blocks")
+IMPL_OPS = ("prefill", "decode", "mla")  # the ops whose cases take --impl
 # profiles per seed: each value of every stratified set (12 layouts, 12 page sizes, 12
 # groups, 6 head_dims, ...) appears in at least NUM // len(set) of them; each profile costs
 # its kernels' compiles (decode <= 3: one-partition, split, combine; prefill 1), so a run
@@ -93,15 +94,15 @@ def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
          max_failures: int = 20, impl: str = "triton", kv_dtype: str = "any") -> int:
     """Run the cases; print each failure and a summary line. Returns the failure count.
     ``skip``: leave out this shard's first ``skip`` cases (resume a run that was stopped
-    after them). ``impl`` (prefill and decode): the implementation the cases plan with;
+    after them). ``impl`` (prefill, decode and mla): the implementation the cases plan with;
     "auto" takes the plan's choice, "native" the native kernel on the cases it covers (the
     summary counts the native cases). ``kv_dtype`` (prefill and decode, one of
     ``KV_DTYPE_FILTERS``): run only the seed's profiles with that cache dtype (case ``k``
     is then case ``k`` of those profiles; its rerun names the filter)."""
     import torch
 
-    if impl != "triton" and op not in ("prefill", "decode"):
-        raise ValueError(f"impl={impl!r}: only the prefill and decode cases take an impl "
+    if impl != "triton" and op not in IMPL_OPS:
+        raise ValueError(f"impl={impl!r}: only the prefill, decode and mla cases take an impl "
                          f"(op={op!r})")
     if kv_dtype not in KV_DTYPE_FILTERS:
         raise ValueError(f"kv_dtype must be one of {KV_DTYPE_FILTERS}, got {kv_dtype!r}")
@@ -175,7 +176,7 @@ def add_fuzz_parser(sub) -> None:
     p.add_argument("--skip", type=count(0), default=0,
                    help="leave out the shard's first SKIP cases (resume a stopped run)")
     p.add_argument("--impl", choices=("triton", "auto", "native"), default="triton",
-                   help="prefill and decode: the implementation the cases plan with (auto: "
+                   help="prefill, decode and mla: the implementation the cases plan with (auto: "
                         "the plan's rule; native: the native kernel on the cases it covers "
                         "on this GPU, Triton on the rest)")
     p.add_argument("--kv-dtype", choices=KV_DTYPE_FILTERS, default="any",
@@ -192,9 +193,9 @@ def _interrupt(signum, frame):
 
 
 def cmd_fuzz(args) -> int:
-    if args.impl != "triton" and args.op not in ("prefill", "decode"):
-        print(f"hygon-attn fuzz: --impl {args.impl}: only --op prefill and decode take an "
-              f"impl (got --op {args.op})", file=sys.stderr)
+    if args.impl != "triton" and args.op not in IMPL_OPS:
+        print(f"hygon-attn fuzz: --impl {args.impl}: only --op prefill, decode and mla take "
+              f"an impl (got --op {args.op})", file=sys.stderr)
         return 2
     if args.kv_dtype != "any" and args.op not in ("prefill", "decode"):
         print(f"hygon-attn fuzz: --kv-dtype {args.kv_dtype}: only --op prefill and decode "

@@ -32,14 +32,15 @@ def mla_profile(rng: random.Random, tiny: bool, strata: pb.Strata) -> dict:
     return dict(
         dtype=torch.float16 if tiny else strata.pick("dtype", (torch.bfloat16, torch.float16)),
         rank=rank, rope=rope,
-        heads=strata.pick("heads", (8, 16) if tiny else (16, 16, 32, 128)),
+        heads=strata.pick("heads", (8, 16) if tiny else (16, 16, 32, 64, 128)),
         page=strata.pick("page", (1, 4, 16) if tiny else (1, 16, 64, 128, 256)),
         tokens=strata.pick("tokens", (1, 1, 2, 3) if tiny else (1, 1, 2, 4)),
         fp8=strata.pick("fp8", (False, False, True)),
         partitions=strata.pick("partitions", (None, 1, 3)),
         lse=strata.pick("lse", (False, True)),
         index_dtype=strata.pick("index_dtype", (torch.int32, torch.int64)),
-        table_x16=strata.pick("table_x16", (False, True)))
+        table_x16=strata.pick("table_x16", (False, True)),
+        impl="triton")  # the run's --impl replaces it
 
 
 def mla_case(rng: random.Random, prof: dict, device, tiny: bool):
@@ -72,11 +73,12 @@ def mla_case(rng: random.Random, prof: dict, device, tiny: bool):
                            num_q_heads=hq, kv_lora_rank=rank, rope_dim=rope,
                            q_dtype=q.dtype, kv_dtype=kv.dtype, num_tokens=t, scale=scale,
                            max_seq_len=max_seq_len, return_lse=prof["lse"],
-                           num_partitions=prof["partitions"], impl="triton")
+                           num_partitions=prof["partitions"],
+                           impl="auto" if prof["impl"] == "native" else prof["impl"])
     out = torch.full(shape[:-1] + (rank,), float("nan"), dtype=q.dtype, device=device)
     lse = torch.full(shape[:-1], float("nan"), device=device) if prof["lse"] else None
     plan.run(q, kv, out=out, lse=lse, kv_scale=kv_scale)
-    desc = (f"{str(q.dtype)[6:]} {rank}+{rope} Hq={hq} page={page} T={t} "
+    desc = (f"impl={plan.impl} {str(q.dtype)[6:]} {rank}+{rope} Hq={hq} page={page} T={t} "
             f"fp8={prof['fp8']} partitions={prof['partitions']} lse={prof['lse']} "
             f"B={num_seqs} lens={lens[:8]} bad_ids={tbl.hostile} max_seq_len={max_seq_len}")
     args = (q, kv, tbl.table, seq_lens)
