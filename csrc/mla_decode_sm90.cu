@@ -131,12 +131,7 @@ HAB_DEV Work work_of(const HabMlaDecodeParams& p) {
 }
 
 // ------------------------------------------------------------------ producers
-HAB_DEV const uint8_t* shfl_ptr(const uint8_t* ptr, int src_lane) {
-  const uint64_t u = reinterpret_cast<uint64_t>(ptr);
-  const uint32_t lo = __shfl_sync(0xffffffffu, uint32_t(u), src_lane);
-  const uint32_t hi = __shfl_sync(0xffffffffu, uint32_t(u >> 32), src_lane);
-  return reinterpret_cast<const uint8_t*>((uint64_t(hi) << 32) | lo);
-}
+using hab_sm90::shfl_ptr;
 
 // Producer warp pw copies rows 16 pw .. 16 pw + 15 of a 64-row tile (all 9 panels); row
 // 16 pw + l starts at `row_ptr` of lane l (l < 16; null: zero fill, `fallback` never read).
@@ -479,13 +474,7 @@ const char* launch(const HabMlaDecodeParams& p, cudaStream_t stream) {
   auto kernel = mla_decode_kernel<IS_BF16>;
   static uint64_t configured = 0;  // one bit per device
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return "mla_decode: no device";
-  const uint64_t bit = uint64_t(1) << (dev & 63);
-  if (!(configured & bit)) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (e != cudaSuccess) return cudaGetErrorString(e);
-    configured |= bit;
-  }
+  if (const char* err = hab_sm90::opt_in_smem(kernel, SMEM_BYTES, configured, dev)) return err;
   const dim3 grid(unsigned(hab_cdiv(p.num_tokens * p.num_heads, ROWS)), unsigned(p.num_seqs),
                   unsigned(p.num_partitions));
   kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(p);

@@ -408,13 +408,7 @@ const char* launch(const HabPrefillParams& p, cudaStream_t stream) {
   constexpr int SMEM_BYTES = Layout<FP8>::SMEM_BYTES;
   static uint64_t configured = 0;  // one bit per device
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return "prefix_prefill: no device";
-  const uint64_t bit = uint64_t(1) << (dev & 63);
-  if (!(configured & bit)) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (e != cudaSuccess) return cudaGetErrorString(e);
-    configured |= bit;
-  }
+  if (const char* err = hab_sm90::opt_in_smem(kernel, SMEM_BYTES, configured, dev)) return err;
   static int sms[64] = {};  // multiprocessors per device
   if (!sms[dev & 63]) cudaDeviceGetAttribute(&sms[dev & 63], cudaDevAttrMultiProcessorCount, dev);
   const int64_t work = p.num_tiles * p.num_kv_heads;

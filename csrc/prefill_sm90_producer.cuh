@@ -41,12 +41,7 @@ HAB_DEV KeyRows key_rows(const HabPrefillParams& p, const TileInfo& ti, const Ha
   return r;
 }
 
-HAB_DEV const uint8_t* shfl_ptr(const uint8_t* ptr, int src_lane) {
-  const uint64_t u = reinterpret_cast<uint64_t>(ptr);
-  const uint32_t lo = __shfl_sync(0xffffffffu, uint32_t(u), src_lane);
-  const uint32_t hi = __shfl_sync(0xffffffffu, uint32_t(u >> 32), src_lane);
-  return reinterpret_cast<const uint8_t*>((uint64_t(hi) << 32) | lo);
-}
+using hab_sm90::shfl_ptr;
 
 // Producer warp `pw` copies rows 32 pw .. 32 pw + 31 of a 128-row 16-bit tile; row
 // 32 pw + l starts at `row` of lane l (null: zero fill). Into the swizzled panels at

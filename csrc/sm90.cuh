@@ -34,6 +34,29 @@ namespace hab_sm90 {
 
 HAB_DEV uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
+// A pointer from lane `src_lane` of the warp (two 32-bit shuffles).
+HAB_DEV const uint8_t* shfl_ptr(const uint8_t* ptr, int src_lane) {
+  const uint64_t u = reinterpret_cast<uint64_t>(ptr);
+  const uint32_t lo = __shfl_sync(0xffffffffu, uint32_t(u), src_lane);
+  const uint32_t hi = __shfl_sync(0xffffffffu, uint32_t(u >> 32), src_lane);
+  return reinterpret_cast<const uint8_t*>((uint64_t(hi) << 32) | lo);
+}
+
+// Host: the current device into `dev`, and `kernel`'s opt-in dynamic shared memory set to
+// `bytes` once a device (a bit of `configured`, the caller's static). nullptr or the
+// error's text.
+template <typename Kernel>
+inline const char* opt_in_smem(Kernel kernel, int bytes, uint64_t& configured, int& dev) {
+  if (cudaGetDevice(&dev) != cudaSuccess) return "no device";
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (!(configured & bit)) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+    configured |= bit;
+  }
+  return nullptr;
+}
+
 // ------------------------------------------------------------------ mbarrier
 HAB_DEV void mbar_init(uint64_t* bar, int count) {
 #if defined(HAB_SM90A)
