@@ -48,6 +48,23 @@ def _native_prefill_status(cuda: bool) -> str:
     return "yes (sm_90a; impl='auto' takes it)" if why is None else f"no ({why}; Triton serves prefill)"
 
 
+def _native_mla_status(cuda: bool) -> str:
+    """Whether this GPU has the sm_90a native MLA decode and where ``auto`` takes it
+    (``ops.mla.tuning.native_preferred``)."""
+    import torch
+
+    from hygon_attn_backend.ops.mla import native, tuning
+
+    if not cuda:
+        return "no (needs an NVIDIA sm_90 GPU; none here)"
+    why = native.device_unsupported(torch.device("cuda", torch.cuda.current_device()))
+    if why is not None:
+        return f"no ({why}; Triton serves the MLA decode)"
+    return (f"impl='auto' takes it for {native.RANK} + {native.ROPE} latent rows of q's 16-bit "
+            f"dtype and >= {tuning.MLA_NATIVE_MIN_ROWS} query rows a request (T x Hq); "
+            "Triton elsewhere")
+
+
 def _native_decode_status(cuda: bool) -> str:
     """Where ``impl="auto"`` runs the native decode on this machine
     (``ops.decode.tuning.native_preferred``)."""
@@ -99,6 +116,7 @@ def cmd_doctor(args) -> int:
         ("native (csrc)", native.status()),
         ("native prefill", _native_prefill_status(cuda)),
         ("native decode", _native_decode_status(cuda)),
+        ("native MLA decode", _native_mla_status(cuda)),
     ]
     for engine, (group, value) in ENTRY_POINTS.items():
         rows.append((f"{engine} entry point", _entry_point_status(group, value)))

@@ -15,7 +15,7 @@ def test_doctor_reports_versions_and_implementations(capsys):
     out = capsys.readouterr().out
     for key in ("python", "torch", "triton", "device", "vllm entry point",
                 "sglang entry point", "triton interpreter", "reference (torch)", "native (csrc)",
-                "native prefill", "native decode"):
+                "native prefill", "native decode", "native MLA decode"):
         assert key in out, f"doctor output lacks {key!r}:\n{out}"
 
 
@@ -35,6 +35,20 @@ def test_native_decode_status_names_the_rule(monkeypatch):
                         lambda index: type("P", (), {"multi_processor_count": 132})())
     line = doctor._native_decode_status(True)
     assert ">= 198 sequences x KV heads (132 SMs)" in line, line
+
+
+def test_native_mla_status_names_the_rule(monkeypatch):
+    """The doctor's native-MLA line: no GPU; a GPU other than sm_90 (why); sm_90 (the
+    rule: widths, dtype, rows)."""
+    from hygon_attn_backend.ops.mla import native
+
+    assert doctor._native_mla_status(False).startswith("no")
+    monkeypatch.setattr(native, "device_unsupported", lambda device: "compute capability 8.0")
+    monkeypatch.setattr("torch.cuda.current_device", lambda: 0)
+    assert "compute capability 8.0" in doctor._native_mla_status(True)
+    monkeypatch.setattr(native, "device_unsupported", lambda device: None)
+    line = doctor._native_mla_status(True)
+    assert "512 + 64" in line and ">= 64 query rows" in line, line
 
 
 def test_entry_point_status_detects_a_missing_plugin():
