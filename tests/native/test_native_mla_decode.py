@@ -151,3 +151,23 @@ def test_choice_and_refusals_without_the_gpu():
         _plan(table, lens, heads=128, page=16, impl="native", dtype=torch.float16)
     plan = _plan(table, lens, heads=128, page=16, impl="auto", dtype=torch.float16)
     assert plan.impl in ("triton", "reference")
+
+
+def test_native_split_rule_fills_one_wave():
+    """One native program an SM: split only while the first wave has room, never past the
+    Triton rule's count (a workspace sized by that rule serves both), partitions of at
+    least MLA_MIN_PARTITION keys."""
+    rule = tuning.native_partitions_for
+    assert rule(programs=64, max_context_len=32768, num_sms=132) == 2
+    assert rule(programs=256, max_context_len=32768, num_sms=132) == 1
+    assert rule(programs=1, max_context_len=600, num_sms=132) == 3  # 600 keys: 3 partitions
+    for programs in (1, 2, 5, 33, 64, 131, 132, 500):
+        for ctx in (1, 300, 4096, 131072):
+            n = rule(programs=programs, max_context_len=ctx, num_sms=132)
+            assert 1 <= n <= tuning.num_partitions_for(programs=programs, max_context_len=ctx,
+                                                       num_sms=132)
+            assert programs * n <= 132 or n == 1
+    cfg = tuning.launch_config(num_seqs=32, num_q_heads=128, num_tokens=1, kv_lora_rank=512,
+                               kv_elem_size=2, max_context_len=32768, num_sms=132,
+                               tile=(64, 64, None, None), native=True)
+    assert (cfg.block_m, cfg.block_n, cfg.num_partitions) == (64, 64, 2)
