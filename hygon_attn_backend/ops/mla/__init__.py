@@ -1,6 +1,7 @@
 """Multi-head latent attention (MLA) decode over a paged latent cache: ``api.py`` (the
 one-shot op), ``plan.py`` (plan, workspace), ``tuning.py`` (the heuristics and
-``choose``), ``triton.py`` (the launches), ``cache.py`` (the latent cache write)."""
+``choose``), ``triton.py`` (the launches), ``native.py`` (the sm_90a kernel's coverage and
+launch), ``cache.py`` (the latent cache write)."""
 
 from hygon_attn_backend.ops.mla.api import mla_decode_attention
 from hygon_attn_backend.ops.mla.cache import MLAWritePlan, plan_write_mla_cache, write_mla_cache

@@ -1,8 +1,10 @@
 """Public op: multi-head latent attention (MLA) decode over a paged latent cache.
 
-validate -> plan (``plan.py``: the config from ``tuning.choose``, the workspace) -> launch
-(``triton.py``: ``kernels/mla_decode.py``). Engines build the plan once per step
-(:func:`plan_mla_decode`) and call :meth:`MLADecodePlan.run` from every layer.
+validate -> plan (``plan.py``: the implementation and config from ``tuning.choose``, the
+workspace) -> launch (``triton.py``: ``kernels/mla_decode.py``; ``native.py``: the sm_90a
+kernel of ``csrc/mla_decode_sm90.cu``, with the Triton combine for a split). Engines
+build the plan once per step (:func:`plan_mla_decode`) and call :meth:`MLADecodePlan.run`
+from every layer.
 
 Cache views: vLLM's MLA cache ``[num_blocks, block_size, 576]`` is passed as it is;
 SGLang's ``kv_buffer[layer]`` ``[num_pages * page_size (+ page_size), 1, 576]`` as
@@ -48,7 +50,9 @@ def mla_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
        normaliser (``-inf`` where a row sees no key).
     max_seq_len: host-side bound of ``seq_lens`` (sizes the split; default the table's
        capacity).
-    impl: ``"auto"`` | ``"triton"`` | ``"reference"``.
+    impl: ``"auto"`` (the native sm_90a kernel where it covers the call, see
+       :func:`plan_mla_decode`; else Triton, or the reference without a GPU) | ``"native"``
+       | ``"triton"`` | ``"reference"``.
     Returns ``out`` (q's dtype unless given), or ``(out, lse)``.
     """
     _checks.check_tensor("q", q, ndim=(3, 4), dtypes=_checks.Q_DTYPES)
