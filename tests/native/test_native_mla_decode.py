@@ -5,7 +5,8 @@ the extension on first use. They cover what the kernel's structure adds to the T
 decode's cases: 64-row blocks of T x Hq rows (Hq 64 and 128, T 1 and 2, a padded block at
 T x Hq = 96), pages 1 / 16 / 64 read row by row, the split partitions merged by the Triton
 combine, tiles with absent keys (bad block ids, lengths past the table, seq_len 0 and
-seq_len < T), CUDA-graph replay, and the calls it does not take (misaligned rows). CPU
+seq_len < T), strided views (SGLang's pool inside a wider buffer), CUDA-graph replay, and
+the calls it does not take (misaligned rows). CPU
 tests: what a plan chooses and the errors it raises.
 """
 
@@ -16,7 +17,7 @@ import torch
 
 from hygon_attn_backend.ops.mla import native as _native
 from hygon_attn_backend.ops.mla import plan_mla_decode, tuning
-from tests.ops.test_mla_decode import check_against_reference, make_batch, run_case
+from tests.ops.test_mla_decode import check_against_reference, make_batch, make_table, run_case
 
 gpu = pytest.mark.gpu
 BF16 = torch.bfloat16
@@ -107,6 +108,34 @@ def test_native_cuda_graph_replay():
     graph.replay()
     torch.cuda.synchronize()
     check_against_reference(q, kv, table, lens, rank=512, out=out, lse=lse)
+
+
+@gpu
+@pytest.mark.parametrize("num_partitions", [1, 2])
+def test_native_strided_views(num_partitions):
+    """SGLang's token pool (``[slots + P, 1, W]`` viewed as pages) inside a wider buffer, a
+    q with a head stride past its width and an out of a larger tensor: the strides reach
+    the kernel, rows stay 16-byte aligned, the answer is the reference's."""
+    _need_sm90()
+    torch.manual_seed(41)
+    page, heads, lens = 16, 64, [700, 33]
+    nb = sum(-(-n // page) for n in lens) + 3
+    buf = torch.randn(((nb + 1) * page, 1, 576 + 64), device="cuda").to(BF16)
+    pool = buf[page:, 0, :576].unflatten(0, (nb, page))  # [nb, P, 576], slot stride 640
+    assert pool.stride() == (page * 640, 640, 1)
+    table = make_table(lens, page, nb, "cuda")
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    qbuf = torch.randn((2, heads, 576 + 128), device="cuda").to(BF16)
+    q = qbuf[..., 64:640]  # head stride 704, rows 128 bytes in
+    obuf = torch.full((2, heads, 1024), float("nan"), device="cuda").to(BF16)
+    out = obuf[..., 256:768]
+    plan = _plan(table, seq_lens, heads=heads, page=page, num_partitions=num_partitions,
+                 return_lse=True)
+    assert plan.impl == "native"
+    res, lse = plan.run(q, pool, out=out)
+    assert res is out
+    check_against_reference(q, pool, table, seq_lens, rank=512, out=out, lse=lse)
+    assert torch.isnan(obuf[..., :256]).all() and torch.isnan(obuf[..., 768:]).all()
 
 
 @gpu
