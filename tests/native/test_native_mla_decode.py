@@ -6,8 +6,8 @@ decode's cases: 64-row blocks of T x Hq rows (Hq 64 and 128, T 1 and 2, a padded
 T x Hq = 96), pages 1 / 16 / 64 read row by row, the split partitions merged by the Triton
 combine, tiles with absent keys (bad block ids, lengths past the table, seq_len 0 and
 seq_len < T), strided views (SGLang's pool inside a wider buffer), CUDA-graph replay, and
-the calls it does not take (misaligned rows). CPU
-tests: what a plan chooses and the errors it raises.
+the calls it does not take (misaligned rows). CPU tests: what a plan chooses, the errors it
+raises and the split rule.
 """
 
 from __future__ import annotations
