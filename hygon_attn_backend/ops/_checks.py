@@ -59,6 +59,21 @@ def native_scale_pair(scale):
     return None, float(scale)
 
 
+def rows_aligned(t: torch.Tensor, elems: int) -> bool:
+    """Innermost stride 1 and every row start a multiple of ``elems`` elements from a base
+    aligned to as many elements (the native kernels' 16-byte copies / 4-byte stores). Runs
+    per call on the per-layer path: one stride() and shape read, no generator."""
+    strides, shape = t.stride(), t.shape
+    if strides[-1] != 1 and shape[-1] > 1:
+        return False
+    if t.data_ptr() % (elems * t.element_size()):
+        return False
+    for s, n in zip(strides[:-1], shape[:-1]):
+        if s % elems and n > 1:
+            return False
+    return True
+
+
 def debug_enabled() -> bool:
     """``HYGON_ATTN_DEBUG=1`` turns on value checks that sync with the host."""
     return envs.debug()

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from hygon_attn_backend import native
+from hygon_attn_backend.ops import _checks
 from hygon_attn_backend.ops._device import sm90_unsupported
 
 RANK = 512     # the kernel's value width (kv_lora_rank)
@@ -35,24 +36,13 @@ def shape_unsupported(*, kv_lora_rank: int, rope_dim: int, q_dtype: torch.dtype,
     return None
 
 
-def _rows_aligned(t: torch.Tensor, elems: int) -> bool:
-    """Innermost stride 1 and every row start a multiple of ``elems`` elements from a base
-    aligned to as many (the kernel's 16-byte copies, 4-byte stores). Per call: shapes and
-    strides only."""
-    if t.stride(-1) != 1 and t.shape[-1] > 1:
-        return False
-    if t.data_ptr() % (elems * t.element_size()):
-        return False
-    return all(s % elems == 0 or n <= 1 for s, n in zip(t.stride()[:-1], t.shape[:-1]))
-
-
 def call_unsupported(q: torch.Tensor, kv_cache: torch.Tensor,
                      out: torch.Tensor) -> Optional[str]:
     """Why one call's tensors cannot run the native MLA decode (None: they can)."""
     if out.dtype != q.dtype:
         return f"out dtype {out.dtype} (the native kernel writes q's {q.dtype})"
     for name, t, elems in (("q", q, 8), ("kv_cache", kv_cache, 8), ("out", out, 2)):
-        if not _rows_aligned(t, elems):
+        if not _checks.rows_aligned(t, elems):
             return (f"{name} rows not {2 * elems}-byte aligned with a contiguous last dim "
                     f"(strides {tuple(t.stride())})")
     return None

@@ -205,15 +205,16 @@ class MLADecodePlan:
             launches = self._variants.get(from_ptr)
             if launches is None:
                 launches = self._variants[from_ptr] = triton.make_launches(self, from_ptr)
-            why = native.call_unsupported(q, kv_cache, out) if self.impl == "native" else None
-            if self.impl == "native" and why is None:
-                native.launch(self, q, kv_cache, out, lse)
-                triton.run_combine(launches, out, lse)
-                return (out, lse) if self.return_lse else out
-            if why is not None and self.impl_requested == "native":
-                raise ValueError(f"impl='native' does not cover this call: {why}")
-            # a Triton plan, or "auto" chose native and this call's tensors need Triton:
-            # the same config and partitions
+            if self.impl == "native":
+                why = native.call_unsupported(q, kv_cache, out)
+                if why is None:
+                    native.launch(self, q, kv_cache, out, lse)
+                    triton.run_combine(launches, out, lse)
+                    return (out, lse) if self.return_lse else out
+                if self.impl_requested == "native":
+                    raise ValueError(f"impl='native' does not cover this call: {why}")
+                # "auto" chose native and this call's tensors need Triton: the same config
+                # and partitions
             value = float(kv_scale) if fp8 and kv_scale is not None and not from_ptr else 1.0
             triton.run(launches, q, kv_cache, out, lse, kv_scale if from_ptr else None, value)
         return (out, lse) if self.return_lse else out

@@ -99,20 +99,17 @@ def run(launches, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, ls
     """One layer's call: ``q [S, (T,) Hq, W]``, ``out [S, (T,) Hq, R]``, ``lse [S, (T,) Hq]``
     or None (then ``out`` stands in as the never-written pointer); ``kv_scale_ptr`` a
     1-element float32 tensor or None (the value is used)."""
-    decode, combine = launches
-    os_ = _strides4(out)
+    decode, _ = launches
     ls = _strides_lse(lse) if lse is not None else (0, 0, 0)
-    lse_t = lse if lse is not None else out
-    decode(NO_LAYER, out, lse_t, q, kv_cache,
+    decode(NO_LAYER, out, lse if lse is not None else out, q, kv_cache,
            kv_scale_ptr if kv_scale_ptr is not None else out, kv_scale_value,
-           kv_cache.shape[0], *_strides4(q), *os_, *ls, *kv_cache.stride())
-    if combine is not None:
-        combine(NO_LAYER, out, lse_t, *os_, *ls)
+           kv_cache.shape[0], *_strides4(q), *_strides4(out), *ls, *kv_cache.stride())
+    run_combine(launches, out, lse)
 
 
 def run_combine(launches, out: torch.Tensor, lse) -> None:
-    """The combine of a split launch after the native decode filled the scratch (nothing
-    for one partition: the decode wrote ``out`` and ``lse``)."""
+    """The combine of a split launch once the decode (Triton or native) filled the scratch
+    (nothing for one partition: the decode wrote ``out`` and ``lse``)."""
     _, combine = launches
     if combine is None:
         return

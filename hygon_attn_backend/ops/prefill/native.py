@@ -49,22 +49,6 @@ def shape_unsupported(*, head_dim: int, q_dtype: Optional[torch.dtype],
     return None
 
 
-def _rows_aligned(t: torch.Tensor, elems: int) -> bool:
-    """Innermost stride 1 and every row start a multiple of ``elems`` elements from a base
-    aligned to as many elements (the kernel's 16-byte copies / 4-byte stores). Runs per
-    call for q and out: one stride() and shape read, no generator (it is on the per-layer
-    path)."""
-    strides, shape = t.stride(), t.shape
-    if strides[-1] != 1 and shape[-1] > 1:
-        return False
-    if t.data_ptr() % (elems * t.element_size()):
-        return False
-    for s, n in zip(strides[:-1], shape[:-1]):
-        if s % elems and n > 1:
-            return False
-    return True
-
-
 def layer_unsupported(k_cache: torch.Tensor, v_cache: torch.Tensor) -> Optional[str]:
     """Why one layer's caches cannot run the native prefill (None: they can; the caller
     checks that q has the caches' dtype)."""
@@ -75,7 +59,7 @@ def layer_unsupported(k_cache: torch.Tensor, v_cache: torch.Tensor) -> Optional[
         return why
     elems = 16 if k_cache.dtype in _checks.FP8_DTYPES else 8  # 16-byte copies
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not _rows_aligned(t, elems):
+        if not _checks.rows_aligned(t, elems):
             return (f"{name} rows not 16-byte aligned with a contiguous last dim (strides "
                     f"{tuple(t.stride())})")
     return None
@@ -94,7 +78,7 @@ def call_unsupported(q: torch.Tensor, out: torch.Tensor, k_new: Optional[torch.T
         return f"q dtype {q.dtype} with KV cache {kv_dtype}"
     for name, t, elems in (("q", q, 8), ("out", out, 2), ("k_new", k_new, 8),
                            ("v_new", v_new, 8)):
-        if t is not None and not _rows_aligned(t, elems):
+        if t is not None and not _checks.rows_aligned(t, elems):
             return (f"{name} rows not {2 * elems}-byte aligned with a contiguous last dim "
                     f"(strides {tuple(t.stride())})")
     return None
