@@ -30,3 +30,21 @@ def test_bench_mla_refuses_a_bad_tile_and_peer():
     assert res.returncode != 0 and "--tiles must be 'BLOCK_M,BLOCK_N,warps,stages" in res.stderr
     res = _run("--compare", "flashmla")
     assert res.returncode != 0 and "unknown peer(s) ['flashmla']" in res.stderr
+
+
+def test_bench_mla_fp8_rows_beside_the_16_bit_ones():
+    """``--kv-dtype``: every point once a cache dtype, the fp8 rows checked against the
+    reference with their scale, labelled, related to the ``auto`` row; a peer without an
+    fp8 latent path says so instead of a time."""
+    res = _run("--kv-lora-rank", "32", "--rope-dim", "16", "--block-sizes", "16", "--mtp", "",
+               "--kv-dtype", "auto,fp8_e4m3", "--compare", "sglang", "--rep-ms", "1")
+    assert res.returncode == 0, res.stderr[-2000:]
+    table = res.stdout[res.stdout.index("| shape |"):]
+    rows = {line.split("|")[4].strip(): line for line in table.splitlines()
+            if line.startswith("| B=")}
+    assert "hygon" in rows and "hygon [fp8_e4m3]" in rows, table
+    fp8 = rows["hygon [fp8_e4m3]"]
+    assert "x auto" in fp8 and "wrong" not in fp8 and "error" not in fp8, table
+    assert "16-bit caches only" in rows["sglang [fp8_e4m3]"], table
+    res = _run("--kv-dtype", "fp8_e4m3,fp8_e4m3")
+    assert res.returncode != 0 and "--kv-dtype" in res.stderr

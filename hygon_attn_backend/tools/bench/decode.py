@@ -139,7 +139,8 @@ def relate_to_auto(rows: list) -> None:
     """Append to each timed fp8 row's note its time over the ``auto`` row of the same
     shape, page and implementation label (rows carry ``kv_dtype`` and ``label``)."""
     key = lambda r: (r.get("batch"), r.get("ctx"), r.get("prefix"), r.get("extend"),
-                     r.get("num_kv_heads"), r.get("page"), r.get("label"))
+                     r.get("num_q_heads"), r.get("num_kv_heads"), r.get("page"),
+                     r.get("label"))
     auto = {key(r): r for r in rows if r.get("kv_dtype") == "auto" and r["status"] == "ok"}
     for r in rows:
         base = auto.get(key(r))

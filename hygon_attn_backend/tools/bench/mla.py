@@ -22,6 +22,11 @@ rows, the value its first ``kv_lora_rank`` columns, ``has_mla``, SGLang's own
 the ``fa3`` backend on sm_90, ``fa2`` elsewhere, CUDA-graph buffers, ``plan`` once before
 timing, the latent and rope parts of the cache passed as strided views; the one peer also
 timed on the MTP rows, causal, its note giving the time over its own one-token row).
+
+``--kv-dtype auto,fp8_e4m3,fp8_e5m2`` runs each point with each latent cache dtype: the same
+random rows quantized with one per-tensor scale, the GB/s counting the bytes the cache holds
+and an fp8 row's note its time over the same label's ``auto`` row. vLLM's peer gets the scale;
+SGLang's and FlashInfer's are timed with 16-bit caches only.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dataclasses import dataclass
 from hygon_attn_backend.tools.argtypes import count, int_list, positive_float, tuple_list
 from hygon_attn_backend.tools.bench import _harness, output
 from hygon_attn_backend.tools.bench._runner import Runner, Unavailable
+from hygon_attn_backend.tools.bench.decode import add_kv_dtype_option, labelled, relate_to_auto
 
 DEFAULT_SHAPES = "32,4096;32,32768;64,8192;128,4096;128,32768"
 GPU_DEFAULTS = dict(shapes=DEFAULT_SHAPES, heads="128,16", dtype="bfloat16")
@@ -58,6 +64,7 @@ class MLAProblem:
     page_size: int
     rank: int
     scale: float
+    kv_scale: float = 1.0  # an fp8 cache's per-tensor scale (1 for a 16-bit cache)
 
     @property
     def batch(self) -> int:
@@ -71,6 +78,10 @@ class MLAProblem:
     def num_tokens(self) -> int:
         return 1 if self.q.dim() == 3 else self.q.shape[1]
 
+    @property
+    def fp8(self) -> bool:
+        return self.kv.element_size() == 1
+
     def kv_bytes(self) -> int:
         return self.batch * self.ctx * self.kv.shape[2] * self.kv.element_size()
 
@@ -82,18 +93,25 @@ class MLAProblem:
         return blocks * self.page_size + pos % self.page_size
 
 
-def build(*, batch, ctx, page_size, heads, rank, rope, tokens, dtype, device, seed=0):
+def build(*, batch, ctx, page_size, heads, rank, rope, tokens, dtype, device, seed=0,
+          kv_dtype=None):
+    """The problem; ``kv_dtype`` fp8: the same random cache quantized with one per-tensor
+    scale (``problems.quantize_caches``' rule), None: ``dtype``."""
     import torch
     gen = torch.Generator(device=device).manual_seed(seed)
     blocks_per = -(-ctx // page_size)
     nb = batch * blocks_per
     kv = torch.randn((nb, page_size, rank + rope), device=device, generator=gen).to(dtype)
+    kv_scale = 1.0
+    if kv_dtype is not None and kv_dtype != dtype:
+        from hygon_attn_backend.tools.bench.problems import quantize_caches
+        kv, _, kv_scale, _ = quantize_caches(kv, kv[:0], kv_dtype)
     table = torch.randperm(nb, device=device, generator=gen).reshape(batch, blocks_per)
     lens = torch.full((batch,), ctx, device=device, dtype=torch.int32)
     shape = (batch, heads, rank + rope) if tokens == 1 else (batch, tokens, heads, rank + rope)
     q = torch.randn(shape, device=device, generator=gen).to(dtype)
     return MLAProblem(q, kv, table.to(torch.int32), lens, ctx, page_size, rank,
-                      (rank + rope) ** -0.5)
+                      (rank + rope) ** -0.5, kv_scale)
 
 
 def check(prob: MLAProblem, out) -> tuple:
@@ -105,6 +123,8 @@ def check(prob: MLAProblem, out) -> tuple:
     n = min(prob.batch, CHECK_SEQS)
     args = (prob.q[:n], prob.kv, prob.block_table[:n], prob.seq_lens[:n])
     kw = dict(kv_lora_rank=prob.rank, scale=prob.scale)
+    if prob.fp8:
+        kw["kv_scale"] = prob.kv_scale
     ref32 = reference.mla_decode_attention(*args, **kw, compute_dtype=torch.float32)
     ref_lowp = reference.mla_decode_attention(*args, **kw, compute_dtype=prob.q.dtype)
     return _budget(out[:n], ref32.float(), ref_lowp, str(prob.q.dtype).split(".")[-1])
@@ -132,8 +152,9 @@ def ours(prob: MLAProblem, *, tile=None, num_partitions=None, label="hygon") -> 
     cfg = plan.config
     note = "" if cfg is None else (f"tile {cfg.block_m}x{cfg.block_n}, {cfg.num_warps}w "
                                    f"{cfg.num_stages}s, x{cfg.num_partitions} partitions")
-    return Runner(label, lambda: plan.run(prob.q, prob.kv, out=out), out, note=note,
-                  keep=[plan, ws])
+    kv_scale = prob.kv_scale if prob.fp8 else None
+    return Runner(label, lambda: plan.run(prob.q, prob.kv, out=out, kv_scale=kv_scale), out,
+                  note=note, keep=[plan, ws])
 
 
 def _require(module: str):
@@ -154,6 +175,8 @@ def sglang_mla(prob: MLAProblem) -> Runner:
     import triton
     if prob.num_tokens != 1:
         raise Unavailable("decode of one token a request only")
+    if prob.fp8:  # its output missed the reference's budget with the scale passed
+        raise Unavailable("timed with 16-bit caches only")
     mod = _require("sglang.kernels.ops.attention.decode_attention")
     meta = _require("sglang.kernels.ops.attention.metadata")
     dev = prob.q.device
@@ -202,7 +225,7 @@ def vllm_mla(prob: MLAProblem) -> Runner:
     logits = torch.empty(b, hq, splits, prob.rank + 1, dtype=torch.float32, device=dev)
     out = torch.empty(b, hq, prob.rank, dtype=prob.q.dtype, device=dev)
     lse = torch.empty(b, hq, dtype=prob.q.dtype, device=dev)
-    one = torch.ones((), dtype=torch.float32, device=dev)
+    one = torch.full((), prob.kv_scale, dtype=torch.float32, device=dev)  # k and v scale
 
     def call():
         mod.decode_attention_fwd(prob.q, cache, cache[..., :prob.rank], out, lse,
@@ -249,6 +272,8 @@ def flashinfer_mla(prob: MLAProblem) -> Runner:
         raise Unavailable("not installed")
     if prob.q.device.type != "cuda":
         raise Unavailable("needs a CUDA GPU")
+    if prob.fp8:
+        raise Unavailable("timed with 16-bit caches only")
     return flashinfer_mla_runner(prob, flashinfer_module("mla"),
                                  flashinfer_backend(prob.q.device))
 
@@ -313,6 +338,7 @@ def add_mla_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--rope-dim", type=count(0), default=64)
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16"],
                    help="default: bfloat16; float16 on a CPU")
+    add_kv_dtype_option(p)
     p.add_argument("--mtp", default="2,4", type=int_list(low=2, empty=True),
                    help="query tokens a request of the MTP rows ('' for none)")
     p.add_argument("--tiles", default="", type=str,
@@ -362,7 +388,6 @@ def run_mla_bench(args) -> dict:
     every number ({} without a device)."""
     import torch
     from hygon_attn_backend.tools.bench import _timing
-    from hygon_attn_backend.tools.bench.decode import _same_bytes_copy_row
 
     peers = _peers(args.compare)
     try:
@@ -395,48 +420,67 @@ def run_mla_bench(args) -> dict:
     print(f"device copy (read + write): {copy:.0f} GB/s = 100%", flush=True)
     rows = []
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";") if s.strip()]
+    kv_names = args.kv_dtype.split(",")
+    meta.update(kv_dtypes=kv_names)
     for batch, ctx in output.progress(shapes, desc="mla shapes"):
         for heads in heads_list:
             for page in pages:
-                base = dict(op="decode", batch=batch, ctx=ctx, num_q_heads=heads,
-                            num_kv_heads=1, head_dim=rank + rope, page=page)
-                print(f"B={batch} ctx={ctx} Hq={heads} page {page}", flush=True)
-                single_ms = {}  # impl -> ms of its one-token row
-                for tokens in [1] + mtp:
-                    prob = build(batch=batch, ctx=ctx, page_size=page, heads=heads, rank=rank,
-                                 rope=rope, tokens=tokens, dtype=dtype, device=device)
-                    name = "hygon" if tokens == 1 else f"hygon q_len {tokens}"
-                    made = [_make(lambda: ours(prob, label=name), name)]
-                    made += [_make(lambda t=t: ours(prob, tile=t, label=f"{name} (tile {t})"),
-                                   f"{name} (tile {t})") for t in tiles]
-                    if tokens == 1:
-                        made += [_make(lambda n=n: ours(prob, num_partitions=n,
-                                                        label=f"hygon (x{n} partitions)"),
-                                       f"hygon (x{n} partitions)") for n in forced]
-                        made += [_make(lambda n=n: PEER_MAKERS[n](prob), n) for n in peers]
-                    else:
-                        made += [_make(lambda n=n: PEER_MAKERS[n](prob), f"{n} q_len {tokens}")
-                                 for n in peers if n in MTP_PEERS]
-                    got = _harness.run_all(made, lambda out: check(prob, out), base=base,
-                                           graph=True, rep_ms=args.rep_ms,
-                                           work=prob.kv_bytes(), ceiling=copy, device=device)
-                    for row in got:
-                        if row["status"] != "ok":
-                            continue
-                        one = single_ms.get(row["impl"].split(" q_len ")[0])
-                        if tokens == 1:
-                            single_ms.setdefault(row["impl"], row["ms"])
-                        elif one:
-                            row["note"] += f"; {row['ms'] / one:.3f}x q_len 1"
-                    rows += got
-                    if tokens == 1 and args.same_bytes_copy:
-                        rows.append(_same_bytes_copy_row(prob.kv_bytes(), base, copy,
-                                                         args.rep_ms, device))
-                        _harness.print_row(rows[-1])
-                    prob = made = None
+                for kv_name in kv_names:
+                    print(f"B={batch} ctx={ctx} Hq={heads} page {page} kv {kv_name}",
+                          flush=True)
+                    rows += _mla_point(args, batch=batch, ctx=ctx, heads=heads, page=page,
+                                       kv_name=kv_name, dtype=dtype, mtp=mtp, tiles=tiles,
+                                       forced=forced, peers=peers, copy=copy, device=device)
+    relate_to_auto(rows)
     _harness.emit(rows, meta, args, op="decode", unit="GB/s", ceiling=copy,
                   ceiling_name="copy", title=f"MLA decode {args.dtype}, {rank}+{rope}")
     return dict(meta, rows=rows)
+
+
+def _mla_point(args, *, batch, ctx, heads, page, kv_name, dtype, mtp, tiles, forced, peers,
+               copy, device) -> list:
+    """Every row of one (shape, Hq, page, cache dtype): ours (the rule, forced tiles and
+    splits), the MTP rows, the peers and the same-bytes copy."""
+    from hygon_attn_backend.tools.bench import problems
+    from hygon_attn_backend.tools.bench.decode import _same_bytes_copy_row
+    rank, rope = args.kv_lora_rank, args.rope_dim
+    base = dict(op="decode", batch=batch, ctx=ctx, num_q_heads=heads, num_kv_heads=1,
+                head_dim=rank + rope, page=page)
+    rows, single_ms = [], {}  # impl -> ms of its one-token row
+    for tokens in [1] + mtp:
+        prob = build(batch=batch, ctx=ctx, page_size=page, heads=heads, rank=rank, rope=rope,
+                     tokens=tokens, dtype=dtype, device=device,
+                     kv_dtype=problems.kv_dtype_of(kv_name))
+        name = "hygon" if tokens == 1 else f"hygon q_len {tokens}"
+        made = [_make(lambda: ours(prob, label=name), name)]
+        made += [_make(lambda t=t: ours(prob, tile=t, label=f"{name} (tile {t})"),
+                       f"{name} (tile {t})") for t in tiles]
+        if tokens == 1:
+            made += [_make(lambda n=n: ours(prob, num_partitions=n,
+                                            label=f"hygon (x{n} partitions)"),
+                           f"hygon (x{n} partitions)") for n in forced]
+            made += [_make(lambda n=n: PEER_MAKERS[n](prob), n) for n in peers]
+        else:
+            made += [_make(lambda n=n: PEER_MAKERS[n](prob), f"{n} q_len {tokens}")
+                     for n in peers if n in MTP_PEERS]
+        got = _harness.run_all(made, lambda out: check(prob, out), base=base, graph=True,
+                               rep_ms=args.rep_ms, work=prob.kv_bytes(), ceiling=copy,
+                               device=device)
+        for row in got:
+            if row["status"] != "ok":
+                continue
+            one = single_ms.get(row["impl"].split(" q_len ")[0])
+            if tokens == 1:
+                single_ms.setdefault(row["impl"], row["ms"])
+            elif one:
+                row["note"] += f"; {row['ms'] / one:.3f}x q_len 1"
+        rows += labelled(got, kv_name)
+        if tokens == 1 and args.same_bytes_copy:
+            rows += labelled([_same_bytes_copy_row(prob.kv_bytes(), base, copy, args.rep_ms,
+                                                   device)], kv_name)
+            _harness.print_row(rows[-1])
+        prob = made = None  # free the cache before the next row
+    return rows
 
 
 def main(argv=None):
