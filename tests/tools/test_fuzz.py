@@ -116,6 +116,51 @@ def test_impl_auto_counts_the_native_cases(op, seed):
     assert "impl auto: 0 native" in log.getvalue()
 
 
+def test_impl_reaches_the_mla_plans(monkeypatch):
+    """--impl reaches every MLA case's plan (the MLA profiles' own "triton" is replaced),
+    so ``--impl auto`` can take the native MLA decode where it applies."""
+    from hygon_attn_backend.tools.fuzz import mla as fuzz_mla
+    seen = []
+    real = fuzz_mla.plan_mla_decode
+
+    def recording(*args, **kw):
+        seen.append(kw["impl"])
+        return real(*args, **dict(kw, impl="triton"))
+
+    monkeypatch.setattr(fuzz_mla, "plan_mla_decode", recording)
+    log = io.StringIO()
+    assert fuzz.fuzz("mla", cases=2, seed=3, device="cpu", impl="auto", out=log) == 0, \
+        log.getvalue()
+    assert seen == ["auto", "auto"], seen
+
+
+@pytest.mark.gpu
+def test_mla_impl_auto_runs_the_native_kernel_on_sm90():
+    """On an H100/H200 the auto cases of the MLA profiles the native decode covers (16-bit
+    512 + 64 caches, 64 query rows a request or more) run it and pass the reference."""
+    if not torch.cuda.is_available() or getattr(torch.version, "hip", None) or \
+            torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the native MLA decode runs on NVIDIA sm_90 GPUs only")
+    from hygon_attn_backend import native
+    if not native.available():
+        pytest.skip("the native kernels cannot be built here")
+    seed, dev = 11, torch.device("cuda")
+    profiles = fuzz.profiles_for("mla", seed, tiny=False)
+    for prof in profiles:
+        prof["impl"] = "auto"
+    covered = [i for i, p in enumerate(profiles)
+               if (p["rank"], p["rope"]) == (512, 64) and not p["fp8"]
+               and p["tokens"] * p["heads"] >= 64]
+    assert covered, "no profile of this seed is one the native MLA decode covers"
+    descs = []
+    for i in covered:
+        for case in (i, i + len(profiles)):  # two cases of each such profile
+            problem, desc = fuzz.run_case("mla", seed, case, dev, profiles)
+            assert problem is None, f"{problem}: {desc}"
+            descs.append(desc)
+    assert all("impl=native" in d for d in descs), descs
+
+
 @pytest.mark.gpu
 def test_prefill_impl_auto_runs_the_native_kernel_on_sm90():
     """On an H100/H200 the auto cases of the profiles the native prefill covers (head_dim

@@ -115,7 +115,7 @@ def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
         profiles = [p for p in profiles if kv_dtype_matches(p["kv_dtype"], kv_dtype)]
         if not profiles:
             raise ValueError(f"seed {seed} has no {op} profile with kv dtype {kv_dtype}")
-    if op in ("prefill", "decode"):
+    if op in IMPL_OPS:
         for prof in profiles:
             prof["impl"] = impl
     indices = [only] if only is not None else [k for k in range(cases)
