@@ -170,65 +170,38 @@ def paged_decode_kernel(
     v_head_ptr = v_ptr + kv_head * stride_v_head
     bt_row_ptr = block_table_ptr + seq * stride_bt_seq
 
-    if PAGE_PREFETCH:
-        page_next = lookup_tile_pages(bt_row_ptr, stride_bt_block, loop_start, offs_n,
-                                      max_blocks_per_seq, num_blocks, PAGE_SIZE, BLOCK_N)
-    for start in range(loop_start, part_end, BLOCK_N):
-        offs_tok = start + offs_n  # [BLOCK_N]
-        if PAGE_PREFETCH:
-            # the next tile's block ids are read one iteration ahead: the table's latency
-            # overlaps this tile's K/V loads instead of preceding them
-            page = page_next
-            page_next = lookup_tile_pages(bt_row_ptr, stride_bt_block, start + BLOCK_N,
-                                          offs_n, max_blocks_per_seq, num_blocks,
-                                          PAGE_SIZE, BLOCK_N)
-        else:
-            page = lookup_tile_pages(bt_row_ptr, stride_bt_block, start, offs_n,
-                                     max_blocks_per_seq, num_blocks, PAGE_SIZE, BLOCK_N)
-        if PAGE_SIZE % BLOCK_N == 0:
-            # one page for the whole tile (page is a scalar); a bad id masks every token
-            tok_ok = offs_tok < tl.where(page >= 0, part_end, start)
-        else:
-            tok_ok = (offs_tok < part_end) & (page >= 0)
-        # addresses from the clamped id: never a wild pointer, even in a masked lane
-        tok_off_k = tile_row_offsets(page, start, offs_n, stride_k_block, stride_k_slot,
-                                     PAGE_SIZE, BLOCK_N)  # [BLOCK_N]
-        tok_off_v = tile_row_offsets(page, start, offs_n, stride_v_block, stride_v_slot,
-                                     PAGE_SIZE, BLOCK_N)  # [BLOCK_N]
+    # the causal / tree mask bites only in the tiles holding the drafts (the last
+    # NUM_TOKENS keys): the loop before them runs unmasked (``MASKED=False``), the draft
+    # tiles after it (usually one) read the mask; a sequence shorter than its drafts
+    # (bad input) masks every tile
+    if TREE or NUM_TOKENS > 1:
+        draft_tile = (tl.maximum(seq_len - NUM_TOKENS, 0) // BLOCK_N) * BLOCK_N
+        main_end = tl.minimum(part_end, tl.maximum(loop_start, draft_tile))
+    else:
+        main_end = part_end
 
-        if HEAD_DIM == HEAD_DIM_PAD:
-            k_mask = tok_ok[None, :]  # no mask along D: keeps 16-byte loads
-            v_mask = tok_ok[:, None]
-        else:
-            k_mask = tok_ok[None, :] & d_ok[:, None]
-            v_mask = tok_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_head_ptr + tok_off_k[None, :] + d_off_k[:, None], mask=k_mask, other=0.0)
-        # k: [HEAD_DIM_PAD, BLOCK_N] (K^T)
-        if KV_WIDEN != WIDEN_NONE:
-            k = widen_kv(k, KV_WIDEN)
-        qk = tl.dot(q, k.to(q.dtype))  # [BLOCK_M, BLOCK_N] fp32
-        if USE_SOFT_CAP:
-            s = soft_cap_log2(qk * sm_scale, soft_cap)
-        else:
-            s = qk * qk_scale
-        visible = tok_ok[None, :]
-        if TREE:  # the drafts are the last NUM_TOKENS keys
-            visible = visible & (offs_m >= 0)[:, None]  # [BLOCK_M, BLOCK_N] in both branches
-            if start + BLOCK_N > seq_len - NUM_TOKENS:  # only tiles holding drafts read the mask
-                visible = visible & tree_visibility(
-                    tree_rows, offs_tok - (seq_len - NUM_TOKENS), tree_words)
-        elif NUM_TOKENS > 1:
-            visible = visible & (offs_tok[None, :] <= pos_m[:, None])
-        if USE_WINDOW:
-            visible = visible & (offs_tok[None, :] > pos_m[:, None] - sliding_window)
-        s = tl.where(visible, s, float("-inf"))
-
-        p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i)
-        v = tl.load(v_head_ptr + tok_off_v[:, None] + d_off_v[None, :], mask=v_mask, other=0.0)
-        # v: [BLOCK_N, HEAD_DIM_PAD]
-        if KV_WIDEN != WIDEN_NONE:
-            v = widen_kv(v, KV_WIDEN)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    page_next = lookup_tile_pages(bt_row_ptr, stride_bt_block, loop_start, offs_n,
+                                  max_blocks_per_seq, num_blocks, PAGE_SIZE, BLOCK_N)
+    for start in range(loop_start, main_end, BLOCK_N):
+        m_i, l_i, acc, page_next = _attend_tile(
+            q, m_i, l_i, acc, page_next, start, part_end, seq_len, pos_m, tree_rows, tree_words,
+            offs_m, offs_n, d_ok, d_off_k, d_off_v, k_head_ptr, v_head_ptr, bt_row_ptr,
+            stride_bt_block, stride_k_block, stride_k_slot, stride_v_block, stride_v_slot,
+            max_blocks_per_seq, num_blocks, sm_scale, qk_scale, soft_cap, sliding_window,
+            NUM_TOKENS=NUM_TOKENS, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
+            HEAD_DIM_PAD=HEAD_DIM_PAD, PAGE_SIZE=PAGE_SIZE, PAGE_PREFETCH=PAGE_PREFETCH,
+            USE_SOFT_CAP=USE_SOFT_CAP, USE_WINDOW=USE_WINDOW, TREE=TREE, MASKED=False,
+            KV_WIDEN=KV_WIDEN)
+    for start in range(main_end, part_end, BLOCK_N):
+        m_i, l_i, acc, page_next = _attend_tile(
+            q, m_i, l_i, acc, page_next, start, part_end, seq_len, pos_m, tree_rows, tree_words,
+            offs_m, offs_n, d_ok, d_off_k, d_off_v, k_head_ptr, v_head_ptr, bt_row_ptr,
+            stride_bt_block, stride_k_block, stride_k_slot, stride_v_block, stride_v_slot,
+            max_blocks_per_seq, num_blocks, sm_scale, qk_scale, soft_cap, sliding_window,
+            NUM_TOKENS=NUM_TOKENS, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
+            HEAD_DIM_PAD=HEAD_DIM_PAD, PAGE_SIZE=PAGE_SIZE, PAGE_PREFETCH=PAGE_PREFETCH,
+            USE_SOFT_CAP=USE_SOFT_CAP, USE_WINDOW=USE_WINDOW, TREE=TREE, MASKED=True,
+            KV_WIDEN=KV_WIDEN)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     result = acc * (v_scale / l_safe)[:, None]  # [BLOCK_M, HEAD_DIM_PAD]
@@ -272,3 +245,72 @@ def paged_decode_kernel(
                            float("-inf"))
             tl.store(lse_ptr + seq * stride_lse_seq + tok_m.to(tl.int64) * stride_lse_tok
                      + head_m.to(tl.int64) * stride_lse_head, lse, mask=row_ok)
+
+
+@triton.jit
+def _attend_tile(q, m_i, l_i, acc, page_next, start, part_end, seq_len, pos_m, tree_rows,
+                 tree_words, offs_m, offs_n, d_ok, d_off_k, d_off_v, k_head_ptr, v_head_ptr,
+                 bt_row_ptr, stride_bt_block, stride_k_block, stride_k_slot, stride_v_block,
+                 stride_v_slot, max_blocks_per_seq, num_blocks, sm_scale, qk_scale, soft_cap,
+                 sliding_window, NUM_TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                 PAGE_PREFETCH: tl.constexpr, USE_SOFT_CAP: tl.constexpr,
+                 USE_WINDOW: tl.constexpr, TREE: tl.constexpr, MASKED: tl.constexpr,
+                 KV_WIDEN: tl.constexpr):
+    """One KV tile ``[start, start + BLOCK_N)`` into the online softmax state ``(m_i [BLOCK_M],
+    l_i [BLOCK_M], acc [BLOCK_M, HEAD_DIM_PAD])``. ``page_next``: the tile's block ids when
+    PAGE_PREFETCH (returned: the next tile's, read here so their latency overlaps this
+    tile's loads), else unused (the tile reads its own). MASKED: apply the speculative
+    tokens' causal rule or the tree mask (only tiles holding drafts need it)."""
+    offs_tok = start + offs_n  # [BLOCK_N]
+    if PAGE_PREFETCH:
+        page = page_next
+        page_next = lookup_tile_pages(bt_row_ptr, stride_bt_block, start + BLOCK_N, offs_n,
+                                      max_blocks_per_seq, num_blocks, PAGE_SIZE, BLOCK_N)
+    else:
+        page = lookup_tile_pages(bt_row_ptr, stride_bt_block, start, offs_n,
+                                 max_blocks_per_seq, num_blocks, PAGE_SIZE, BLOCK_N)
+    if PAGE_SIZE % BLOCK_N == 0:
+        # one page for the whole tile (page is a scalar); a bad id masks every token
+        tok_ok = offs_tok < tl.where(page >= 0, part_end, start)
+    else:
+        tok_ok = (offs_tok < part_end) & (page >= 0)
+    # addresses from the clamped id: never a wild pointer, even in a masked lane
+    tok_off_k = tile_row_offsets(page, start, offs_n, stride_k_block, stride_k_slot,
+                                 PAGE_SIZE, BLOCK_N)  # [BLOCK_N]
+    tok_off_v = tile_row_offsets(page, start, offs_n, stride_v_block, stride_v_slot,
+                                 PAGE_SIZE, BLOCK_N)  # [BLOCK_N]
+
+    if HEAD_DIM == HEAD_DIM_PAD:
+        k_mask = tok_ok[None, :]  # no mask along D: keeps 16-byte loads
+        v_mask = tok_ok[:, None]
+    else:
+        k_mask = tok_ok[None, :] & d_ok[:, None]
+        v_mask = tok_ok[:, None] & d_ok[None, :]
+    k = tl.load(k_head_ptr + tok_off_k[None, :] + d_off_k[:, None], mask=k_mask, other=0.0)
+    # k: [HEAD_DIM_PAD, BLOCK_N] (K^T)
+    if KV_WIDEN != WIDEN_NONE:
+        k = widen_kv(k, KV_WIDEN)
+    qk = tl.dot(q, k.to(q.dtype))  # [BLOCK_M, BLOCK_N] fp32
+    if USE_SOFT_CAP:
+        s = soft_cap_log2(qk * sm_scale, soft_cap)
+    else:
+        s = qk * qk_scale
+    visible = tok_ok[None, :] & (offs_m >= 0)[:, None]  # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        if TREE:  # the drafts are the last NUM_TOKENS keys
+            visible = visible & tree_visibility(
+                tree_rows, offs_tok - (seq_len - NUM_TOKENS), tree_words)
+        else:
+            visible = visible & (offs_tok[None, :] <= pos_m[:, None])
+    if USE_WINDOW:
+        visible = visible & (offs_tok[None, :] > pos_m[:, None] - sliding_window)
+    s = tl.where(visible, s, float("-inf"))
+
+    p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i)
+    v = tl.load(v_head_ptr + tok_off_v[:, None] + d_off_v[None, :], mask=v_mask, other=0.0)
+    # v: [BLOCK_N, HEAD_DIM_PAD]
+    if KV_WIDEN != WIDEN_NONE:
+        v = widen_kv(v, KV_WIDEN)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return m_i, l_i, acc, page_next
