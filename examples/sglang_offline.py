@@ -3,6 +3,7 @@
     python examples/sglang_offline.py                       # tiny local model, compare
     python examples/sglang_offline.py --model /path/to/llama --page-size 16 --compare triton
     python examples/sglang_offline.py --tp-size 2            # hygon on two TP ranks
+    python examples/sglang_offline.py --speculative-algorithm EAGLE --speculative-eagle-topk 4
 
 Needs the package installed (``pip install -e .``): SGLang's scheduler processes find the
 backend through the ``sglang.srt.plugins`` entry point. Without ``--model`` a tiny
@@ -23,6 +24,18 @@ than nodes, so a TP run sets ``SGLANG_CPU_OMP_THREADS_BIND`` (one span of cores 
 ``0|1`` on two cores) unless it is set already. The engine's processes are spawned: a
 script that starts an ``Engine`` with ``tp_size > 1`` must do so under
 ``if __name__ == "__main__":``, as this one does.
+
+``--speculative-algorithm NGRAM | STANDALONE | EAGLE | EAGLE3`` turns on SGLang's speculative
+decoding in the hygon run and in the compared one (``hygon`` verifies the drafts and runs the
+draft model's attention too), and adds a third run, hygon without speculation: greedy
+speculative decoding is lossless, so all three must give the same tokens. Without
+``--speculative-draft-model-path`` STANDALONE drafts with the target itself (every draft is
+accepted: the verify steps take the most tokens) and EAGLE with a random-weight head built
+for the tiny model; EAGLE3 needs a head's path. The accept length printed is SGLang's count of generated tokens
+over verify steps. On a CPU, SGLang's speculative helpers that are not attention (draft-tree
+construction, greedy tree verify) exist only in ``sgl_kernel``'s CPU build, which the
+package registry does not serve; ``tests/support/sglang_cpu_spec`` (the test suite's
+stand-in) routes them to SGLang's own Triton forms, on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ import sys
 import tempfile
 
 MAX_NEW_TOKENS = 8
+SPEC_ALGORITHMS = ("NGRAM", "STANDALONE", "EAGLE", "EAGLE3")  # EAGLE3: a head of your own
 
 
 def workload(seed: int = 7):
@@ -48,10 +62,28 @@ def workload(seed: int = 7):
     return [system + u for u in users], follow_up
 
 
+def spec_engine_args(spec: dict) -> dict:
+    """SGLang ``Engine`` keywords of a speculative configuration (``{}`` for none):
+    ``spec`` has ``algorithm``, ``draft`` (a model path or None), ``topk``, ``steps`` and
+    ``draft_tokens``."""
+    if not spec:
+        return {}
+    kw = dict(speculative_algorithm=spec["algorithm"],
+              speculative_num_draft_tokens=spec["draft_tokens"])
+    if spec["algorithm"] == "NGRAM":  # SGLang takes the n-gram tree's breadth as its topk
+        kw.update(speculative_ngram_max_bfs_breadth=spec["topk"])
+    else:
+        kw.update(speculative_draft_model_path=spec["draft"],
+                  speculative_eagle_topk=spec["topk"], speculative_num_steps=spec["steps"])
+    return kw
+
+
 def generate(model: str, backend: str, page_size: int, device: str, *, tp_size: int = 1,
-             log_level: str = "error") -> dict:
-    """Run both rounds on one engine of ``tp_size`` tensor-parallel ranks; returns outputs
-    and cached-prefix counts."""
+             log_level: str = "error", spec: dict | None = None,
+             max_new_tokens: int = MAX_NEW_TOKENS) -> dict:
+    """Run both rounds on one engine of ``tp_size`` tensor-parallel ranks, speculating as
+    ``spec`` says (:func:`spec_engine_args`); returns outputs, cached-prefix counts and
+    verify-step counts."""
     import sglang as sgl
 
     from hygon_attn_backend.integrations.sglang import register
@@ -63,8 +95,9 @@ def generate(model: str, backend: str, page_size: int, device: str, *, tp_size: 
     engine = sgl.Engine(model_path=model, attention_backend=backend, device=device,
                         dtype="float16", page_size=page_size, skip_tokenizer_init=True,
                         context_length=256, max_total_tokens=4096, log_level=log_level,
-                        disable_cuda_graph=device == "cpu", tp_size=tp_size)
-    params = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0}
+                        disable_cuda_graph=device == "cpu", tp_size=tp_size,
+                        **spec_engine_args(spec))
+    params = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
     try:
         first_turns, follow_up = workload()
         out_a = engine.generate(input_ids=first_turns[:1], sampling_params=params)
@@ -74,25 +107,51 @@ def generate(model: str, backend: str, page_size: int, device: str, *, tp_size: 
     finally:
         engine.shutdown()
     outs = out_a + out_bc + out_a2
-    return {"backend": backend,
+    return {"backend": backend, "spec": spec or None,
             "output_ids": [o["output_ids"] for o in outs],
-            "cached": [o["meta_info"].get("cached_tokens", 0) for o in outs]}
+            "cached": [o["meta_info"].get("cached_tokens", 0) for o in outs],
+            "verify_steps": [o["meta_info"].get("spec_verify_ct", 0) for o in outs]}
 
 
 def _child(args) -> int:
+    spec = json.loads(args.spec) if args.spec else None
     print(json.dumps(generate(args.model, args.backend, args.page_size, args.device,
-                              tp_size=args.tp_size, log_level=args.log_level)))
+                              tp_size=args.tp_size, log_level=args.log_level, spec=spec,
+                              max_new_tokens=args.max_new_tokens)))
     return 0
 
 
-def _run_in_process(args, backend: str, *, tp_size: int) -> dict:
+def _spec(args, model: str, tmp: str) -> dict | None:
+    """The speculative configuration of the options (None without
+    ``--speculative-algorithm``), a random EAGLE head built in ``tmp`` where one is needed."""
+    algo = args.speculative_algorithm
+    if not algo:
+        return None
+    topk, steps = args.speculative_eagle_topk, args.speculative_num_steps
+    drafts = args.speculative_num_draft_tokens or (steps + 1 if topk == 1 else
+                                                   min(topk * steps, 2 * steps + 2))
+    draft = args.speculative_draft_model_path
+    if draft is None and algo == "EAGLE3":
+        raise SystemExit("--speculative-algorithm EAGLE3 needs --speculative-draft-model-path")
+    if draft is None and algo == "STANDALONE":
+        draft = model  # drafting with the target: every draft is accepted
+    elif draft is None and algo == "EAGLE":
+        from hygon_attn_backend.tools.demo.engine import build_tiny_eagle_head
+
+        draft = build_tiny_eagle_head(model, os.path.join(tmp, "eagle"), engine="sglang")
+    return {"algorithm": algo, "draft": draft, "topk": topk, "steps": steps,
+            "draft_tokens": drafts}
+
+
+def _run_in_process(args, backend: str, *, tp_size: int, spec: dict | None = None) -> dict:
     """One engine per process: a fresh SGLang each time."""
     env = dict(os.environ)
     if args.device == "cpu":
         env.setdefault("TRITON_INTERPRET", "1")  # Triton kernels on CPU tensors
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--backend", backend,
            "--model", args.model, "--page-size", str(args.page_size), "--device", args.device,
-           "--tp-size", str(tp_size), "--log-level", args.log_level]
+           "--tp-size", str(tp_size), "--log-level", args.log_level,
+           "--max-new-tokens", str(args.max_new_tokens), "--spec", json.dumps(spec or {})]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
@@ -112,11 +171,32 @@ def main(argv=None) -> int:
                         help="tensor-parallel ranks of the hygon engine (the compared run "
                              "stays at 1)")
     parser.add_argument("--log-level", default="error", help="SGLang's log level")
+    parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS,
+                        help=f"greedy tokens a prompt (default {MAX_NEW_TOKENS})")
+    parser.add_argument("--speculative-algorithm", type=str.upper, choices=SPEC_ALGORITHMS,
+                        default=None, help="speculative decoding in the hygon and compared "
+                                           "runs, beside a hygon run without it")
+    parser.add_argument("--speculative-draft-model-path", default=None,
+                        help="draft model / EAGLE head (default: the target for STANDALONE, "
+                             "a random head for EAGLE / EAGLE3)")
+    parser.add_argument("--speculative-eagle-topk", type=int, default=1,
+                        help="draft branches a step (> 1: a draft tree, SGLang takes it with "
+                             "--page-size 1 only; NGRAM: the n-gram tree's breadth)")
+    parser.add_argument("--speculative-num-steps", type=int, default=3)
+    parser.add_argument("--speculative-num-draft-tokens", type=int, default=None,
+                        help="tokens a verify step (default: steps + 1 for a chain, "
+                             "min(topk * steps, 2 * steps + 2) for a tree)")
+    parser.add_argument("--spec", default="", help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="hygon", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.tp_size < 1:
         parser.error(f"--tp-size must be at least 1, got {args.tp_size}")
+    if args.max_new_tokens < 1:
+        parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.speculative_eagle_topk < 1 or args.speculative_num_steps < 1:
+        parser.error(f"--speculative-eagle-topk and --speculative-num-steps must be at least "
+                     f"1, got {args.speculative_eagle_topk} and {args.speculative_num_steps}")
     if args.device is None:
         import torch
 
@@ -129,22 +209,45 @@ def main(argv=None) -> int:
             from hygon_attn_backend.tools.demo.engine import build_tiny_llama
 
             args.model = build_tiny_llama(os.path.join(tmp, "model"))
-        ours = _run_in_process(args, "hygon", tp_size=args.tp_size)
-        compare = args.compare or ("torch_native" if args.device == "cpu" else "triton")
-        theirs = None if compare == "none" else _run_in_process(args, compare, tp_size=1)
+        spec = _spec(args, args.model, tmp)
+        ours = _run_in_process(args, "hygon", tp_size=args.tp_size, spec=spec)
+        # torch_native has no speculative verify: a speculative comparison takes triton
+        compare = args.compare or ("torch_native" if args.device == "cpu" and spec is None
+                                   else "triton")
+        theirs = None if compare == "none" else _run_in_process(args, compare, tp_size=1,
+                                                               spec=spec)
+        plain = None if spec is None else _run_in_process(args, "hygon", tp_size=args.tp_size)
+    return _report(args, ours, theirs, compare, plain, spec)
 
+
+def _report(args, ours, theirs, compare, plain, spec) -> int:
+    """Print each prompt's tokens (and accept lengths), then a MATCH / MISMATCH line for
+    each comparison; 0 when every comparison matched."""
     names = ["chat A turn 1", "chat B turn 1", "chat C turn 1", "chat A turn 2"]
     for i, name in enumerate(names):
         line = f"{name}: cached {ours['cached'][i]:3d}  hygon {ours['output_ids'][i]}"
+        if spec is not None:
+            steps = ours["verify_steps"][i]
+            line += f"  accept length {len(ours['output_ids'][i]) / max(steps, 1):.2f}"
         if theirs is not None:
             line += f"  {compare} {theirs['output_ids'][i]}"
         print(line)
-    if theirs is None:
-        return 0
-    same = ours["output_ids"] == theirs["output_ids"]
-    print("MATCH" if same else "MISMATCH", f"(hygon at TP={args.tp_size} vs {compare} at TP=1, "
-          f"greedy, {MAX_NEW_TOKENS} tokens)")
-    return 0 if same else 1
+    what = "" if spec is None else (f", {spec['algorithm']} topk {spec['topk']}, "
+                                    f"{spec['draft_tokens']} draft tokens")
+    ok = True
+    for other, label in ((theirs, f"{compare} at TP=1"), (plain, "hygon without speculation")):
+        if other is None:
+            continue
+        same = ours["output_ids"] == other["output_ids"]
+        ok = ok and same
+        print("MATCH" if same else "MISMATCH", f"(hygon at TP={args.tp_size}{what} vs {label}, "
+              f"greedy, {args.max_new_tokens} tokens)")
+    for run, label in ((ours, "hygon"), (theirs, compare)):
+        if spec is not None and run is not None:
+            total = sum(len(t) for t in run["output_ids"])
+            print(f"{label}: accept length {total / max(sum(run['verify_steps']), 1):.2f} "
+                  f"({total} tokens in {sum(run['verify_steps'])} verify steps)")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -78,6 +78,47 @@ def build_tiny_llama(path: str, *, seed: int = SEED, num_heads: int = HEADS,
     return save_random_weights(LlamaForCausalLM(config), path, seed=seed)
 
 
+#: The EAGLE head's architecture name in each engine's model registry (the same weights:
+#: ``fc`` over [token embedding, target hidden state], one Llama layer without its input
+#: norm, the target's embedding and LM head shared).
+EAGLE_ARCHITECTURES = {"vllm": "EagleLlamaForCausalLM", "sglang": "LlamaForCausalLMEagle"}
+
+
+def build_tiny_eagle_head(target_dir: str, path: str, *, engine: str, seed: int = 7) -> str:
+    """Write a random-weight EAGLE head for the tiny Llama in ``target_dir`` to ``path`` (its
+    config: the target's, one layer, ``EAGLE_ARCHITECTURES[engine]``); returns ``path``."""
+    import torch
+    from safetensors.torch import save_file
+
+    if engine not in EAGLE_ARCHITECTURES:
+        raise ValueError(f"engine must be one of {sorted(EAGLE_ARCHITECTURES)}, got {engine!r}")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(target_dir, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(num_hidden_layers=1, architectures=[EAGLE_ARCHITECTURES[engine]])
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    h, inter, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    hq, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen) * INIT_STD
+
+    layer = "layers.0."
+    weights = {"embed_tokens.weight": rand(cfg["vocab_size"], h), "fc.weight": rand(h, 2 * h),
+               layer + "self_attn.q_proj.weight": rand(hq * d, h),
+               layer + "self_attn.k_proj.weight": rand(hkv * d, h),
+               layer + "self_attn.v_proj.weight": rand(hkv * d, h),
+               layer + "self_attn.o_proj.weight": rand(h, hq * d),
+               layer + "mlp.gate_proj.weight": rand(inter, h),
+               layer + "mlp.up_proj.weight": rand(inter, h),
+               layer + "mlp.down_proj.weight": rand(h, inter),
+               layer + "post_attention_layernorm.weight": torch.ones(h)}
+    save_file(weights, os.path.join(path, "model.safetensors"))
+    return path
+
+
 def save_random_weights(model, path: str, *, seed: int, std: float = INIT_STD) -> str:
     """Fill a transformers ``model``'s parameters from ``seed`` (norm weights 1, every other
     weight normal with spread ``std``), save it to ``path`` as safetensors; returns ``path``."""

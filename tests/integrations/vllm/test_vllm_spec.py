@@ -27,43 +27,11 @@ from hygon_attn_backend.tools.demo import engine as demo  # noqa: E402
 from tests import support  # noqa: E402
 
 
-def build_eagle_head(target_dir: str, path: str, *, seed: int = 7) -> str:
-    """A random-weight EAGLE head (``EagleLlamaForCausalLM``: one Llama layer after
-    ``fc`` over [embedding, target hidden]) for the tiny Llama in ``target_dir``; it
-    shares the target's LM head. Returns ``path``."""
-    from safetensors.torch import save_file
-
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(target_dir, "config.json")) as f:
-        cfg = json.load(f)
-    cfg.update(num_hidden_layers=1, architectures=["EagleLlamaForCausalLM"])
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    h, inter, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
-    hq, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    gen = torch.Generator().manual_seed(seed)
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen) * demo.INIT_STD
-
-    weights = {"embed_tokens.weight": rand(cfg["vocab_size"], h), "fc.weight": rand(h, 2 * h),
-               "layers.0.self_attn.q_proj.weight": rand(hq * d, h),
-               "layers.0.self_attn.k_proj.weight": rand(hkv * d, h),
-               "layers.0.self_attn.v_proj.weight": rand(hkv * d, h),
-               "layers.0.self_attn.o_proj.weight": rand(h, hq * d),
-               "layers.0.mlp.gate_proj.weight": rand(inter, h),
-               "layers.0.mlp.up_proj.weight": rand(inter, h),
-               "layers.0.mlp.down_proj.weight": rand(h, inter),
-               "layers.0.post_attention_layernorm.weight": torch.ones(h)}
-    save_file(weights, os.path.join(path, "model.safetensors"))
-    return path
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("spec_models")
     target = demo.build_tiny_llama(str(root / "target"))
-    return target, build_eagle_head(target, str(root / "eagle"))
+    return target, demo.build_tiny_eagle_head(target, str(root / "eagle"), engine="vllm")
 
 
 def _run_child(model_dir, specs, tmp_path):
