@@ -182,26 +182,18 @@ def paged_decode_kernel(
 
     page_next = lookup_tile_pages(bt_row_ptr, stride_bt_block, loop_start, offs_n,
                                   max_blocks_per_seq, num_blocks, PAGE_SIZE, BLOCK_N)
-    for start in range(loop_start, main_end, BLOCK_N):
-        m_i, l_i, acc, page_next = _attend_tile(
-            q, m_i, l_i, acc, page_next, start, part_end, seq_len, pos_m, tree_rows, tree_words,
-            offs_m, offs_n, d_ok, d_off_k, d_off_v, k_head_ptr, v_head_ptr, bt_row_ptr,
-            stride_bt_block, stride_k_block, stride_k_slot, stride_v_block, stride_v_slot,
-            max_blocks_per_seq, num_blocks, sm_scale, qk_scale, soft_cap, sliding_window,
-            NUM_TOKENS=NUM_TOKENS, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
-            HEAD_DIM_PAD=HEAD_DIM_PAD, PAGE_SIZE=PAGE_SIZE, PAGE_PREFETCH=PAGE_PREFETCH,
-            USE_SOFT_CAP=USE_SOFT_CAP, USE_WINDOW=USE_WINDOW, TREE=TREE, MASKED=False,
-            KV_WIDEN=KV_WIDEN)
-    for start in range(main_end, part_end, BLOCK_N):
-        m_i, l_i, acc, page_next = _attend_tile(
-            q, m_i, l_i, acc, page_next, start, part_end, seq_len, pos_m, tree_rows, tree_words,
-            offs_m, offs_n, d_ok, d_off_k, d_off_v, k_head_ptr, v_head_ptr, bt_row_ptr,
-            stride_bt_block, stride_k_block, stride_k_slot, stride_v_block, stride_v_slot,
-            max_blocks_per_seq, num_blocks, sm_scale, qk_scale, soft_cap, sliding_window,
-            NUM_TOKENS=NUM_TOKENS, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
-            HEAD_DIM_PAD=HEAD_DIM_PAD, PAGE_SIZE=PAGE_SIZE, PAGE_PREFETCH=PAGE_PREFETCH,
-            USE_SOFT_CAP=USE_SOFT_CAP, USE_WINDOW=USE_WINDOW, TREE=TREE, MASKED=True,
-            KV_WIDEN=KV_WIDEN)
+    for masked in tl.static_range(2):  # compile-time: the unmasked loop, then the draft tiles
+        for start in range(loop_start if masked == 0 else main_end,
+                           main_end if masked == 0 else part_end, BLOCK_N):
+            m_i, l_i, acc, page_next = _attend_tile(
+                q, m_i, l_i, acc, page_next, start, part_end, seq_len, pos_m, tree_rows,
+                tree_words, offs_m, offs_n, d_ok, d_off_k, d_off_v, k_head_ptr, v_head_ptr,
+                bt_row_ptr, stride_bt_block, stride_k_block, stride_k_slot, stride_v_block,
+                stride_v_slot, max_blocks_per_seq, num_blocks, sm_scale, qk_scale, soft_cap,
+                sliding_window, NUM_TOKENS=NUM_TOKENS, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM,
+                HEAD_DIM_PAD=HEAD_DIM_PAD, PAGE_SIZE=PAGE_SIZE, PAGE_PREFETCH=PAGE_PREFETCH,
+                USE_SOFT_CAP=USE_SOFT_CAP, USE_WINDOW=USE_WINDOW, TREE=TREE,
+                MASKED=masked == 1, KV_WIDEN=KV_WIDEN)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     result = acc * (v_scale / l_safe)[:, None]  # [BLOCK_M, HEAD_DIM_PAD]

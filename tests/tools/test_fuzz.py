@@ -134,31 +134,39 @@ def test_impl_reaches_the_mla_plans(monkeypatch):
     assert seen == ["auto", "auto"], seen
 
 
-@pytest.mark.gpu
-def test_mla_impl_auto_runs_the_native_kernel_on_sm90():
-    """On an H100/H200 the auto cases of the MLA profiles the native decode covers (16-bit
-    512 + 64 caches, 64 query rows a request or more) run it and pass the reference."""
+def _auto_cases_run_native(op: str, what: str, covers) -> None:
+    """Two ``impl="auto"`` cases of each seed-11 ``op`` profile for which ``covers(profile)``
+    holds pass the reference on this sm_90 GPU, each run by the native kernel (skips
+    elsewhere, saying why)."""
     if not torch.cuda.is_available() or getattr(torch.version, "hip", None) or \
             torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the native MLA decode runs on NVIDIA sm_90 GPUs only")
+        pytest.skip(f"{what} runs on NVIDIA sm_90 GPUs only")
     from hygon_attn_backend import native
     if not native.available():
         pytest.skip("the native kernels cannot be built here")
     seed, dev = 11, torch.device("cuda")
-    profiles = fuzz.profiles_for("mla", seed, tiny=False)
+    profiles = fuzz.profiles_for(op, seed, tiny=False)
     for prof in profiles:
         prof["impl"] = "auto"
-    covered = [i for i, p in enumerate(profiles)
-               if (p["rank"], p["rope"]) == (512, 64) and not p["fp8"]
-               and p["tokens"] * p["heads"] >= 64]
-    assert covered, "no profile of this seed is one the native MLA decode covers"
+    covered = [i for i, p in enumerate(profiles) if covers(p)]
+    assert covered, f"no profile of this seed is one {what} covers"
     descs = []
     for i in covered:
         for case in (i, i + len(profiles)):  # two cases of each such profile
-            problem, desc = fuzz.run_case("mla", seed, case, dev, profiles)
+            problem, desc = fuzz.run_case(op, seed, case, dev, profiles)
             assert problem is None, f"{problem}: {desc}"
             descs.append(desc)
     assert all("impl=native" in d for d in descs), descs
+
+
+@pytest.mark.gpu
+def test_mla_impl_auto_runs_the_native_kernel_on_sm90():
+    """On an H100/H200 the auto cases of the MLA profiles the native decode covers (16-bit
+    512 + 64 caches, 64 query rows a request or more) run it and pass the reference."""
+    _auto_cases_run_native(
+        "mla", "the native MLA decode",
+        lambda p: (p["rank"], p["rope"]) == (512, 64) and not p["fp8"]
+        and p["tokens"] * p["heads"] >= 64)
 
 
 @pytest.mark.gpu
@@ -167,26 +175,9 @@ def test_prefill_impl_auto_runs_the_native_kernel_on_sm90():
     128, 16-bit KV) run it, and pass against the reference. Seed 11 has four such
     profiles (SGLang's and vLLM's layouts); its run on the H200 (254 cases before a time
     limit) ran every case of them native (docs/reliability.md)."""
-    if not torch.cuda.is_available() or getattr(torch.version, "hip", None) or \
-            torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the native prefill runs on NVIDIA sm_90 GPUs only")
-    from hygon_attn_backend import native
-    if not native.available():
-        pytest.skip("the native kernels cannot be built here")
-    seed, dev = 11, torch.device("cuda")
-    profiles = fuzz.profiles_for("prefill", seed, tiny=False)
-    for prof in profiles:
-        prof["impl"] = "auto"
-    covered = [i for i, p in enumerate(profiles)
-               if p["head_dim"] == 128 and p["kv_dtype"] in (torch.float16, torch.bfloat16)]
-    assert covered, "no profile of this seed is one the native kernel covers"
-    descs = []
-    for i in covered:
-        for case in (i, i + len(profiles)):  # two cases of each such profile
-            problem, desc = fuzz.run_case("prefill", seed, case, dev, profiles)
-            assert problem is None, f"{problem}: {desc}"
-            descs.append(desc)
-    assert all("impl=native" in d for d in descs), descs
+    _auto_cases_run_native(
+        "prefill", "the native prefill",
+        lambda p: p["head_dim"] == 128 and p["kv_dtype"] in (torch.float16, torch.bfloat16))
 
 
 # ----------------------------------------------------------------------------- compile budget

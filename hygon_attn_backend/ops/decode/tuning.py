@@ -455,15 +455,14 @@ def launch_config(*, num_seqs: int, num_q_heads: int, num_kv_heads: int, num_tok
                                       head_dim_pad=_device.next_pow2(head_dim),
                                       page_size=page_size, rows=num_tokens * heads)
     programs = num_seqs * num_kv_heads
-    fp8_cfg = fp8_tile(programs=programs, num_sms=num_sms) if fp8 else None
-    if fp8_cfg is None:
-        fp8_cfg = verify_tile(num_tokens=num_tokens, rows=num_tokens * heads,
-                              head_dim_pad=_device.next_pow2(head_dim),
-                              kv_elem_size=kv_elem_size)
+    # the fp8 rule's tile, else a verify batch's (None: the general rule's)
+    rule_tile = fp8_tile(programs=programs, num_sms=num_sms) if fp8 else verify_tile(
+        num_tokens=num_tokens, rows=num_tokens * heads,
+        head_dim_pad=_device.next_pow2(head_dim), kv_elem_size=kv_elem_size)
     block_n, num_warps, num_stages, prefetch = tile_config(
         block_m=block_m, head_dim_pad=_device.next_pow2(head_dim), page_size=page_size,
         kv_elem_size=kv_elem_size, rows=num_tokens * heads,
-        tile=_merge_tile(fp8_cfg, tile))
+        tile=_merge_tile(rule_tile, tile))
     # the measured rule fixes the partition count; each sequence then splits its own length
     # (seq_partitions): a forced or environment size keeps fixed partitions
     seq_split = partition_size is None and rule == "measured" and partition_size_env() is None
