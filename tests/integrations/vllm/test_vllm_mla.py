@@ -23,6 +23,18 @@ from tests.support import vllm_mla_harness as harness  # noqa: E402
 DENSE_CLASS = "hygon_attn_backend.integrations.vllm.backend.HygonAttentionBackend"
 MLA_CLASS = "hygon_attn_backend.integrations.vllm.mla.HygonMLABackend"
 CPU_MLA_CLASS = "vllm.v1.attention.backends.mla.cpu_mla.CPUMLABackend"
+AMX_MLA_CLASS = "vllm.v1.attention.backends.mla.amx_mla.AMXMLABackend"
+
+
+def vllms_own_cpu_mla_class():
+    """What vLLM's CPU platform picks for an MLA model when no backend is named: its AMX
+    backend on an x86 host with AMX tiles, its reference CPU backend elsewhere."""
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import CpuArchEnum
+
+    amx = (current_platform.get_cpu_architecture() == CpuArchEnum.X86
+           and torch.cpu._is_amx_tile_supported())
+    return AMX_MLA_CLASS if amx else CPU_MLA_CLASS
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +88,9 @@ def test_one_flag_selects_mla_for_an_mla_model(mla_dir, llama_dir):
 def test_without_flag_an_mla_model_keeps_vllms_cpu_mla(mla_dir):
     hv.register()
     cfg = engine_config(mla_dir)
-    assert selected_class(cfg, head_size=576, use_mla=True) == CPU_MLA_CLASS
+    chosen = selected_class(cfg, head_size=576, use_mla=True)
+    assert chosen in (CPU_MLA_CLASS, AMX_MLA_CLASS)
+    assert chosen == vllms_own_cpu_mla_class()
 
 
 def test_backend_path_by_use_mla():
