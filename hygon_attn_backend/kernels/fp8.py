@@ -50,6 +50,27 @@ def widen_kv(x, WIDEN: tl.constexpr):
 
 
 @triton.jit
+def finite_abs_max(q):
+    """The largest finite ``|q|`` of the 2-D tile ``q`` (a float32 scalar; NaN and inf
+    entries are left out: they compare false)."""
+    qa = tl.abs(q.to(tl.float32))
+    qa = tl.where(qa < float("inf"), qa, 0.0)
+    return tl.max(tl.max(qa, 1), 0)
+
+
+@triton.jit
+def fp16_range(qmax):
+    """``(down, up)``: powers of two with ``qmax * down`` inside fp16's range (``up = 1 /
+    down = 1`` unless ``qmax >= 2^16``, which only bf16 holds: below it every bf16 value is
+    <= 65280 < fp16's 65504)."""
+    exp = ((qmax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2 qmax)
+    shift = tl.maximum(exp - 15, 0)
+    down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+    up = ((127 + shift) << 23).to(tl.float32, bitcast=True)
+    return down, up
+
+
+@triton.jit
 def fp16_query(q):
     """``(q16, up)``: the query tile ``q`` (fp16/bf16, ``[M, D]``) as fp16 scaled by a
     power of two ``1 / up`` so that its largest finite magnitude fits fp16 (``up = 1``
@@ -57,13 +78,5 @@ def fp16_query(q):
     range when ``up > 1``; NaN and inf entries are left out of the range (their rows stay
     NaN, the other rows are unchanged).
     """
-    qf = q.to(tl.float32)
-    qa = tl.abs(qf)
-    qa = tl.where(qa < float("inf"), qa, 0.0)  # NaN and inf compare false
-    qmax = tl.max(tl.max(qa, 1), 0)
-    exp = ((qmax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2 qmax)
-    # below 2^16 every bf16 value is <= 65280 < fp16's 65504: no scaling
-    shift = tl.maximum(exp - 15, 0)
-    down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
-    up = ((127 + shift) << 23).to(tl.float32, bitcast=True)
-    return (qf * down).to(tl.float16), up
+    down, up = fp16_range(finite_abs_max(q))
+    return (q.to(tl.float32) * down).to(tl.float16), up

@@ -6,7 +6,10 @@ multiplied into the latent space, then ``q_pe``), so every query head reads the 
 grid ``(cdiv(T * Hq, BLOCK_M), num_seqs, num_partitions)``, one program serves
 ``BLOCK_M`` query rows (``row = t * Hq + h``) of one request against each KV tile it
 loads once. QK^T is two dots (the RANK part and the ROPE part: 576 is no power of two),
-PV one over the RANK part of the same tile. Token ``t`` sits at ``seq_len - T + t`` and
+PV one over the RANK part of the same tile. An fp8 cache (KV_WIDEN, ``kernels/fp8.py``)
+is widened to fp16 as loaded and both dots run on fp16 operands (the query brought into
+fp16's range by a power of two; the one per-tensor scale folds into the logits and the
+output). Token ``t`` sits at ``seq_len - T + t`` and
 sees keys ``j <= seq_len - T + t``.
 
 Bounds: the paged-KV rule of ``kernels/paged_kv.py`` (absent keys are never read), the
@@ -23,6 +26,8 @@ import triton
 import triton.language as tl
 
 from hygon_attn_backend.kernels.combine import seq_partitions, table_keys
+from hygon_attn_backend.kernels.fp8 import (WIDEN_NONE, finite_abs_max, fp16_range,
+                                            widen_kv)
 from hygon_attn_backend.kernels.paged_kv import lookup_tile_pages, tile_row_offsets
 from hygon_attn_backend.kernels.softmax import online_softmax_step
 
@@ -52,6 +57,7 @@ def mla_decode_kernel(
     SPLIT: tl.constexpr,
     SCALES_FROM_PTR: tl.constexpr,  # kv_scale is a 1-element tensor (no host sync)
     WRITE_LSE: tl.constexpr,       # unsplit: also store each row's LSE
+    KV_WIDEN: tl.constexpr = 0,    # kernels/fp8.py: an fp8 cache widens to fp16, fp16 dots
 ):
     row_block = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
@@ -94,7 +100,19 @@ def mla_decode_kernel(
         kv_scale = tl.load(kv_scale_ptr).to(tl.float32)
     else:
         kv_scale = kv_scale_value
-    qk_scale = scale * kv_scale * 1.4426950408889634  # K's dequant folded in; log2 units
+    k_scale = kv_scale
+    if KV_WIDEN != WIDEN_NONE:
+        # fp8 cache: both dots on fp16 operands (kernels/fp8.py), the query brought into
+        # fp16's range by one power of two over both of its parts, folded into the logits
+        qmax = finite_abs_max(q_nope)
+        if ROPE > 0:
+            qmax = tl.maximum(qmax, finite_abs_max(q_pe))
+        q_down, q_up = fp16_range(qmax)
+        q_nope = (q_nope.to(tl.float32) * q_down).to(tl.float16)
+        if ROPE > 0:
+            q_pe = (q_pe.to(tl.float32) * q_down).to(tl.float16)
+        k_scale = kv_scale * q_up
+    qk_scale = scale * k_scale * 1.4426950408889634  # K's dequant folded in; log2 units
     pos_m = seq_len - NUM_TOKENS + tok_m  # [BLOCK_M] last key each row sees
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -124,12 +142,16 @@ def mla_decode_kernel(
         else:
             kv_mask = tok_ok[:, None] & r_ok[None, :]
         kv = tl.load(kv_ptr + tok_off[:, None] + d_off_r[None, :], mask=kv_mask, other=0.0)
+        if KV_WIDEN != WIDEN_NONE:
+            kv = widen_kv(kv, KV_WIDEN)
         kv = kv.to(q_nope.dtype)  # [BLOCK_N, RANK_PAD]: K's first part and V
         qk = tl.dot(q_nope, tl.trans(kv))  # [BLOCK_M, BLOCK_N] fp32
         if ROPE > 0:
             pe = tl.load(kv_ptr + tok_off[:, None] + d_off_e[None, :],
                          mask=tok_ok[:, None] & e_ok[None, :], other=0.0)
             # pe: [BLOCK_N, ROPE_PAD]
+            if KV_WIDEN != WIDEN_NONE:
+                pe = widen_kv(pe, KV_WIDEN)
             qk = tl.dot(q_pe, tl.trans(pe.to(q_pe.dtype)), acc=qk)
         s = qk * qk_scale
         visible = tok_ok[None, :]

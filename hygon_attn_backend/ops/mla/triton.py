@@ -33,7 +33,9 @@ def combine_chunk(rank_pad: int, num_warps: int = COMBINE_WARPS) -> int:
 def make_launches(plan, scales_from_ptr: bool):
     """``(decode, combine or None)`` launches of ``plan`` for one variant (how the layer
     passes its fp8 scale)."""
+    from hygon_attn_backend.kernels.fp8 import WIDEN_CODES
     from hygon_attn_backend.kernels.mla_decode import mla_combine_kernel, mla_decode_kernel
+    from hygon_attn_backend.ops.decode.tuning import kv_widen
 
     cfg = plan.config
     ws = plan.workspace
@@ -61,6 +63,8 @@ def make_launches(plan, scales_from_ptr: bool):
         RANK_PAD=rank_pad, ROPE=plan.rope_dim, ROPE_PAD=rope_pad, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, PAGE_SIZE=plan.page_size, SPLIT=cfg.split,
         SCALES_FROM_PTR=scales_from_ptr, WRITE_LSE=plan.return_lse and not cfg.split,
+        # the dense decode's rule: an fp8 tile widened to fp16 as loaded, fp16 dots
+        KV_WIDEN=WIDEN_CODES[kv_widen(kv_dtype=plan.kv_dtype, device=plan.device)],
         **scratch)
     grid = (-(-rows // cfg.block_m), plan.num_seqs, cfg.num_partitions)
     decode = Launch(mla_decode_kernel, grid, fixed, DECODE_PER_CALL,
