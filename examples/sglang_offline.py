@@ -4,6 +4,7 @@
     python examples/sglang_offline.py --model /path/to/llama --page-size 16 --compare triton
     python examples/sglang_offline.py --tp-size 2            # hygon on two TP ranks
     python examples/sglang_offline.py --speculative-algorithm EAGLE --speculative-eagle-topk 4
+    python examples/sglang_offline.py --engine-args '{"mem_fraction_static": 0.3}'
 
 Needs the package installed (``pip install -e .``): SGLang's scheduler processes find the
 backend through the ``sglang.srt.plugins`` entry point. Without ``--model`` a tiny
@@ -80,10 +81,10 @@ def spec_engine_args(spec: dict) -> dict:
 
 def generate(model: str, backend: str, page_size: int, device: str, *, tp_size: int = 1,
              log_level: str = "error", spec: dict | None = None,
-             max_new_tokens: int = MAX_NEW_TOKENS) -> dict:
+             max_new_tokens: int = MAX_NEW_TOKENS, engine_args: dict | None = None) -> dict:
     """Run both rounds on one engine of ``tp_size`` tensor-parallel ranks, speculating as
-    ``spec`` says (:func:`spec_engine_args`); returns outputs, cached-prefix counts and
-    verify-step counts."""
+    ``spec`` says (:func:`spec_engine_args`), with ``engine_args`` as further ``Engine``
+    keywords; returns outputs, cached-prefix counts and verify-step counts."""
     import sglang as sgl
 
     from hygon_attn_backend.integrations.sglang import register
@@ -96,7 +97,7 @@ def generate(model: str, backend: str, page_size: int, device: str, *, tp_size: 
                         dtype="float16", page_size=page_size, skip_tokenizer_init=True,
                         context_length=256, max_total_tokens=4096, log_level=log_level,
                         disable_cuda_graph=device == "cpu", tp_size=tp_size,
-                        **spec_engine_args(spec))
+                        **{**spec_engine_args(spec), **(engine_args or {})})
     params = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
     try:
         first_turns, follow_up = workload()
@@ -113,11 +114,23 @@ def generate(model: str, backend: str, page_size: int, device: str, *, tp_size: 
             "verify_steps": [o["meta_info"].get("spec_verify_ct", 0) for o in outs]}
 
 
+def _engine_args(text: str) -> dict:
+    """``--engine-args``: a JSON object of ``Engine`` keywords."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object of Engine keywords, got {text!r}")
+    return value
+
+
 def _child(args) -> int:
     spec = json.loads(args.spec) if args.spec else None
     print(json.dumps(generate(args.model, args.backend, args.page_size, args.device,
                               tp_size=args.tp_size, log_level=args.log_level, spec=spec,
-                              max_new_tokens=args.max_new_tokens)))
+                              max_new_tokens=args.max_new_tokens,
+                              engine_args=args.engine_args)))
     return 0
 
 
@@ -151,7 +164,8 @@ def _run_in_process(args, backend: str, *, tp_size: int, spec: dict | None = Non
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--backend", backend,
            "--model", args.model, "--page-size", str(args.page_size), "--device", args.device,
            "--tp-size", str(tp_size), "--log-level", args.log_level,
-           "--max-new-tokens", str(args.max_new_tokens), "--spec", json.dumps(spec or {})]
+           "--max-new-tokens", str(args.max_new_tokens), "--spec", json.dumps(spec or {}),
+           "--engine-args", json.dumps(args.engine_args)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
@@ -186,6 +200,10 @@ def main(argv=None) -> int:
     parser.add_argument("--speculative-num-draft-tokens", type=int, default=None,
                         help="tokens a verify step (default: steps + 1 for a chain, "
                              "min(topk * steps, 2 * steps + 2) for a tree)")
+    parser.add_argument("--engine-args", type=_engine_args, default={},
+                        help="further sglang.Engine keywords of every run, a JSON object "
+                             "(e.g. '{\"mem_fraction_static\": 0.3, "
+                             "\"sampling_backend\": \"pytorch\"}')")
     parser.add_argument("--spec", default="", help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="hygon", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
