@@ -1,8 +1,9 @@
 """``hygon-attn bench verify`` on a CPU (Triton's interpreter): the CLI runs the tiny
 shape, checks every row against the reference before timing it, and prints the chain's
 and the tree's rows: our verify on the decode and prefill structures, our plain decode of
-the same batch, the device copy and SGLang's Triton verify (run here when SGLang is
-installed, a row saying why not otherwise)."""
+the same batch, SGLang's Triton verify (run here when SGLang is installed, a row saying why
+not otherwise), FlashInfer's custom-mask prefill (a row saying it needs a CUDA GPU) and the
+device copy."""
 
 import importlib.util
 import json
@@ -33,7 +34,7 @@ def test_bench_verify_prints_every_row(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = [line for line in proc.stdout.splitlines() if line.startswith("| B=2")]
     impls = ["hygon decode, same batch", "hygon verify (decode)", "hygon verify (prefill)",
-             "sglang triton verify", "device copy, same bytes"]
+             "sglang triton verify", "flashinfer fa2 verify", "device copy, same bytes"]
     for case, ctx in (("chain 3", 43), ("tree 4", 44)):
         mine = [line for line in table if f"ctx={ctx} " in line]
         assert [next(i for i in impls if f"| {i} |" in line) for line in mine] == impls, mine
@@ -47,6 +48,9 @@ def test_bench_verify_prints_every_row(tmp_path):
         assert all(r["status"] == "ok" for r in sglang), sglang
     else:
         assert all(r["status"] == "not installed" for r in sglang), sglang
+    flashinfer = [r for r in rows if r["impl"] == "flashinfer fa2 verify"]
+    assert len(flashinfer) == 2 and all(r["status"] == "needs a CUDA GPU"
+                                        for r in flashinfer), flashinfer
 
 
 @pytest.mark.parametrize("tree", ["0", "-1,1", "a"])

@@ -228,8 +228,9 @@ def vllm_prefill(prob) -> Runner:
 
 # ----------------------------------------------------------------------------- flashinfer
 
-def _flashinfer_setup(prob, wrapper_name: str, length: int):
-    """FlashInfer's paged-KV wrapper class ``wrapper_name``, its workspace, and the page
+def _flashinfer_setup(prob, wrapper_name: str, length: int, module: str = ""):
+    """FlashInfer's paged-KV wrapper class ``wrapper_name`` (of ``flashinfer``, or of its
+    submodule ``module`` alone: :func:`flashinfer_module`), its workspace, and the page
     description of ``prob``'s batch (every request ``length`` keys):
     ``(wrapper_cls, workspace, indptr, indices, last_page_len)``."""
     import torch
@@ -237,7 +238,10 @@ def _flashinfer_setup(prob, wrapper_name: str, length: int):
     if dev.type != "cuda":
         raise Unavailable("needs a CUDA GPU")
     _require("flashinfer", dev)
-    wrapper_cls = _import(wrapper_name, "flashinfer")
+    if module:
+        wrapper_cls = getattr(flashinfer_module(module), wrapper_name)
+    else:
+        wrapper_cls = _import(wrapper_name, "flashinfer")
     per = -(-length // prob.page_size)
     indptr = torch.arange(prob.batch + 1, dtype=torch.int32, device=dev) * per
     indices = prob.block_table[:, :per].reshape(-1).to(torch.int32).contiguous()

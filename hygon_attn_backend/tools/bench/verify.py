@@ -1,5 +1,6 @@
 """``hygon-attn bench verify``: a speculative verify step beside a plain decode of the same
-batch, an in-run device copy and SGLang's Triton verify.
+batch, an in-run device copy, SGLang's Triton verify and FlashInfer's paged prefill with
+a custom mask.
 
 The batch: ``B`` requests of a ``--prefix`` key cache each, with ``T`` draft tokens a
 request whose K/V are already in the paged cache (the last ``T`` keys of each sequence),
@@ -18,7 +19,10 @@ Rows per draft shape and page size:
 * ``device copy, same bytes``: a device copy moving the KV bytes, timed the same way;
 * ``sglang triton verify``: SGLang's ``extend_attention_fwd`` with its flattened custom
   mask over the prefix (the drafts' K/V passed dense, as SGLang's Triton backend runs a
-  target-verify batch), when SGLang is importable (a row saying why not otherwise).
+  target-verify batch), when SGLang is importable (a row saying why not otherwise);
+* ``flashinfer fa2 verify``: FlashInfer's paged prefill with the same custom mask over the
+  whole paged ``prefix + T`` keys (how SGLang's FlashInfer backend verifies a tree), when
+  FlashInfer is installed and a CUDA GPU is present.
 
 GB/s counts the KV bytes of the prefix and the drafts once; the note of a verify row gives
 its time over the plain decode's (what a verify step costs against the decode it replaces).
@@ -58,7 +62,7 @@ def _parents(text: str) -> list:
 def add_verify_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``verify`` on an argparse ``subparsers`` object; returns the parser."""
     p = subparsers.add_parser("verify", help="speculative verify vs plain decode, a copy, "
-                                             "SGLang's Triton verify")
+                                             "SGLang's Triton and FlashInfer's verify")
     p.add_argument("--batch", type=count(1), default=None,
                    help=f"requests (default {GPU_DEFAULTS['batch']}; "
                         f"{CPU_DEFAULTS['batch']} on a CPU)")
@@ -128,6 +132,15 @@ class _Verify:
         ref_lowp = reference.paged_decode_attention(*args, scale=prob.scale, tree_mask=tree,
                                                     compute_dtype=self.q.dtype)
         return problems._budget(out[:n], ref32, ref_lowp, str(self.q.dtype).split(".")[-1])
+
+    def flat_mask(self):
+        """The engines' custom mask: per request ``[T, prefix + T]`` bool (the prefix all
+        visible, the drafts as :attr:`visible`), flattened and concatenated over the batch
+        (``[B * T * (prefix + T)]``)."""
+        import torch
+        prefix = self.prob.ctx - self.width
+        ones = torch.ones(self.width, prefix, dtype=torch.bool, device=self.q.device)
+        return torch.cat([ones, self.visible], 1).reshape(-1).repeat(self.prob.batch)
 
 
 def _ours_verify_decode(v: _Verify, impl: str, label: str) -> Runner:
@@ -199,9 +212,8 @@ def _sglang_verify(v: _Verify) -> Runner:
     qo_indptr = torch.arange(0, b + 1, dtype=torch.int64, device=dev) * width
     kv_indptr = torch.arange(0, b + 1, dtype=torch.int32, device=dev) * prefix
     kv_indices = prob.token_slots()[:, :prefix].reshape(-1).contiguous()
-    block = torch.cat([torch.ones(width, prefix, dtype=torch.bool, device=dev), v.visible], 1)
-    custom_mask = block.reshape(-1).repeat(b)
-    mask_indptr = torch.arange(0, b + 1, dtype=torch.int64, device=dev) * block.numel()
+    custom_mask = v.flat_mask()
+    mask_indptr = torch.arange(0, b + 1, dtype=torch.int64, device=dev) * (width * prob.ctx)
     out = torch.empty_like(v.q)
     flat = out.view(b * width, prob.num_q_heads, d)
 
@@ -212,6 +224,31 @@ def _sglang_verify(v: _Verify) -> Runner:
     return Runner("sglang triton verify", fn, out, note=f"T={width}, custom mask",
                   keep=[k_new, v_new, qo_indptr, kv_indptr, kv_indices, custom_mask,
                         mask_indptr])
+
+
+def _flashinfer_verify(v: _Verify) -> Runner:
+    """FlashInfer's paged prefill with a custom mask (``BatchPrefillWithPagedKVCacheWrapper``
+    of ``flashinfer.prefill``, ``backend="fa2"``: its fa3 kernels take no custom mask): each
+    request's T queries over its ``prefix + T`` paged keys under :meth:`_Verify.flat_mask`,
+    which ``plan`` packs (outside the timed call)."""
+    import torch
+    from hygon_attn_backend.tools.bench import engine_peers
+
+    prob, width = v.prob, v.width
+    wrapper_cls, ws, indptr, indices, last = engine_peers._flashinfer_setup(
+        prob, "BatchPrefillWithPagedKVCacheWrapper", prob.ctx, module="prefill")
+    b, hq, d = prob.batch, prob.num_q_heads, prob.head_dim
+    qo_indptr = torch.arange(0, b + 1, dtype=torch.int32, device=prob.q.device) * width
+    wrapper = wrapper_cls(ws, "NHD", backend="fa2")
+    wrapper.plan(qo_indptr, indptr, indices, last, hq, prob.num_kv_heads, d, prob.page_size,
+                 custom_mask=v.flat_mask(), sm_scale=prob.scale, q_data_type=prob.q.dtype,
+                 kv_data_type=prob.k_store.dtype)
+    q = v.q.reshape(b * width, hq, d)
+    out = torch.empty_like(v.q)
+    flat = out.view(b * width, hq, d)
+    fn = lambda: wrapper.run(q, (prob.k_store, prob.v_store), out=flat)
+    return Runner("flashinfer fa2 verify", fn, out, note=f"T={width}, custom mask",
+                  keep=[wrapper, ws, qo_indptr, indptr, indices, last])
 
 
 def _ours_plain_decode(prob, impl: str) -> Runner:
@@ -276,6 +313,7 @@ def run_verify_bench(args) -> dict:
                 made.append(_made(lambda: _ours_verify_prefill(
                     v, impl, f"hygon verify (prefill){tag(impl)}"), "hygon verify (prefill)"))
             made.append(_made(lambda: _sglang_verify(v), "sglang triton verify"))
+            made.append(_made(lambda: _flashinfer_verify(v), "flashinfer fa2 verify"))
             verify = _harness.run_all(made, v.check, base=base, graph=True, rep_ms=args.rep_ms,
                                       work=prob.kv_bytes(), ceiling=copy, device=device)
             decode_ms = next((r["ms"] for r in plain if r["status"] == "ok"), None)
