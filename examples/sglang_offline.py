@@ -5,6 +5,7 @@
     python examples/sglang_offline.py --tp-size 2            # hygon on two TP ranks
     python examples/sglang_offline.py --speculative-algorithm EAGLE --speculative-eagle-topk 4
     python examples/sglang_offline.py --engine-args '{"mem_fraction_static": 0.3}'
+    python examples/sglang_offline.py --model-kind deepseek  # MLA: a tiny DeepSeek-V2
 
 Needs the package installed (``pip install -e .``): SGLang's scheduler processes find the
 backend through the ``sglang.srt.plugins`` entry point. Without ``--model`` a tiny
@@ -25,6 +26,10 @@ than nodes, so a TP run sets ``SGLANG_CPU_OMP_THREADS_BIND`` (one span of cores 
 ``0|1`` on two cores) unless it is set already. The engine's processes are spawned: a
 script that starts an ``Engine`` with ``tp_size > 1`` must do so under
 ``if __name__ == "__main__":``, as this one does.
+
+``--model-kind deepseek`` builds a tiny DeepSeek-V2 instead (MLA: 4 heads, latent 512 +
+rope 64, YaRN, dense MLPs): SGLang's MLA paths (absorbed decode over the latent cache,
+extend over cached prefixes) run on our MLA kernels, compared with SGLang's ``triton``.
 
 ``--speculative-algorithm NGRAM | STANDALONE | EAGLE | EAGLE3`` turns on SGLang's speculative
 decoding in the hygon run and in the compared one (``hygon`` verifies the drafts and runs the
@@ -148,6 +153,9 @@ def _spec(args, model: str, tmp: str) -> dict | None:
         raise SystemExit("--speculative-algorithm EAGLE3 needs --speculative-draft-model-path")
     if draft is None and algo == "STANDALONE":
         draft = model  # drafting with the target: every draft is accepted
+    elif draft is None and algo == "EAGLE" and args.model_kind != "llama":
+        raise SystemExit("--speculative-algorithm EAGLE builds its random head for the tiny "
+                         "Llama only: pass --speculative-draft-model-path")
     elif draft is None and algo == "EAGLE":
         from hygon_attn_backend.tools.demo.engine import build_tiny_eagle_head
 
@@ -176,6 +184,9 @@ def _run_in_process(args, backend: str, *, tp_size: int, spec: dict | None = Non
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="model path (default: build a tiny random Llama)")
+    parser.add_argument("--model-kind", default="llama", choices=["llama", "deepseek"],
+                        help="the tiny random model built without --model: a Llama (GQA) "
+                             "or a DeepSeek-V2 (MLA, latent 512 + rope 64, YaRN)")
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
     parser.add_argument("--compare", default=None,
@@ -224,14 +235,18 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="hygon-sglang-") as tmp:
         if args.model is None:
-            from hygon_attn_backend.tools.demo.engine import build_tiny_llama
+            from hygon_attn_backend.tools.demo import engine
 
-            args.model = build_tiny_llama(os.path.join(tmp, "model"))
+            path = os.path.join(tmp, "model")
+            args.model = (engine.build_tiny_llama(path) if args.model_kind == "llama" else
+                          engine.build_tiny_deepseek(path, rope_scaling=engine.DEEPSEEK_YARN,
+                                                     engine="sglang"))
         spec = _spec(args, args.model, tmp)
         ours = _run_in_process(args, "hygon", tp_size=args.tp_size, spec=spec)
         # torch_native has no speculative verify: a speculative comparison takes triton
+        # torch_native has no MLA either
         compare = args.compare or ("torch_native" if args.device == "cpu" and spec is None
-                                   else "triton")
+                                   and args.model_kind == "llama" else "triton")
         theirs = None if compare == "none" else _run_in_process(args, compare, tp_size=1,
                                                                spec=spec)
         plain = None if spec is None else _run_in_process(args, "hygon", tp_size=args.tp_size)

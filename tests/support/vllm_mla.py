@@ -19,20 +19,13 @@ import subprocess
 import sys
 import tempfile
 
-from hygon_attn_backend.tools.demo.engine import greedy_record, save_random_weights
+from hygon_attn_backend.tools.demo import engine
+from hygon_attn_backend.tools.demo.engine import greedy_record
 
-VOCAB_SIZE = 512
-HIDDEN = 64
-LAYERS = 2
-HEADS = 4
-KV_LORA_RANK = 512
-QK_ROPE = 64
-QK_NOPE = 32
-V_HEAD = 32
-INIT_STD = 0.15
-MAX_MODEL_LEN = 256
+VOCAB_SIZE = engine.VOCAB_SIZE
+MAX_MODEL_LEN = engine.MAX_MODEL_LEN
 MAX_TOKENS = 8
-SEED = 1234
+SEED = engine.SEED
 #: vLLM custom ops both runs take as vLLM's plain-torch ``forward_native``.
 #: ``rotary_embedding``: vLLM 0.32's CPU kernel (``torch.ops._C.rotary_embedding``, all
 #: three ISA builds) mis-reads the views the MLA layer hands it, ``q[..., qk_nope:]``
@@ -49,29 +42,9 @@ NATIVE_OPS = ("rotary_embedding",)
 
 
 def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None) -> str:
-    """Write the model (config, random weights, a WordLevel tokenizer) to ``path``.
-    ``rope_scaling``: e.g. DeepSeek's YaRN dict (its ``mscale`` scales the softmax)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, PreTrainedTokenizerFast
-
-    os.makedirs(path, exist_ok=True)
-    specials = ["<unk>", "<s>", "</s>"]
-    words = specials + [f"w{i}" for i in range(VOCAB_SIZE - len(specials))]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                            eos_token="</s>").save_pretrained(path)
-    extra = {} if rope_scaling is None else {"rope_scaling": rope_scaling}
-    config = DeepseekV2Config(
-        vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
-        moe_intermediate_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-        num_key_value_heads=HEADS, q_lora_rank=None, kv_lora_rank=KV_LORA_RANK,
-        qk_nope_head_dim=QK_NOPE, qk_rope_head_dim=QK_ROPE, v_head_dim=V_HEAD,
-        head_dim=QK_ROPE, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
-        first_k_dense_replace=LAYERS, max_position_embeddings=MAX_MODEL_LEN,
-        initializer_range=INIT_STD, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-        tie_word_embeddings=False, torch_dtype="float32", **extra)
-    return save_random_weights(DeepseekV2ForCausalLM(config), path, seed=seed, std=INIT_STD)
+    """The demo's tiny DeepSeek (:func:`hygon_attn_backend.tools.demo.engine.build_tiny_deepseek`)
+    at ``path``."""
+    return engine.build_tiny_deepseek(path, seed=seed, rope_scaling=rope_scaling)
 
 
 #: Prompt draw whose greedy steps all have a clear winner under vLLM's CPU MLA backend,

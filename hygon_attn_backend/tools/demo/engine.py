@@ -57,18 +57,9 @@ def build_tiny_llama(path: str, *, seed: int = SEED, num_heads: int = HEADS,
     ``num_heads`` / ``num_kv_heads``: query and KV heads (head_dim stays ``HEAD_DIM``; the
     parallel tests shard them over tensor-parallel ranks); ``hidden``: the model width, a
     multiple of ``num_heads`` (the config's check)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    os.makedirs(path, exist_ok=True)
-    specials = ["<unk>", "<s>", "</s>"]
-    words = specials + [f"w{i}" for i in range(VOCAB_SIZE - len(specials))]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>")
-    fast.save_pretrained(path)
-
+    save_word_tokenizer(path)
     config = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=hidden,
                          intermediate_size=2 * hidden, num_hidden_layers=LAYERS,
                          num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
@@ -76,6 +67,67 @@ def build_tiny_llama(path: str, *, seed: int = SEED, num_heads: int = HEADS,
                          initializer_range=INIT_STD, bos_token_id=1, eos_token_id=2,
                          pad_token_id=0, tie_word_embeddings=False, torch_dtype="float32")
     return save_random_weights(LlamaForCausalLM(config), path, seed=seed)
+
+
+def save_word_tokenizer(path: str) -> str:
+    """Write a ``tokenizers`` WordLevel tokenizer of ``VOCAB_SIZE`` words (``<unk>``,
+    ``<s>``, ``</s>``, then ``w0`` ...) to ``path`` (created); returns ``path``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    os.makedirs(path, exist_ok=True)
+    specials = ["<unk>", "<s>", "</s>"]
+    words = specials + [f"w{i}" for i in range(VOCAB_SIZE - len(specials))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(path)
+    return path
+
+
+#: The tiny DeepSeek-V2-style (MLA) model of :func:`build_tiny_deepseek`: DeepSeek's latent
+#: widths (``kv_lora_rank`` 512 + ``qk_rope_head_dim`` 64, the 576-wide cache row), small
+#: ``qk_nope_head_dim`` / ``v_head_dim`` so the Triton interpreter runs it on a CPU.
+DEEPSEEK = dict(heads=4, kv_lora_rank=512, qk_rope=64, qk_nope=32, v_head=32)
+#: DeepSeek-V2's YaRN (its mscale changes the softmax scale). SGLang's CPU rotary
+#: embedding for DeepSeek needs a scaling config; vLLM runs either.
+DEEPSEEK_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                 "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
+#: Config keys SGLang's ``deepseek_v2`` model reads that transformers' ``DeepseekV2Config``
+#: leaves out (DeepSeek's own config files carry them); the MoE ones are unused here
+#: (every layer dense) but read.
+SGLANG_DEEPSEEK_KEYS = dict(moe_layer_freq=1, topk_method="greedy", n_group=1, topk_group=1,
+                            routed_scaling_factor=1.0, scoring_func="softmax",
+                            norm_topk_prob=False)
+
+
+def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None,
+                        engine: str = "vllm") -> str:
+    """Write a random-weight DeepSeek-V2-style (MLA) model and its tokenizer to ``path``;
+    returns ``path``. 2 layers, dense MLPs (``first_k_dense_replace`` = every layer),
+    ``DEEPSEEK``'s widths, no query LoRA (DeepSeek-V2-Lite's ``q_proj``), vocab 512.
+    ``rope_scaling``: e.g. ``DEEPSEEK_YARN``; ``engine="sglang"`` adds
+    ``SGLANG_DEEPSEEK_KEYS`` to the config."""
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+    if engine not in ("vllm", "sglang"):
+        raise ValueError(f"engine must be 'vllm' or 'sglang', got {engine!r}")
+    save_word_tokenizer(path)
+    d = DEEPSEEK
+    extra = {} if rope_scaling is None else {"rope_scaling": rope_scaling}
+    if engine == "sglang":
+        extra.update(SGLANG_DEEPSEEK_KEYS)
+    config = DeepseekV2Config(
+        vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+        moe_intermediate_size=HIDDEN, num_hidden_layers=LAYERS,
+        num_attention_heads=d["heads"], num_key_value_heads=d["heads"], q_lora_rank=None,
+        kv_lora_rank=d["kv_lora_rank"], qk_nope_head_dim=d["qk_nope"],
+        qk_rope_head_dim=d["qk_rope"], v_head_dim=d["v_head"], head_dim=d["qk_rope"],
+        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+        first_k_dense_replace=LAYERS, max_position_embeddings=MAX_MODEL_LEN,
+        initializer_range=INIT_STD, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        tie_word_embeddings=False, torch_dtype="float32", **extra)
+    return save_random_weights(DeepseekV2ForCausalLM(config), path, seed=seed, std=INIT_STD)
 
 
 #: The EAGLE head's architecture name in each engine's model registry (the same weights:

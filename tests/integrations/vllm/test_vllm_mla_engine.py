@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from hygon_attn_backend.integrations.vllm import mla_select  # noqa: E402
+from hygon_attn_backend.tools.demo.engine import DEEPSEEK_YARN  # noqa: E402
 from tests.support import vllm_mla  # noqa: E402
 
 pytestmark = [
@@ -29,8 +30,7 @@ pytestmark = [
 
 #: DeepSeek-V2's YaRN: vLLM folds ``mscale(factor, mscale_all_dim)**2`` (1.30 here) into
 #: the layers' softmax scale, which both our paths must take (not 1/sqrt(qk_head_dim)).
-YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
-        "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
+YARN = DEEPSEEK_YARN
 
 
 @pytest.fixture(scope="module", params=[pytest.param(None, id="plain"),
