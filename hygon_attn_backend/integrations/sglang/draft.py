@@ -26,6 +26,9 @@ plan per step.
 CUDA graphs: static request and branch tables and per-step key lengths, refilled inside
 the graph from the runner's static ``req_pool_indices`` / ``seq_lens`` (static shapes);
 the metadata and plans of a batch size are built at capture and reused at replay.
+An MLA draft model (``use_mla_backend``: e.g. DeepSeek's NextN / MTP layer) takes
+``mla.HygonMLABackend`` steps: the same branch tables and key lengths, each step an
+absorbed MLA decode of the ``B * topk`` rows over the latent pool.
 Not supported (a clear error): the draft-only KV window
 (``--speculative-draft-window-size``), which keeps sink and recent tokens.
 """
@@ -121,9 +124,6 @@ class HygonMultiStepDraftBackend:
             raise ValueError(f"a multi-step draft backend needs topk >= 1 and "
                              f"speculative_num_steps >= 2, got {topk} and "
                              f"{speculative_num_steps}")
-        if getattr(model_runner, "use_mla_backend", False):
-            raise NotImplementedError("hygon attention backend: the multi-step draft decode of "
-                                      "an MLA draft model is not supported")
         window = _draft_window(model_runner)
         if window[0] > 0:
             raise NotImplementedError(
@@ -132,8 +132,13 @@ class HygonMultiStepDraftBackend:
         self.topk = int(topk)
         self.speculative_num_steps = int(speculative_num_steps)
         self.device = torch.device(model_runner.device)
+        # an MLA draft model (DeepSeek's MTP layer as EAGLE's draft): each step is an
+        # absorbed MLA decode over the latent pool, on the same branch tables
+        from hygon_attn_backend.integrations.sglang.mla import HygonMLABackend, is_mla_runner
+
+        step_cls = HygonMLABackend if is_mla_runner(model_runner) else HygonAttnBackend
         self.attn_backends: List[HygonAttnBackend] = [
-            HygonAttnBackend(model_runner, draft_rows_per_request=self.topk)
+            step_cls(model_runner, draft_rows_per_request=self.topk)
             for _ in range(self.speculative_num_steps - 1)]
         first = self.attn_backends[0]
         workspaces = first._decode_workspaces

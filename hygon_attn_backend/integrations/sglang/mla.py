@@ -129,7 +129,9 @@ class HygonMLABackend(HygonAttnBackend):
     """Attention backend ``hygon`` for MLA models (the dense backend's metadata and
     CUDA-graph buffers, MLA plans and forwards)."""
 
-    def __init__(self, model_runner):
+    def __init__(self, model_runner, *, draft_rows_per_request: Optional[int] = None):
+        """draft_rows_per_request: one step of the multi-step draft decode (the dense
+        backend's argument, ``draft.HygonMultiStepDraftBackend``)."""
         pool = model_runner.token_to_kv_pool
         rank = getattr(pool, "kv_lora_rank", None)
         rope = getattr(pool, "qk_rope_head_dim", None)
@@ -143,7 +145,7 @@ class HygonMLABackend(HygonAttnBackend):
             raise NotImplementedError(f"hygon attention backend: MLA pool rows of "
                                       f"{pool.kv_cache_dim} columns (expected kv_lora_rank "
                                       f"{rank} + rope {rope})")
-        super().__init__(model_runner)
+        super().__init__(model_runner, draft_rows_per_request=draft_rows_per_request)
         self.kv_lora_rank = rank
         self.rope_dim = rope
         self.latent_dim = rank + rope

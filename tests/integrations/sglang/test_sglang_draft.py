@@ -4,6 +4,9 @@ speculative_draft_runner``): its mock runner, pools, draft cache layout and EAGL
 ``draft_forward``. SGLang's ``DraftBackendFactory`` gives our multi-step backend for
 ``hygon`` (through ``draft_factory``'s wrapper) and its own for the others.
 
+MLA draft models (the kit's MLA draft fixture at DeepSeek's widths, 512 + 64): every step
+an absorbed MLA decode, the round equal to SGLang's Triton backend's.
+
 CPU: the kit's eager round under the Triton interpreter, every step's attention checked
 against a dense reference over the branch's keys read from the pool, and the round's draft
 tokens equal to SGLang's Triton backend on the same inputs; the CUDA-graph hooks on static
@@ -36,12 +39,16 @@ from sglang.test.kits.attention_unittest.attention_methods.dense_attention impor
     DenseAttentionCase,
     build_dense_attention_fixture,
 )
+from sglang.test.kits.attention_unittest.attention_methods import (  # noqa: E402
+    mla_attention as mla_kit,
+)
 from sglang.test.kits.attention_unittest.runner_modes import (  # noqa: E402
     speculative_draft_runner as kit,
 )
 
 from hygon_attn_backend.integrations.sglang import draft_factory, register  # noqa: E402
 from hygon_attn_backend.integrations.sglang.backend import HygonAttnBackend  # noqa: E402
+from hygon_attn_backend.integrations.sglang.mla import HygonMLABackend  # noqa: E402
 from hygon_attn_backend.integrations.sglang.draft import (  # noqa: E402
     HygonMultiStepDraftBackend,
     branch_block_table,
@@ -284,3 +291,92 @@ def test_kit_draft_cuda_graph_runner(topk, kit_inputs, device):
     kit.run_dense_eagle_draft_cuda_graph_runner_case(
         _KitTestCase(), _case("hygon", 1), topk=topk, speculative_num_steps=STEPS,
         speculative_num_draft_tokens=STEPS + 1, device=str(device))
+
+
+# ----------------------------------------------------------------------------- MLA drafts
+
+MLA_ADAPTER = kit.EagleDraftCudaGraphRunnerAdapter(
+    build_fixture=mla_kit.build_mla_attention_fixture,
+    make_model_forward=kit._make_mla_model_forward,
+    make_draft_inputs=kit._make_mla_draft_inputs,
+    prepare_replay_state=kit._prepare_mla_draft_replay_state,
+    make_forward_batch=kit._make_mla_eagle_draft_forward_batch,
+    check_case=kit._check_mla_draft_cache_layout)
+MLA_WIDTHS = dict(kv_lora_rank=512, qk_rope_head_dim=64)  # DeepSeek's latent row
+
+
+def _mla_settings(topk, device):
+    return kit.EagleDraftRunnerSettings(
+        topk=topk, speculative_num_steps=STEPS, speculative_num_draft_tokens=STEPS + 1,
+        capture_batch_size=2, hidden_size=mla_kit.DEFAULT_HIDDEN_SIZE, vocab_size=64,
+        max_context_len=mla_kit.DEFAULT_MAX_CONTEXT_LEN, dtype=torch.float16,
+        device=str(device), atol=mla_kit.MLA_ATOL, rtol=mla_kit.MLA_RTOL)
+
+
+def _mla_case(backend, page, prefix=(5, 9)):
+    return mla_kit.MLAAttentionCase(name="d", backend=backend, forward_mode=ForwardMode.DECODE,
+                                    num_heads=4, page_size=page, prefix_lens=prefix)
+
+
+def _mla_round(case, settings):
+    """The kit's MLA draft fixture (draft backend from SGLang's factory) and its eager
+    round's outputs."""
+    MLA_ADAPTER.check_case(case, settings)
+    inputs = MLA_ADAPTER.make_draft_inputs(case, settings)
+    fixture, worker, backend = kit._build_eagle_draft_fixture(
+        _KitTestCase(), case, adapter=MLA_ADAPTER, settings=settings,
+        build_kwargs=dict(hidden_size=mla_kit.DEFAULT_HIDDEN_SIZE,
+                          max_context_len=mla_kit.DEFAULT_MAX_CONTEXT_LEN,
+                          dtype=settings.dtype, device=settings.device,
+                          loc_layout="contiguous" if case.page_size > 1 else "shuffled_pages",
+                          **MLA_WIDTHS))
+    MLA_ADAPTER.prepare_replay_state(fixture, case, inputs, settings)
+    batch = MLA_ADAPTER.make_forward_batch(case, inputs, settings)
+    fixture.runner.kv_index_translator.bind_own_plan(batch)
+    return backend, batch, worker
+
+
+@pytest.mark.parametrize("topk,page", [(1, 1), (2, 1), (1, 16)])
+def test_mla_draft_round_equals_sglang_triton(topk, page, kit_inputs, device, monkeypatch):
+    """An MLA draft model's multi-step draft decode through ``hygon``: every step backend is
+    our MLA backend, each step's layer runs an absorbed MLA decode of the ``B * topk`` rows,
+    and the round's outputs equal SGLang's own Triton multi-step backend's on the same
+    inputs."""
+    from hygon_attn_backend.ops.mla import MLADecodePlan
+
+    settings = _mla_settings(topk, device)
+    runs = {}
+    real = MLADecodePlan.run
+
+    def counted(self, q, *args, **kwargs):
+        runs.setdefault("rows", []).append(q.shape[0])
+        return real(self, q, *args, **kwargs)
+
+    monkeypatch.setattr(MLADecodePlan, "run", counted)
+    outs = []
+    for name in ("hygon", "triton"):
+        backend, batch, worker = _mla_round(_mla_case(name, page), settings)
+        if name == "hygon":
+            assert isinstance(backend, HygonMultiStepDraftBackend)
+            assert all(type(c) is HygonMLABackend for c in backend.attn_backends)
+        outs.append(kit._run_eagle_draft_eager(worker, batch, settings=settings))
+        if name == "hygon":
+            assert runs.get("rows") and set(runs["rows"]) == {2 * topk}, runs
+    for ours, theirs in zip(*outs):
+        if ours is None:
+            assert theirs is None
+        elif ours.is_floating_point():
+            torch.testing.assert_close(ours, theirs, atol=mla_kit.MLA_ATOL,
+                                       rtol=mla_kit.MLA_RTOL)
+        else:
+            assert torch.equal(ours, theirs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("topk", [1, 2])
+def test_kit_mla_draft_cuda_graph_runner(topk, kit_inputs, device):
+    """SGLang's kit: the MLA EAGLE draft CUDA-graph runner captured and replayed on our
+    multi-step backend equals the eager round."""
+    kit.run_mla_eagle_draft_cuda_graph_runner_case(
+        _KitTestCase(), _mla_case("hygon", 1), topk=topk, speculative_num_steps=STEPS,
+        speculative_num_draft_tokens=STEPS + 1, device=str(device), **MLA_WIDTHS)

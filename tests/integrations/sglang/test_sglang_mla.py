@@ -279,18 +279,22 @@ def _mla_runner(device):
 
 def test_draft_backends_of_an_mla_draft_model(device, mla_calls):
     """EAGLE's draft extend on an MLA draft runner gets the MLA backend (a dense one would
-    misread the latent pool); its multi-step draft decode is refused by name."""
+    misread the latent pool), and so does every step of its multi-step draft decode
+    (``test_sglang_draft.py`` runs those steps)."""
     from types import SimpleNamespace
 
     from hygon_attn_backend.integrations.sglang import draft_factory
     from hygon_attn_backend.integrations.sglang.backend import HygonAttnBackend
+    from hygon_attn_backend.integrations.sglang.draft import HygonMultiStepDraftBackend
 
     runner = _mla_runner(device)
     factory = SimpleNamespace(draft_model_runner=runner, topk=1, speculative_num_steps=3)
     name, backend = draft_factory._hygon_entry(factory, multi_step=False)()
     assert name == "hygon" and isinstance(backend, HygonMLABackend)
-    with pytest.raises(NotImplementedError, match="MLA draft model"):
-        draft_factory._hygon_entry(factory, multi_step=True)()
+    name, steps = draft_factory._hygon_entry(factory, multi_step=True)()
+    assert name == "hygon" and isinstance(steps, HygonMultiStepDraftBackend)
+    assert len(steps.attn_backends) == 2
+    assert all(type(c) is HygonMLABackend for c in steps.attn_backends)
     runner.use_mla_backend = False  # the same runner as a dense model: the dense class
     _, dense = draft_factory._hygon_entry(factory, multi_step=False)()
     assert type(dense) is HygonAttnBackend
