@@ -27,6 +27,8 @@ than nodes, so a TP run sets ``SGLANG_CPU_OMP_THREADS_BIND`` (one span of cores 
 script that starts an ``Engine`` with ``tp_size > 1`` must do so under
 ``if __name__ == "__main__":``, as this one does.
 
+``--model-kind deepseek-mtp`` builds the same as a DeepSeek-V3 with one MTP layer, for
+``--speculative-algorithm NEXTN`` (SGLang's NEXTN calls CUDA at start-up: a GPU run).
 ``--model-kind deepseek`` builds a tiny DeepSeek-V2 instead (MLA: 4 heads, latent 512 +
 rope 64, YaRN, dense MLPs): SGLang's MLA paths (absorbed decode over the latent cache,
 extend over cached prefixes) run on our MLA kernels, compared with SGLang's ``triton``.
@@ -55,7 +57,9 @@ import sys
 import tempfile
 
 MAX_NEW_TOKENS = 8
-SPEC_ALGORITHMS = ("NGRAM", "STANDALONE", "EAGLE", "EAGLE3")  # EAGLE3: a head of your own
+#: EAGLE3: a head of your own; NEXTN: a model with its MTP layer (DeepSeek V3's
+#: ``num_nextn_predict_layers``)
+SPEC_ALGORITHMS = ("NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "NEXTN")
 
 
 def workload(seed: int = 7):
@@ -153,6 +157,8 @@ def _spec(args, model: str, tmp: str) -> dict | None:
         raise SystemExit("--speculative-algorithm EAGLE3 needs --speculative-draft-model-path")
     if draft is None and algo == "STANDALONE":
         draft = model  # drafting with the target: every draft is accepted
+    elif draft is None and algo == "NEXTN":
+        draft = model  # SGLang reads the MTP layer from the target's checkpoint
     elif draft is None and algo == "EAGLE" and args.model_kind != "llama":
         raise SystemExit("--speculative-algorithm EAGLE builds its random head for the tiny "
                          "Llama only: pass --speculative-draft-model-path")
@@ -184,9 +190,11 @@ def _run_in_process(args, backend: str, *, tp_size: int, spec: dict | None = Non
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="model path (default: build a tiny random Llama)")
-    parser.add_argument("--model-kind", default="llama", choices=["llama", "deepseek"],
-                        help="the tiny random model built without --model: a Llama (GQA) "
-                             "or a DeepSeek-V2 (MLA, latent 512 + rope 64, YaRN)")
+    parser.add_argument("--model-kind", default="llama",
+                        choices=["llama", "deepseek", "deepseek-mtp"],
+                        help="the tiny random model built without --model: a Llama (GQA), "
+                             "a DeepSeek-V2 (MLA, latent 512 + rope 64, YaRN) or a "
+                             "DeepSeek-V3 with an MTP layer (for NEXTN)")
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
     parser.add_argument("--compare", default=None,
@@ -240,7 +248,8 @@ def main(argv=None) -> int:
             path = os.path.join(tmp, "model")
             args.model = (engine.build_tiny_llama(path) if args.model_kind == "llama" else
                           engine.build_tiny_deepseek(path, rope_scaling=engine.DEEPSEEK_YARN,
-                                                     engine="sglang"))
+                                                     engine="sglang",
+                                                     mtp=args.model_kind == "deepseek-mtp"))
         spec = _spec(args, args.model, tmp)
         ours = _run_in_process(args, "hygon", tp_size=args.tp_size, spec=spec)
         # torch_native has no speculative verify: a speculative comparison takes triton

@@ -233,7 +233,9 @@ class HygonMLABackend(HygonAttnBackend):
         key = ("mla", num_q_heads, num_tokens)
         if key not in self._decode_workspaces:
             self._decode_workspaces[key] = allocate_mla_decode_workspace(
-                max_num_seqs=max(1, self._graph_max_bs, self.req_to_token.shape[0]),
+                # a draft step decodes topk rows a request (draft.py)
+                max_num_seqs=max(1, self._graph_max_bs, self.req_to_token.shape[0])
+                * self._rows_per_request,
                 num_q_heads=num_q_heads, kv_lora_rank=self.kv_lora_rank,
                 max_context_len=self.max_blocks * self.page_size, device=self.device,
                 num_tokens=num_tokens)

@@ -102,13 +102,17 @@ SGLANG_DEEPSEEK_KEYS = dict(moe_layer_freq=1, topk_method="greedy", n_group=1, t
 
 
 def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None,
-                        engine: str = "vllm") -> str:
+                        engine: str = "vllm", mtp: bool = False) -> str:
     """Write a random-weight DeepSeek-V2-style (MLA) model and its tokenizer to ``path``;
     returns ``path``. 2 layers, dense MLPs (``first_k_dense_replace`` = every layer),
     ``DEEPSEEK``'s widths, no query LoRA (DeepSeek-V2-Lite's ``q_proj``), vocab 512.
     ``rope_scaling``: e.g. ``DEEPSEEK_YARN``; ``engine="sglang"`` adds
-    ``SGLANG_DEEPSEEK_KEYS`` to the config."""
-    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+    ``SGLANG_DEEPSEEK_KEYS`` to the config. ``mtp``: a DeepSeek-V3 (the architecture
+    SGLang's NEXTN reads) with one multi-token-prediction layer after the two
+    (``num_nextn_predict_layers`` 1: its decoder layer, a tiny MoE of 4 experts as SGLang
+    builds it, and ``enorm`` / ``hnorm`` / ``eh_proj`` / ``shared_head``)."""
+    from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config,
+                              DeepseekV3ForCausalLM)
 
     if engine not in ("vllm", "sglang"):
         raise ValueError(f"engine must be 'vllm' or 'sglang', got {engine!r}")
@@ -117,9 +121,13 @@ def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None,
     extra = {} if rope_scaling is None else {"rope_scaling": rope_scaling}
     if engine == "sglang":
         extra.update(SGLANG_DEEPSEEK_KEYS)
-    config = DeepseekV2Config(
+    config_cls, model_cls = ((DeepseekV3Config, DeepseekV3ForCausalLM) if mtp else
+                             (DeepseekV2Config, DeepseekV2ForCausalLM))
+    if mtp:  # the MTP layer is built as one more decoder layer, then moved (below)
+        extra.update(n_group=1, topk_group=1)
+    config = config_cls(
         vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
-        moe_intermediate_size=HIDDEN, num_hidden_layers=LAYERS,
+        moe_intermediate_size=HIDDEN, num_hidden_layers=LAYERS + int(mtp),
         num_attention_heads=d["heads"], num_key_value_heads=d["heads"], q_lora_rank=None,
         kv_lora_rank=d["kv_lora_rank"], qk_nope_head_dim=d["qk_nope"],
         qk_rope_head_dim=d["qk_rope"], v_head_dim=d["v_head"], head_dim=d["qk_rope"],
@@ -127,7 +135,35 @@ def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None,
         first_k_dense_replace=LAYERS, max_position_embeddings=MAX_MODEL_LEN,
         initializer_range=INIT_STD, bos_token_id=1, eos_token_id=2, pad_token_id=0,
         tie_word_embeddings=False, torch_dtype="float32", **extra)
-    return save_random_weights(DeepseekV2ForCausalLM(config), path, seed=seed, std=INIT_STD)
+    save_random_weights(model_cls(config), path, seed=seed, std=INIT_STD)
+    if mtp:
+        _add_mtp_layer(path, seed=seed)
+    return path
+
+
+def _add_mtp_layer(path: str, *, seed: int) -> None:
+    """Turn the last decoder layer of the DeepSeek-V3 at ``path`` into its MTP layer: the
+    config counts one layer fewer and names ``num_nextn_predict_layers`` 1; the layer gets
+    DeepSeek's MTP weights (norms 1, a random ``eh_proj`` over [embedding, hidden], the
+    model's embedding and LM head as its own)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    file = os.path.join(path, "model.safetensors")
+    weights = load_file(file)
+    pre = f"model.layers.{LAYERS}."
+    gen = torch.Generator().manual_seed(seed + 1)
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        weights[pre + name + ".weight"] = torch.ones(HIDDEN)
+    weights[pre + "eh_proj.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=gen) * INIT_STD
+    weights[pre + "embed_tokens.weight"] = weights["model.embed_tokens.weight"].clone()
+    weights[pre + "shared_head.head.weight"] = weights["lm_head.weight"].clone()
+    save_file({k: v.contiguous() for k, v in weights.items()}, file, metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(num_hidden_layers=LAYERS, num_nextn_predict_layers=1)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
 
 
 #: The EAGLE head's architecture name in each engine's model registry (the same weights:

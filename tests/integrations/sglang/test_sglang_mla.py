@@ -277,7 +277,7 @@ def _mla_runner(device):
                                   kv_lora_rank=512, qk_rope_head_dim=64)
 
 
-def test_draft_backends_of_an_mla_draft_model(device, mla_calls):
+def test_draft_backends_of_an_mla_draft_model(device, mla_calls, monkeypatch):
     """EAGLE's draft extend on an MLA draft runner gets the MLA backend (a dense one would
     misread the latent pool), and so does every step of its multi-step draft decode
     (``test_sglang_draft.py`` runs those steps)."""
@@ -295,6 +295,17 @@ def test_draft_backends_of_an_mla_draft_model(device, mla_calls):
     assert name == "hygon" and isinstance(steps, HygonMultiStepDraftBackend)
     assert len(steps.attn_backends) == 2
     assert all(type(c) is HygonMLABackend for c in steps.attn_backends)
+    # a tree's step decodes topk rows a request: the split-KV scratch is sized for them all
+    from hygon_attn_backend.integrations.sglang import mla as mla_module
+
+    sized = []
+    real = mla_module.allocate_mla_decode_workspace
+    monkeypatch.setattr(mla_module, "allocate_mla_decode_workspace",
+                        lambda **kw: sized.append(kw["max_num_seqs"]) or real(**kw))
+    factory.topk = 2
+    _, tree = draft_factory._hygon_entry(factory, multi_step=True)()
+    assert tree.attn_backends[0]._mla_workspace(4, torch.float16, 1) is not None
+    assert sized == [2 * runner.req_to_token_pool.req_to_token.shape[0]]
     runner.use_mla_backend = False  # the same runner as a dense model: the dense class
     _, dense = draft_factory._hygon_entry(factory, multi_step=False)()
     assert type(dense) is HygonAttnBackend

@@ -1,0 +1,53 @@
+"""The tiny random-weight models the examples and engine tests build
+(``tools/demo/engine.py``): the DeepSeek builder's two forms. The MTP form is what SGLang's
+NEXTN reads: a DeepSeek-V3 whose config counts its decoder layers without the MTP layer and
+names one ``num_nextn_predict_layers``, with DeepSeek's MTP weights under the layer index
+past the last decoder layer."""
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from hygon_attn_backend.tools.demo import engine  # noqa: E402
+
+
+def _read(path):
+    from safetensors.torch import load_file
+
+    with open(os.path.join(path, "config.json")) as f:
+        return json.load(f), load_file(os.path.join(path, "model.safetensors"))
+
+
+def test_deepseek_mtp_model_has_its_nextn_layer(tmp_path):
+    path = engine.build_tiny_deepseek(str(tmp_path / "m"), rope_scaling=engine.DEEPSEEK_YARN,
+                                      engine="sglang", mtp=True)
+    cfg, weights = _read(path)
+    assert cfg["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert cfg["num_hidden_layers"] == engine.LAYERS and cfg["num_nextn_predict_layers"] == 1
+    assert cfg["kv_lora_rank"] == 512 and cfg["qk_rope_head_dim"] == 64
+    for key, value in engine.SGLANG_DEEPSEEK_KEYS.items():
+        assert cfg[key] == value, key
+    pre = f"model.layers.{engine.LAYERS}."
+    h, v = engine.HIDDEN, engine.VOCAB_SIZE
+    assert tuple(weights[pre + "eh_proj.weight"].shape) == (h, 2 * h)
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        assert (weights[pre + name + ".weight"] == 1).all()
+    assert weights[pre + "embed_tokens.weight"].equal(weights["model.embed_tokens.weight"])
+    assert weights[pre + "shared_head.head.weight"].equal(weights["lm_head.weight"])
+    assert tuple(weights[pre + "shared_head.head.weight"].shape) == (v, h)
+    assert pre + "self_attn.kv_a_proj_with_mqa.weight" in weights  # its own MLA layer
+    assert not any(k.startswith(f"model.layers.{engine.LAYERS + 1}.") for k in weights)
+
+
+def test_deepseek_plain_model_for_each_engine(tmp_path):
+    cfg, weights = _read(engine.build_tiny_deepseek(str(tmp_path / "v"), engine="vllm"))
+    assert cfg["architectures"] == ["DeepseekV2ForCausalLM"]
+    assert "moe_layer_freq" not in cfg and "num_nextn_predict_layers" not in cfg
+    assert not any(k.startswith(f"model.layers.{engine.LAYERS}.") for k in weights)
+    cfg, _ = _read(engine.build_tiny_deepseek(str(tmp_path / "s"), engine="sglang"))
+    assert cfg["moe_layer_freq"] == 1
+    with pytest.raises(ValueError, match="engine"):
+        engine.build_tiny_deepseek(str(tmp_path / "x"), engine="trtllm")
