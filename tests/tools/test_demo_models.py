@@ -31,7 +31,8 @@ def test_deepseek_mtp_model_has_its_nextn_layer(tmp_path):
     for key, value in engine.SGLANG_DEEPSEEK_KEYS.items():
         assert cfg[key] == value, key
     pre = f"model.layers.{engine.LAYERS}."
-    h, v = engine.HIDDEN, engine.VOCAB_SIZE
+    h, v = engine.MTP_HIDDEN, engine.VOCAB_SIZE
+    assert cfg["hidden_size"] == h
     assert tuple(weights[pre + "eh_proj.weight"].shape) == (h, 2 * h)
     for name in ("enorm", "hnorm", "shared_head.norm"):
         assert (weights[pre + name + ".weight"] == 1).all()

@@ -96,6 +96,10 @@ DEEPSEEK_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embe
 #: Config keys SGLang's ``deepseek_v2`` model reads that transformers' ``DeepseekV2Config``
 #: leaves out (DeepSeek's own config files carry them); the MoE ones are unused here
 #: (every layer dense) but read.
+#: The MTP form's model width: SGLang's NextN layer on CUDA normalises [embedding, hidden]
+#: with a fused kernel that takes widths in (256, 8192], multiples of 256 (measured on an
+#: H100, 2026-12-06: "fused_eh_norm: unsupported hidden_size=64").
+MTP_HIDDEN = 512
 SGLANG_DEEPSEEK_KEYS = dict(moe_layer_freq=1, topk_method="greedy", n_group=1, topk_group=1,
                             routed_scaling_factor=1.0, scoring_func="softmax",
                             norm_topk_prob=False)
@@ -107,7 +111,7 @@ def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None,
     returns ``path``. 2 layers, dense MLPs (``first_k_dense_replace`` = every layer),
     ``DEEPSEEK``'s widths, no query LoRA (DeepSeek-V2-Lite's ``q_proj``), vocab 512.
     ``rope_scaling``: e.g. ``DEEPSEEK_YARN``; ``engine="sglang"`` adds
-    ``SGLANG_DEEPSEEK_KEYS`` to the config. ``mtp``: a DeepSeek-V3 (the architecture
+    ``SGLANG_DEEPSEEK_KEYS`` to the config. ``mtp``: a DeepSeek-V3 ``MTP_HIDDEN`` wide (the architecture
     SGLang's NEXTN reads) with one multi-token-prediction layer after the two
     (``num_nextn_predict_layers`` 1: its decoder layer, a tiny MoE of 4 experts as SGLang
     builds it, and ``enorm`` / ``hnorm`` / ``eh_proj`` / ``shared_head``)."""
@@ -125,9 +129,10 @@ def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None,
                              (DeepseekV2Config, DeepseekV2ForCausalLM))
     if mtp:  # the MTP layer is built as one more decoder layer, then moved (below)
         extra.update(n_group=1, topk_group=1)
+    hidden = MTP_HIDDEN if mtp else HIDDEN
     config = config_cls(
-        vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
-        moe_intermediate_size=HIDDEN, num_hidden_layers=LAYERS + int(mtp),
+        vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=2 * hidden,
+        moe_intermediate_size=hidden, num_hidden_layers=LAYERS + int(mtp),
         num_attention_heads=d["heads"], num_key_value_heads=d["heads"], q_lora_rank=None,
         kv_lora_rank=d["kv_lora_rank"], qk_nope_head_dim=d["qk_nope"],
         qk_rope_head_dim=d["qk_rope"], v_head_dim=d["v_head"], head_dim=d["qk_rope"],
@@ -137,11 +142,11 @@ def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None,
         tie_word_embeddings=False, torch_dtype="float32", **extra)
     save_random_weights(model_cls(config), path, seed=seed, std=INIT_STD)
     if mtp:
-        _add_mtp_layer(path, seed=seed)
+        _add_mtp_layer(path, hidden=hidden, seed=seed)
     return path
 
 
-def _add_mtp_layer(path: str, *, seed: int) -> None:
+def _add_mtp_layer(path: str, *, hidden: int, seed: int) -> None:
     """Turn the last decoder layer of the DeepSeek-V3 at ``path`` into its MTP layer: the
     config counts one layer fewer and names ``num_nextn_predict_layers`` 1; the layer gets
     DeepSeek's MTP weights (norms 1, a random ``eh_proj`` over [embedding, hidden], the
@@ -154,8 +159,8 @@ def _add_mtp_layer(path: str, *, seed: int) -> None:
     pre = f"model.layers.{LAYERS}."
     gen = torch.Generator().manual_seed(seed + 1)
     for name in ("enorm", "hnorm", "shared_head.norm"):
-        weights[pre + name + ".weight"] = torch.ones(HIDDEN)
-    weights[pre + "eh_proj.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=gen) * INIT_STD
+        weights[pre + name + ".weight"] = torch.ones(hidden)
+    weights[pre + "eh_proj.weight"] = torch.randn(hidden, 2 * hidden, generator=gen) * INIT_STD
     weights[pre + "embed_tokens.weight"] = weights["model.embed_tokens.weight"].clone()
     weights[pre + "shared_head.head.weight"] = weights["lm_head.weight"].clone()
     save_file({k: v.contiguous() for k, v in weights.items()}, file, metadata={"format": "pt"})
