@@ -13,7 +13,8 @@ folder serves the GPU engine run (``docs/reliability.md``), after the GPU stand-
 ``sgl_kernel`` on ``PYTHONPATH``: there it keeps the helpers off SGLang's JIT-compiled CUDA
 (a CUDA toolchain at run time), so every backend compared runs the same Triton helpers. The
 attention backend under test is not touched. ``sgl_kernel/speculative.py`` beside this answers the one import that the
-reconstruct-tree module makes at load time on a non-XPU platform.
+reconstruct-tree module makes at load time on a non-XPU platform; ``flash_mla/`` the
+import of FlashMLA that SGLang's EAGLE worker makes on CUDA (a GPU run), never called.
 """
 
 import importlib.abc
