@@ -38,8 +38,8 @@ kernels read the codes with scale 1.
 
 Not supported (a clear error): a layer with a KV scale (``k_scale``: the MLA pool writes
 unscaled), DSA (sparse) pools, sliding windows, logit capping, cross-attention, an
-MHA-method extend over a cached prefix (SGLang's chunked-prefix paths), the multi-step
-draft decode of an MLA draft model.
+MHA-method extend over a cached prefix (SGLang's chunked-prefix paths). The multi-step
+draft decode of an MLA draft model takes one of these a step (``draft.py``).
 """
 
 from __future__ import annotations
