@@ -210,8 +210,9 @@ def main(argv=None) -> int:
                         default=None, help="speculative decoding in the hygon and compared "
                                            "runs, beside a hygon run without it")
     parser.add_argument("--speculative-draft-model-path", default=None,
-                        help="draft model / EAGLE head (default: the target for STANDALONE, "
-                             "a random head for EAGLE / EAGLE3)")
+                        help="draft model / EAGLE head (default: the target for STANDALONE "
+                             "and NEXTN, a random head for EAGLE on the tiny Llama; EAGLE3 "
+                             "needs one)")
     parser.add_argument("--speculative-eagle-topk", type=int, default=1,
                         help="draft branches a step (> 1: a draft tree, SGLang takes it with "
                              "--page-size 1 only; NGRAM: the n-gram tree's breadth)")

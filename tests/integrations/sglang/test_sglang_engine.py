@@ -4,31 +4,16 @@ SGLang's ``torch_native`` backend (examples/sglang_offline.py). About three minu
 2-core CPU (two engine start-ups), hence ``slow``.
 """
 
-import os
-import subprocess
-import sys
-from importlib.metadata import entry_points
-
 import pytest
-
-from tests import support
 
 pytest.importorskip("sglang")
 
-REPO = str(support.REPO)
+from tests.support.sglang_example import run_example  # noqa: E402
 
 
 @pytest.mark.slow
 def test_offline_engine_matches_torch_native():
-    if not [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "hygon"]:
-        pytest.skip("package not installed (pip install -e .): SGLang's scheduler process "
-                    "finds the backend through the entry point")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in env.get("PYTHONPATH", "").split(
-        os.pathsep) if p])
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", "sglang_offline.py"),
-                           "--compare", "torch_native" if not _has_cuda() else "triton"],
-                          capture_output=True, text=True, env=env, timeout=1500)
+    proc = run_example(["--compare", "torch_native" if not _has_cuda() else "triton"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert any(line.startswith("MATCH") for line in lines), proc.stdout

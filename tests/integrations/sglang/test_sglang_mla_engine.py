@@ -6,31 +6,16 @@ rounds of the example (cached system prompt, a second turn). On a CPU both run T
 kernels in the interpreter. About four minutes on a 2-core CPU, hence ``slow``.
 """
 
-import os
-import subprocess
-import sys
-from importlib.metadata import entry_points
-
 import pytest
-
-from tests import support
 
 pytest.importorskip("sglang")
 
-REPO = str(support.REPO)
+from tests.support.sglang_example import run_example  # noqa: E402
 
 
 @pytest.mark.slow
 def test_tiny_deepseek_matches_sglangs_triton_backend():
-    if not [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "hygon"]:
-        pytest.skip("package not installed (pip install -e .): SGLang's scheduler process "
-                    "finds the backend through the entry point")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in env.get("PYTHONPATH", "").split(
-        os.pathsep) if p])
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", "sglang_offline.py"),
-                           "--model-kind", "deepseek", "--max-new-tokens", "6"],
-                          capture_output=True, text=True, env=env, timeout=1500)
+    proc = run_example(["--model-kind", "deepseek", "--max-new-tokens", "6"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert any(line.startswith("MATCH (hygon at TP=1 vs triton") for line in lines), \

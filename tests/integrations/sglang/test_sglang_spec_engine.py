@@ -16,9 +16,6 @@ eight minutes on a 2-core CPU (eleven engine start-ups), hence ``slow``.
 
 import os
 import re
-import subprocess
-import sys
-from importlib.metadata import entry_points
 
 import pytest
 
@@ -26,8 +23,9 @@ from tests import support
 
 pytest.importorskip("sglang.srt.speculative.eagle_worker_v2")
 
-REPO = str(support.REPO)
-STAND_IN = os.path.join(REPO, "tests", "support", "sglang_cpu_spec")
+from tests.support.sglang_example import run_example  # noqa: E402
+
+STAND_IN = os.path.join(str(support.REPO), "tests", "support", "sglang_cpu_spec")
 
 #: (id, options of examples/sglang_offline.py, whether SGLang's triton backend is compared)
 CASES = [
@@ -44,18 +42,11 @@ CASES = [
 
 
 def _run(options, compare: bool):
-    if not [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "hygon"]:
-        pytest.skip("package not installed (pip install -e .): SGLang's scheduler process "
-                    "finds the backend through the entry point")
     import torch
 
-    env = dict(os.environ)
-    paths = [REPO] + ([] if torch.cuda.is_available() else [STAND_IN])
-    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in env.get("PYTHONPATH", "").split(
-        os.pathsep) if p])
-    cmd = [sys.executable, os.path.join(REPO, "examples", "sglang_offline.py"), *options,
-           "--max-new-tokens", "12", "--compare", "triton" if compare else "none"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
+    proc = run_example([*options, "--max-new-tokens", "12", "--compare",
+                        "triton" if compare else "none"],
+                       extra_paths=[] if torch.cuda.is_available() else [STAND_IN])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
