@@ -33,14 +33,14 @@ script that starts an ``Engine`` with ``tp_size > 1`` must do so under
 rope 64, YaRN, dense MLPs): SGLang's MLA paths (absorbed decode over the latent cache,
 extend over cached prefixes) run on our MLA kernels, compared with SGLang's ``triton``.
 
-``--speculative-algorithm NGRAM | STANDALONE | EAGLE | EAGLE3`` turns on SGLang's speculative
+``--speculative-algorithm NGRAM | STANDALONE | EAGLE | EAGLE3 | NEXTN`` turns on SGLang's speculative
 decoding in the hygon run and in the compared one (``hygon`` verifies the drafts and runs the
 draft model's attention too), and adds a third run, hygon without speculation: greedy
 speculative decoding is lossless, so all three must give the same tokens. Without
 ``--speculative-draft-model-path`` STANDALONE drafts with the target itself (every draft is
-accepted: the verify steps take the most tokens) and EAGLE with a random-weight head built
-for the tiny model; EAGLE3 needs a head's path. The accept length printed is SGLang's count of generated tokens
-over verify steps. On a CPU, SGLang's speculative helpers that are not attention (draft-tree
+accepted: the verify steps take the most tokens), EAGLE and EAGLE3 with a random-weight
+head built for the tiny Llama, NEXTN with the MTP layer of ``--model-kind deepseek-mtp``.
+The accept length printed is SGLang's count of generated tokens over verify steps. On a CPU, SGLang's speculative helpers that are not attention (draft-tree
 construction, greedy tree verify) exist only in ``sgl_kernel``'s CPU build, which the
 package registry does not serve; ``tests/support/sglang_cpu_spec`` (the test suite's
 stand-in) routes them to SGLang's own Triton forms, on ``PYTHONPATH``.
@@ -57,8 +57,7 @@ import sys
 import tempfile
 
 MAX_NEW_TOKENS = 8
-#: EAGLE3: a head of your own; NEXTN: a model with its MTP layer (DeepSeek V3's
-#: ``num_nextn_predict_layers``)
+#: NEXTN: a model with its MTP layer (DeepSeek V3's ``num_nextn_predict_layers``)
 SPEC_ALGORITHMS = ("NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "NEXTN")
 
 
@@ -153,19 +152,21 @@ def _spec(args, model: str, tmp: str) -> dict | None:
     drafts = args.speculative_num_draft_tokens or (steps + 1 if topk == 1 else
                                                    min(topk * steps, 2 * steps + 2))
     draft = args.speculative_draft_model_path
-    if draft is None and algo == "EAGLE3":
-        raise SystemExit("--speculative-algorithm EAGLE3 needs --speculative-draft-model-path")
+    if draft is None and algo in ("EAGLE", "EAGLE3") and args.model_kind != "llama":
+        raise SystemExit(f"--speculative-algorithm {algo} builds its random head for the tiny "
+                         f"Llama only: pass --speculative-draft-model-path")
     if draft is None and algo == "STANDALONE":
         draft = model  # drafting with the target: every draft is accepted
     elif draft is None and algo == "NEXTN":
         draft = model  # SGLang reads the MTP layer from the target's checkpoint
-    elif draft is None and algo == "EAGLE" and args.model_kind != "llama":
-        raise SystemExit("--speculative-algorithm EAGLE builds its random head for the tiny "
-                         "Llama only: pass --speculative-draft-model-path")
     elif draft is None and algo == "EAGLE":
         from hygon_attn_backend.tools.demo.engine import build_tiny_eagle_head
 
         draft = build_tiny_eagle_head(model, os.path.join(tmp, "eagle"), engine="sglang")
+    elif draft is None and algo == "EAGLE3":
+        from hygon_attn_backend.tools.demo.engine import build_tiny_eagle3_head
+
+        draft = build_tiny_eagle3_head(model, os.path.join(tmp, "eagle3"))
     return {"algorithm": algo, "draft": draft, "topk": topk, "steps": steps,
             "draft_tokens": drafts}
 
@@ -211,8 +212,7 @@ def main(argv=None) -> int:
                                            "runs, beside a hygon run without it")
     parser.add_argument("--speculative-draft-model-path", default=None,
                         help="draft model / EAGLE head (default: the target for STANDALONE "
-                             "and NEXTN, a random head for EAGLE on the tiny Llama; EAGLE3 "
-                             "needs one)")
+                             "and NEXTN, a random head for EAGLE / EAGLE3 on the tiny Llama)")
     parser.add_argument("--speculative-eagle-topk", type=int, default=1,
                         help="draft branches a step (> 1: a draft tree, SGLang takes it with "
                              "--page-size 1 only; NGRAM: the n-gram tree's breadth)")

@@ -52,3 +52,18 @@ def test_deepseek_plain_model_for_each_engine(tmp_path):
     assert cfg["moe_layer_freq"] == 1
     with pytest.raises(ValueError, match="engine"):
         engine.build_tiny_deepseek(str(tmp_path / "x"), engine="trtllm")
+
+
+def test_eagle3_head_reads_the_targets_hidden_states(tmp_path):
+    target = engine.build_tiny_llama(str(tmp_path / "t"))
+    cfg, weights = _read(engine.build_tiny_eagle3_head(target, str(tmp_path / "h")))
+    _, target_weights = _read(target)
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
+    ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    # SGLang captures layer i + 1's input for id i: every id must name a layer it runs
+    assert all(0 <= i + 1 < engine.LAYERS for i in ids)
+    h = cfg["hidden_size"]
+    assert tuple(weights["fc.weight"].shape) == (h, len(ids) * h)
+    assert weights["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * h
+    assert weights["embed_tokens.weight"].equal(target_weights["model.embed_tokens.weight"])
+    assert weights["lm_head.weight"].equal(target_weights["lm_head.weight"])

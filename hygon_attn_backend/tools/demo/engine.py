@@ -212,6 +212,58 @@ def build_tiny_eagle_head(target_dir: str, path: str, *, engine: str, seed: int 
     return path
 
 
+#: The target layers whose inputs the tiny EAGLE3 head reads (SGLang captures layer
+#: ``i + 1``'s input for id ``i``): the embedding output and the first layer's output, two
+#: of the tiny Llama's three hidden states (DeepSeek's and Llama's heads take three of
+#: dozens; a two-layer target has no third one past its first layer).
+EAGLE3_AUX_LAYER_IDS = (-1, 0)
+
+
+def build_tiny_eagle3_head(target_dir: str, path: str, *, seed: int = 11) -> str:
+    """Write a random-weight EAGLE3 head (SGLang's ``LlamaForCausalLMEagle3``) for the tiny
+    Llama in ``target_dir`` to ``path``; returns ``path``. One layer whose attention takes
+    [token embedding, hidden state] (``2 * hidden`` wide), ``fc`` over the
+    ``EAGLE3_AUX_LAYER_IDS`` hidden states of the target, its own final norm, the target's
+    embedding and LM head copied (a full draft vocabulary: no ``d2t`` map)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(target_dir, "config.json")) as f:
+        cfg = json.load(f)
+    ids = list(EAGLE3_AUX_LAYER_IDS)
+    cfg.update(num_hidden_layers=1, architectures=["LlamaForCausalLMEagle3"],
+               draft_vocab_size=cfg["vocab_size"],
+               eagle_config={"eagle_aux_hidden_state_layer_ids": ids,
+                             "use_aux_hidden_state": True})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    target = load_file(os.path.join(target_dir, "model.safetensors"))
+    h, inter, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    hq, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen) * INIT_STD
+
+    layer = "layers.0."
+    weights = {"embed_tokens.weight": target["model.embed_tokens.weight"].clone(),
+               "lm_head.weight": target["lm_head.weight"].clone(),
+               "fc.weight": rand(h, len(ids) * h), "norm.weight": torch.ones(h),
+               layer + "self_attn.q_proj.weight": rand(hq * d, 2 * h),
+               layer + "self_attn.k_proj.weight": rand(hkv * d, 2 * h),
+               layer + "self_attn.v_proj.weight": rand(hkv * d, 2 * h),
+               layer + "self_attn.o_proj.weight": rand(h, hq * d),
+               layer + "mlp.gate_proj.weight": rand(inter, h),
+               layer + "mlp.up_proj.weight": rand(inter, h),
+               layer + "mlp.down_proj.weight": rand(h, inter),
+               layer + "input_layernorm.weight": torch.ones(h),
+               layer + "hidden_norm.weight": torch.ones(h),
+               layer + "post_attention_layernorm.weight": torch.ones(h)}
+    save_file(weights, os.path.join(path, "model.safetensors"))
+    return path
+
+
 def save_random_weights(model, path: str, *, seed: int, std: float = INIT_STD) -> str:
     """Fill a transformers ``model``'s parameters from ``seed`` (norm weights 1, every other
     weight normal with spread ``std``), save it to ``path`` as safetensors; returns ``path``."""

@@ -11,7 +11,7 @@ know, so a run that generates went through ours (``draft_factory``).
 On a CPU the kernels run in Triton's interpreter, and ``tests/support/sglang_cpu_spec``
 (on ``PYTHONPATH`` here only) routes SGLang's non-attention speculative helpers, which on
 its generic CPU path have no implementation, to SGLang's own Triton forms of them. About
-eight minutes on a 2-core CPU (eleven engine start-ups), hence ``slow``.
+eleven minutes on a 2-core CPU (fifteen engine start-ups), hence ``slow``.
 """
 
 import os
@@ -38,6 +38,11 @@ CASES = [
                                      "--speculative-eagle-topk", "4", "--page-size", "1"], True),
     ("eagle-tree-topk4-page1", ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk",
                                 "4", "--page-size", "1"], False),
+    # a random EAGLE3 head over two of the target's hidden states
+    ("eagle3-chain-page16", ["--speculative-algorithm", "EAGLE3"], False),
+    # an MLA target: the chain verify on the MLA decode
+    ("ngram-mla-page16", ["--speculative-algorithm", "NGRAM", "--model-kind", "deepseek"],
+     False),
 ]
 
 
