@@ -67,3 +67,10 @@ def test_eagle3_head_reads_the_targets_hidden_states(tmp_path):
     assert weights["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * h
     assert weights["embed_tokens.weight"].equal(target_weights["model.embed_tokens.weight"])
     assert weights["lm_head.weight"].equal(target_weights["lm_head.weight"])
+
+
+def test_eagle3_head_has_a_full_draft_vocabulary(tmp_path):
+    target = engine.build_tiny_llama(str(tmp_path / "t"))
+    cfg, weights = _read(engine.build_tiny_eagle3_head(target, str(tmp_path / "h")))
+    assert cfg["draft_vocab_size"] == cfg["vocab_size"] == engine.VOCAB_SIZE
+    assert "d2t" not in weights and weights["layers.0.hidden_norm.weight"].eq(1).all()

@@ -177,37 +177,54 @@ def _add_mtp_layer(path: str, *, hidden: int, seed: int) -> None:
 EAGLE_ARCHITECTURES = {"vllm": "EagleLlamaForCausalLM", "sglang": "LlamaForCausalLMEagle"}
 
 
+def _head_config(target_dir: str, path: str, **updates) -> dict:
+    """A draft head's config at ``path`` (created): the target's, one layer, ``updates``."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(target_dir, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(num_hidden_layers=1, **updates)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return cfg
+
+
+def _head_layer(cfg: dict, rand, *, qkv_in: int) -> dict:
+    """The random weights of a head's one Llama layer (``layers.0.``: attention whose q/k/v
+    read ``qkv_in`` columns, the MLP, a unit post-attention norm), drawn by ``rand(*shape)``
+    in this order."""
+    import torch
+
+    h, inter, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    hq, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    layer = "layers.0."
+    return {layer + "self_attn.q_proj.weight": rand(hq * d, qkv_in),
+            layer + "self_attn.k_proj.weight": rand(hkv * d, qkv_in),
+            layer + "self_attn.v_proj.weight": rand(hkv * d, qkv_in),
+            layer + "self_attn.o_proj.weight": rand(h, hq * d),
+            layer + "mlp.gate_proj.weight": rand(inter, h),
+            layer + "mlp.up_proj.weight": rand(inter, h),
+            layer + "mlp.down_proj.weight": rand(h, inter),
+            layer + "post_attention_layernorm.weight": torch.ones(h)}
+
+
+def _seeded_rand(seed: int):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return lambda *shape: torch.randn(*shape, generator=gen) * INIT_STD
+
+
 def build_tiny_eagle_head(target_dir: str, path: str, *, engine: str, seed: int = 7) -> str:
     """Write a random-weight EAGLE head for the tiny Llama in ``target_dir`` to ``path`` (its
     config: the target's, one layer, ``EAGLE_ARCHITECTURES[engine]``); returns ``path``."""
-    import torch
     from safetensors.torch import save_file
 
     if engine not in EAGLE_ARCHITECTURES:
         raise ValueError(f"engine must be one of {sorted(EAGLE_ARCHITECTURES)}, got {engine!r}")
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(target_dir, "config.json")) as f:
-        cfg = json.load(f)
-    cfg.update(num_hidden_layers=1, architectures=[EAGLE_ARCHITECTURES[engine]])
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    h, inter, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
-    hq, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    gen = torch.Generator().manual_seed(seed)
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen) * INIT_STD
-
-    layer = "layers.0."
-    weights = {"embed_tokens.weight": rand(cfg["vocab_size"], h), "fc.weight": rand(h, 2 * h),
-               layer + "self_attn.q_proj.weight": rand(hq * d, h),
-               layer + "self_attn.k_proj.weight": rand(hkv * d, h),
-               layer + "self_attn.v_proj.weight": rand(hkv * d, h),
-               layer + "self_attn.o_proj.weight": rand(h, hq * d),
-               layer + "mlp.gate_proj.weight": rand(inter, h),
-               layer + "mlp.up_proj.weight": rand(inter, h),
-               layer + "mlp.down_proj.weight": rand(h, inter),
-               layer + "post_attention_layernorm.weight": torch.ones(h)}
+    cfg = _head_config(target_dir, path, architectures=[EAGLE_ARCHITECTURES[engine]])
+    h, rand = cfg["hidden_size"], _seeded_rand(seed)
+    weights = {"embed_tokens.weight": rand(cfg["vocab_size"], h), "fc.weight": rand(h, 2 * h)}
+    weights.update(_head_layer(cfg, rand, qkv_in=h))
     save_file(weights, os.path.join(path, "model.safetensors"))
     return path
 
@@ -228,38 +245,19 @@ def build_tiny_eagle3_head(target_dir: str, path: str, *, seed: int = 11) -> str
     import torch
     from safetensors.torch import load_file, save_file
 
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(target_dir, "config.json")) as f:
-        cfg = json.load(f)
     ids = list(EAGLE3_AUX_LAYER_IDS)
-    cfg.update(num_hidden_layers=1, architectures=["LlamaForCausalLMEagle3"],
-               draft_vocab_size=cfg["vocab_size"],
-               eagle_config={"eagle_aux_hidden_state_layer_ids": ids,
-                             "use_aux_hidden_state": True})
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg, f)
     target = load_file(os.path.join(target_dir, "model.safetensors"))
-    h, inter, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
-    hq, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    gen = torch.Generator().manual_seed(seed)
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen) * INIT_STD
-
-    layer = "layers.0."
+    cfg = _head_config(target_dir, path, architectures=["LlamaForCausalLMEagle3"],
+                       draft_vocab_size=int(target["lm_head.weight"].shape[0]),
+                       eagle_config={"eagle_aux_hidden_state_layer_ids": ids,
+                                     "use_aux_hidden_state": True})
+    h, rand = cfg["hidden_size"], _seeded_rand(seed)
     weights = {"embed_tokens.weight": target["model.embed_tokens.weight"].clone(),
                "lm_head.weight": target["lm_head.weight"].clone(),
-               "fc.weight": rand(h, len(ids) * h), "norm.weight": torch.ones(h),
-               layer + "self_attn.q_proj.weight": rand(hq * d, 2 * h),
-               layer + "self_attn.k_proj.weight": rand(hkv * d, 2 * h),
-               layer + "self_attn.v_proj.weight": rand(hkv * d, 2 * h),
-               layer + "self_attn.o_proj.weight": rand(h, hq * d),
-               layer + "mlp.gate_proj.weight": rand(inter, h),
-               layer + "mlp.up_proj.weight": rand(inter, h),
-               layer + "mlp.down_proj.weight": rand(h, inter),
-               layer + "input_layernorm.weight": torch.ones(h),
-               layer + "hidden_norm.weight": torch.ones(h),
-               layer + "post_attention_layernorm.weight": torch.ones(h)}
+               "fc.weight": rand(h, len(ids) * h), "norm.weight": torch.ones(h)}
+    weights.update(_head_layer(cfg, rand, qkv_in=2 * h))
+    weights.update({"layers.0.input_layernorm.weight": torch.ones(h),
+                    "layers.0.hidden_norm.weight": torch.ones(h)})
     save_file(weights, os.path.join(path, "model.safetensors"))
     return path
 
