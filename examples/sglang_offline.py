@@ -33,15 +33,16 @@ script that starts an ``Engine`` with ``tp_size > 1`` must do so under
 rope 64, YaRN, dense MLPs): SGLang's MLA paths (absorbed decode over the latent cache,
 extend over cached prefixes) run on our MLA kernels, compared with SGLang's ``triton``.
 
-``--speculative-algorithm NGRAM | STANDALONE | EAGLE | EAGLE3 | NEXTN`` turns on SGLang's speculative
-decoding in the hygon run and in the compared one (``hygon`` verifies the drafts and runs the
-draft model's attention too), and adds a third run, hygon without speculation: greedy
-speculative decoding is lossless, so all three must give the same tokens. Without
+``--speculative-algorithm NGRAM | STANDALONE | EAGLE | EAGLE3 | NEXTN`` turns on SGLang's
+speculative decoding in the hygon run and in the compared one (``hygon`` verifies the drafts
+and runs the draft model's attention too), and adds a third run, hygon without speculation:
+greedy speculative decoding is lossless, so all three must give the same tokens. Without
 ``--speculative-draft-model-path`` STANDALONE drafts with the target itself (every draft is
 accepted: the verify steps take the most tokens), EAGLE and EAGLE3 with a random-weight
 head built for the tiny Llama, NEXTN with the MTP layer of ``--model-kind deepseek-mtp``.
-The accept length printed is SGLang's count of generated tokens over verify steps. On a CPU, SGLang's speculative helpers that are not attention (draft-tree
-construction, greedy tree verify) exist only in ``sgl_kernel``'s CPU build, which the
+The accept length printed is SGLang's count of generated tokens over verify steps. On a
+CPU, SGLang's speculative helpers that are not attention (draft-tree construction, greedy
+tree verify) exist only in ``sgl_kernel``'s CPU build, which the
 package registry does not serve; ``tests/support/sglang_cpu_spec`` (the test suite's
 stand-in) routes them to SGLang's own Triton forms, on ``PYTHONPATH``.
 """
@@ -155,10 +156,10 @@ def _spec(args, model: str, tmp: str) -> dict | None:
     if draft is None and algo in ("EAGLE", "EAGLE3") and args.model_kind != "llama":
         raise SystemExit(f"--speculative-algorithm {algo} builds its random head for the tiny "
                          f"Llama only: pass --speculative-draft-model-path")
-    if draft is None and algo == "STANDALONE":
-        draft = model  # drafting with the target: every draft is accepted
-    elif draft is None and algo == "NEXTN":
-        draft = model  # SGLang reads the MTP layer from the target's checkpoint
+    if draft is None and algo in ("STANDALONE", "NEXTN"):
+        # STANDALONE drafts with the target (every draft is accepted); NEXTN's MTP layer
+        # is in the target's checkpoint
+        draft = model
     elif draft is None and algo == "EAGLE":
         from hygon_attn_backend.tools.demo.engine import build_tiny_eagle_head
 
@@ -253,8 +254,7 @@ def main(argv=None) -> int:
                                                      mtp=args.model_kind == "deepseek-mtp"))
         spec = _spec(args, args.model, tmp)
         ours = _run_in_process(args, "hygon", tp_size=args.tp_size, spec=spec)
-        # torch_native has no speculative verify: a speculative comparison takes triton
-        # torch_native has no MLA either
+        # torch_native has no speculative verify and no MLA: those comparisons take triton
         compare = args.compare or ("torch_native" if args.device == "cpu" and spec is None
                                    and args.model_kind == "llama" else "triton")
         theirs = None if compare == "none" else _run_in_process(args, compare, tp_size=1,

@@ -42,6 +42,7 @@ import torch
 
 from hygon_attn_backend.integrations.sglang import page_table, warmup
 from hygon_attn_backend.integrations.sglang.backend import HygonAttnBackend, HygonForwardMetadata
+from hygon_attn_backend.integrations.sglang.mla import HygonMLABackend, is_mla_runner
 
 logger = logging.getLogger(__name__)
 
@@ -134,8 +135,6 @@ class HygonMultiStepDraftBackend:
         self.device = torch.device(model_runner.device)
         # an MLA draft model (DeepSeek's MTP layer as EAGLE's draft): each step is an
         # absorbed MLA decode over the latent pool, on the same branch tables
-        from hygon_attn_backend.integrations.sglang.mla import HygonMLABackend, is_mla_runner
-
         step_cls = HygonMLABackend if is_mla_runner(model_runner) else HygonAttnBackend
         self.attn_backends: List[HygonAttnBackend] = [
             step_cls(model_runner, draft_rows_per_request=self.topk)

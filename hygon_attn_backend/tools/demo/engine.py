@@ -111,10 +111,10 @@ def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None,
     returns ``path``. 2 layers, dense MLPs (``first_k_dense_replace`` = every layer),
     ``DEEPSEEK``'s widths, no query LoRA (DeepSeek-V2-Lite's ``q_proj``), vocab 512.
     ``rope_scaling``: e.g. ``DEEPSEEK_YARN``; ``engine="sglang"`` adds
-    ``SGLANG_DEEPSEEK_KEYS`` to the config. ``mtp``: a DeepSeek-V3 ``MTP_HIDDEN`` wide (the architecture
-    SGLang's NEXTN reads) with one multi-token-prediction layer after the two
-    (``num_nextn_predict_layers`` 1: its decoder layer, a tiny MoE of 4 experts as SGLang
-    builds it, and ``enorm`` / ``hnorm`` / ``eh_proj`` / ``shared_head``)."""
+    ``SGLANG_DEEPSEEK_KEYS`` to the config. ``mtp``: a DeepSeek-V3 (the architecture
+    SGLang's NEXTN reads), ``MTP_HIDDEN`` wide, with one multi-token-prediction layer after
+    the two (``num_nextn_predict_layers`` 1: its decoder layer, a tiny MoE of 4 experts as
+    SGLang builds it, and ``enorm`` / ``hnorm`` / ``eh_proj`` / ``shared_head``)."""
     from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config,
                               DeepseekV3ForCausalLM)
 

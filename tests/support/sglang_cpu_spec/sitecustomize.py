@@ -12,9 +12,10 @@ each call takes SGLang's Triton form of the op, with the XPU branch's arguments.
 folder serves the GPU engine run (``docs/reliability.md``), after the GPU stand-in
 ``sgl_kernel`` on ``PYTHONPATH``: there it keeps the helpers off SGLang's JIT-compiled CUDA
 (a CUDA toolchain at run time), so every backend compared runs the same Triton helpers. The
-attention backend under test is not touched. ``sgl_kernel/speculative.py`` beside this answers the one import that the
-reconstruct-tree module makes at load time on a non-XPU platform; ``flash_mla/`` the
-import of FlashMLA that SGLang's EAGLE worker makes on CUDA (a GPU run), never called.
+attention backend under test is not touched. ``sgl_kernel/speculative.py`` beside this
+answers the one import that the reconstruct-tree module makes at load time on a non-XPU
+platform; ``flash_mla/`` the import of FlashMLA that SGLang's EAGLE worker makes on CUDA
+(a GPU run), never called.
 """
 
 import importlib.abc
