@@ -116,8 +116,17 @@ def merge_partitions(out_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr,
                        * 0.6931471805599453, float("-inf"))  # [ROWS_PAD] natural log
         tl.store(lse_ptr + seq * stride_lse_seq + tok_r.to(tl.int64) * stride_lse_tok
                  + head_r.to(tl.int64) * stride_lse_head, lse, mask=r_ok)
-    total = tl.where(total > 0.0, total, 1.0)
-    result = acc / total[:, None]  # [ROWS_PAD, HEAD_DIM_PAD]
+    if num_parts == 1:
+        # one partition holds every key: its partial (acc / l, as the unsplit launch
+        # computes it) is the answer, taken as it is ((l * o) / l may round off o), so a
+        # split launch of a short sequence (a CUDA graph sized for the cache) gives the
+        # unsplit launch's bits
+        result = tl.load(partial_out_ptr + slot0 * stride_po_slot
+                         + srow[:, None] * stride_po_row
+                         + offs_d[None, :].to(tl.int64) * stride_po_dim,
+                         mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+    else:
+        result = acc / tl.where(total > 0.0, total, 1.0)[:, None]  # [ROWS_PAD, HEAD_DIM_PAD]
     o_offs = (seq * stride_o_seq + tok_r[:, None].to(tl.int64) * stride_o_tok
               + head_r[:, None].to(tl.int64) * stride_o_head
               + offs_d[None, :].to(tl.int64) * stride_o_dim)

@@ -238,7 +238,14 @@ def mla_combine_kernel(
         total = total * alpha + tl.sum(w, 0)
         big_m = m_new
     safe = tl.where(total > 0.0, total, 1.0)
-    result = acc / safe  # [RANK_PAD]
+    if parts == 1:
+        # one partition holds every key: its partial (what the unsplit launch writes) is
+        # the answer as it is, so a split launch of a short sequence (a CUDA graph sized
+        # for the cache) gives the unsplit launch's bits ((l * o) / l may round off o)
+        result = tl.load(partial_out_ptr + slot0 * stride_po_slot + row * stride_po_row
+                         + offs_r.to(tl.int64) * stride_po_dim, mask=r_ok, other=0.0)
+    else:
+        result = acc / safe  # [RANK_PAD]
     tok = row // NUM_HEADS
     head = row % NUM_HEADS
     o_row = seq * stride_o_seq + tok.to(tl.int64) * stride_o_tok + head.to(tl.int64) * stride_o_head

@@ -320,3 +320,36 @@ def test_forced_partition_size_keeps_fixed_partitions(monkeypatch):
     plan = plan_paged_decode(table, lens, num_q_heads=4, num_kv_heads=1, head_dim=64,
                              page_size=16, q_dtype=q.dtype, kv_dtype=v.dtype, impl="triton")
     assert plan.split and not plan.config.seq_split
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_one_partition_split_gives_the_unsplit_bits(monkeypatch, fused):
+    """A split launch (a CUDA graph planned for the cache's capacity) whose sequences each
+    fit one partition writes exactly what the unsplit launch (the eager step) writes: the
+    combine takes a lone partition's partial as it is, so graph replays and eager steps
+    agree bit for bit (SGLang's kits compare them exactly). fp32 out: any rounding of the
+    merge would show."""
+    monkeypatch.setattr(tuning, "DECODE_MIN_PARTITION", 64)
+    monkeypatch.delenv("HYGON_ATTN_PARTITION_SIZE", raising=False)
+    monkeypatch.delenv("PA_PARTITION_SIZE", raising=False)
+    torch.manual_seed(11)
+    seq_lens = [60, 20, 0, 1]
+    q, k, v, table, lens, _ = _problem(hkv=2, group=4, head_dim=64, page=16,
+                                       seq_lens=seq_lens, num_tokens=1, dtype=CPU_DTYPE,
+                                       device=DEV)
+    wide = torch.cat([table, torch.full((table.shape[0], 64 - table.shape[1]), 10**6,
+                                        dtype=table.dtype, device=DEV)], dim=1)
+    outs = []
+    for tbl, bound in ((table, max(seq_lens)), (wide, None)):
+        plan = plan_paged_decode(tbl, lens, num_q_heads=8, num_kv_heads=2, head_dim=64,
+                                 page_size=16, q_dtype=q.dtype, kv_dtype=v.dtype,
+                                 max_seq_len=bound, fused_combine=fused, return_lse=True,
+                                 impl="triton")
+        out = torch.full(q.shape, float("nan"), dtype=torch.float32, device=DEV)
+        lse = torch.full(q.shape[:-1], float("nan"), dtype=torch.float32, device=DEV)
+        plan.run(q, k, v, out=out, lse=lse)
+        outs.append((plan.split, out, lse))
+    (split_a, out_a, lse_a), (split_b, out_b, lse_b) = outs
+    assert not split_a and split_b
+    assert torch.equal(out_a, out_b) and torch.equal(lse_a, lse_b)
+    _check(out_b.to(q.dtype), q, k, v, table, lens)

@@ -544,3 +544,28 @@ def test_kernels_compile_for_sm90_within_shared_memory():
     shared = json.loads(run.stdout.splitlines()[-1])
     assert len(shared) == len(COMPILE_CASES) + 1
     assert all(0 <= s <= H100_SHARED_BYTES for s in shared), shared
+
+
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_mla_one_partition_split_gives_the_unsplit_bits(tokens):
+    """Sequences shorter than the split's floor in a split launch (a CUDA graph planned for
+    the cache's capacity) give the unsplit launch's exact bits, out and LSE: the combine
+    takes a lone partition's partial as it is (SGLang's draft graph runner compares graph
+    and eager rounds exactly). fp32 out: any rounding of the merge would show."""
+    torch.manual_seed(tokens)
+    q, kv, table, lens = make_batch(seq_lens=[40, 3, 0, 17], page_size=16, rank=32, rope=16,
+                                    heads=8, tokens=tokens)
+    got = []
+    for parts in (1, 4):
+        plan = plan_mla_decode(block_table=table, seq_lens=lens, page_size=16, num_q_heads=8,
+                               kv_lora_rank=32, rope_dim=16, q_dtype=q.dtype,
+                               kv_dtype=kv.dtype, num_tokens=tokens, return_lse=True,
+                               num_partitions=parts, impl="triton")
+        out = torch.full(q.shape[:-1] + (32,), float("nan"), dtype=torch.float32, device=DEV)
+        lse = torch.full(q.shape[:-1], float("nan"), device=DEV)
+        plan.run(q, kv, out=out, lse=lse)
+        got.append((plan.num_launches, out, lse))
+    (n1, out1, lse1), (n4, out4, lse4) = got
+    assert (n1, n4) == (1, 2)
+    assert torch.equal(out1, out4) and torch.equal(lse1, lse4)
+    check_against_reference(q, kv, table, lens, rank=32, out=out4.to(q.dtype), lse=lse4)
