@@ -416,7 +416,8 @@ def mla_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
                          scale: Optional[float] = None, kv_scale: ScaleLike = None,
                          out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
                          return_lse: bool = False,
-                         compute_dtype: torch.dtype = torch.float32):
+                         compute_dtype: torch.dtype = torch.float32,
+                         tree_mask: Optional[torch.Tensor] = None):
     """Reference multi-head latent attention (MLA) decode over a paged latent cache.
 
     q: ``[B, Hq, W]`` or ``[B, T, Hq, W]`` absorbed queries, ``W = kv_lora_rank + rope_dim``
@@ -428,6 +429,9 @@ def mla_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     block_table ``[B, max_blocks]`` / seq_lens ``[B]``: as :func:`paged_decode_attention`
        (the same bounds rule: absent keys are never read; a length ``<= 0`` gives zeros).
     scale: softmax scale, default ``1 / sqrt(W)``.
+    tree_mask: ``[B * T, W]`` int32 packed tree mask (speculative verify): the T drafts are
+       the last T keys; token ``t`` sees the keys before them and draft ``j`` iff
+       :func:`unpack_tree_mask` of its row says so (as :func:`paged_decode_attention`).
     out: ``[B, (T,) Hq, kv_lora_rank]``; lse: ``[B, (T,) Hq]`` float32, the natural log of
        each row's softmax normaliser (``-inf`` where a row sees no key).
     Returns ``out`` (q's dtype unless given), or ``(out, lse)`` with ``return_lse`` or
@@ -453,6 +457,13 @@ def mla_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         rows = gather_kv(view, block_table[s], 0, stop, scale=kv_scale,
                          dtype=compute_dtype).to(q.device)  # [L, 1, W]
         mask = causal_mask(num_tokens, length, device=q.device, num_keys=stop)
+        if tree_mask is not None:  # the drafts are keys length - T .. length - 1
+            first = length - num_tokens
+            drafts = unpack_tree_mask(tree_mask[s * num_tokens:(s + 1) * num_tokens],
+                                      num_tokens).to(q.device)
+            lo = max(0, first)
+            if stop > lo:
+                mask[:, lo:stop] = drafts[:, lo - first:stop - first]
         mask &= key_presence(view, block_table[s], 0, stop).to(q.device)
         o, row_lse = _attend(q4[s].to(compute_dtype), rows, rows[..., :rank], mask,
                              sm_scale, None, None)

@@ -9,8 +9,9 @@ loads once. QK^T is two dots (the RANK part and the ROPE part: 576 is no power o
 PV one over the RANK part of the same tile. An fp8 cache (KV_WIDEN, ``kernels/fp8.py``)
 is widened to fp16 as loaded and both dots run on fp16 operands (the query brought into
 fp16's range by a power of two; the one per-tensor scale folds into the logits and the
-output). Token ``t`` sits at ``seq_len - T + t`` and
-sees keys ``j <= seq_len - T + t``.
+output). Token ``t`` sits at ``seq_len - T + t`` and sees keys ``j <= seq_len - T + t``;
+with ``TREE`` (speculative verify of a draft tree) it sees the keys before the drafts and
+the drafts its row of the packed tree mask names (``kernels/tree_mask.py``).
 
 Bounds: the paged-KV rule of ``kernels/paged_kv.py`` (absent keys are never read), the
 walk ends at the table's capacity (``kernels/combine.py: table_keys``).
@@ -30,13 +31,14 @@ from hygon_attn_backend.kernels.fp8 import (WIDEN_NONE, finite_abs_max, fp16_ran
                                             widen_kv)
 from hygon_attn_backend.kernels.paged_kv import lookup_tile_pages, tile_row_offsets
 from hygon_attn_backend.kernels.softmax import online_softmax_step
+from hygon_attn_backend.kernels.tree_mask import tree_row_words, tree_visibility_of_words
 
 
 @triton.jit(do_not_specialize=["scale", "kv_scale_value", "num_blocks",
                                "max_blocks_per_seq", "partition_size", "num_partitions"])
 def mla_decode_kernel(
     out_ptr, lse_ptr, q_ptr, kv_ptr, block_table_ptr, seq_lens_ptr, kv_scale_ptr,
-    max_logits_ptr, exp_sums_ptr, partial_out_ptr,
+    max_logits_ptr, exp_sums_ptr, partial_out_ptr, tree_ptr,
     scale, kv_scale_value, num_blocks, max_blocks_per_seq, partition_size, num_partitions,
     stride_q_seq, stride_q_tok, stride_q_head, stride_q_dim,
     stride_o_seq, stride_o_tok, stride_o_head, stride_o_dim,
@@ -45,6 +47,7 @@ def mla_decode_kernel(
     stride_bt_seq, stride_bt_block,
     stride_ml_slot, stride_ml_row,
     stride_po_slot, stride_po_row, stride_po_dim,
+    stride_tree, tree_words,
     NUM_HEADS: tl.constexpr,       # Hq
     NUM_TOKENS: tl.constexpr,      # T query tokens a request (MTP verify)
     RANK: tl.constexpr,            # kv_lora_rank: the value width
@@ -58,6 +61,7 @@ def mla_decode_kernel(
     SCALES_FROM_PTR: tl.constexpr,  # kv_scale is a 1-element tensor (no host sync)
     WRITE_LSE: tl.constexpr,       # unsplit: also store each row's LSE
     KV_WIDEN: tl.constexpr = 0,    # kernels/fp8.py: an fp8 cache widens to fp16, fp16 dots
+    TREE: tl.constexpr = False,    # the NUM_TOKENS drafts under a packed tree mask
 ):
     row_block = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
@@ -114,6 +118,10 @@ def mla_decode_kernel(
         k_scale = kv_scale * q_up
     qk_scale = scale * k_scale * 1.4426950408889634  # K's dequant folded in; log2 units
     pos_m = seq_len - NUM_TOKENS + tok_m  # [BLOCK_M] last key each row sees
+    if TREE:  # each row's packed words (row seq * NUM_TOKENS + token), read once: <= 64
+        # drafts a request (the plan's bound)
+        tree_rows = tree_ptr + (seq * NUM_TOKENS + tl.where(row_ok, tok_m, 0)) * stride_tree
+        tree_w0, tree_w1 = tree_row_words(tree_rows, row_ok, tree_words)  # [BLOCK_M] each
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -155,7 +163,10 @@ def mla_decode_kernel(
             qk = tl.dot(q_pe, tl.trans(pe.to(q_pe.dtype)), acc=qk)
         s = qk * qk_scale
         visible = tok_ok[None, :]
-        if NUM_TOKENS > 1:
+        if TREE:  # the drafts are the last NUM_TOKENS keys
+            visible = visible & tree_visibility_of_words(
+                tree_w0, tree_w1, offs_tok - (seq_len - NUM_TOKENS))
+        elif NUM_TOKENS > 1:
             visible = visible & (offs_tok[None, :] <= pos_m[:, None])
         s = tl.where(visible, s, float("-inf"))
         p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i)

@@ -21,3 +21,25 @@ def tree_visibility(tree_rows, j, tree_words):
                     other=0)  # [BLOCK_M, BLOCK_N] int32
     words = tl.where((j >= 0)[None, :], words, -1)  # prefix keys: all bits set
     return ((words >> (jj % 32)[None, :]) & 1) != 0
+
+
+@triton.jit
+def tree_row_words(tree_rows, row_ok, tree_words):
+    """``(w0, w1)`` ``[BLOCK_M]`` int32: the first two packed words of each row (0 past
+    the row's ``tree_words``), read once before a KV loop (a kernel whose requests have at
+    most 64 drafts: :func:`tree_visibility_of_words`)."""
+    w0 = tl.load(tree_rows, mask=row_ok, other=0)  # a mask has >= 1 word a row
+    w1 = tl.load(tree_rows + tl.minimum(tree_words - 1, 1), mask=row_ok, other=0)
+    return w0, tl.where(tree_words > 1, w1, 0)
+
+
+@triton.jit
+def tree_visibility_of_words(w0, w1, j):
+    """Boolean ``[BLOCK_M, BLOCK_N]`` from the rows' words ``w0``, ``w1`` ``[BLOCK_M]``
+    (:func:`tree_row_words`): j ``[BLOCK_N]`` int32 key index among the drafts (< 0: a
+    prefix key, visible; 0..63 a draft). No load inside the loop, so a pipelined KV loop
+    keeps no shared-memory buffer for the mask."""
+    jj = tl.minimum(tl.maximum(j, 0), 63)
+    word = tl.where((jj < 32)[None, :], w0[:, None], w1[:, None])  # [BLOCK_M, BLOCK_N]
+    bit = (word >> (jj % 32)[None, :]) & 1
+    return (j < 0)[None, :] | (bit != 0)

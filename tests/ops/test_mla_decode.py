@@ -494,8 +494,10 @@ def test_gpu_write_mla_cache():
 SCRIPTS = str(__import__("tests.support", fromlist=["REPO"]).REPO / "scripts")
 # (heads, tokens, split, lse, fp8): each shipped tile (16, 32 and 64 rows), both walks;
 # the fp8 ones widen e4m3 by the cvt instruction, as on an sm_90 GPU
-COMPILE_CASES = [(16, 1, True, True, True), (16, 2, True, True, False),
-                 (128, 1, False, True, False), (128, 1, True, False, True)]
+# (heads, tokens, split, lse, fp8, tree)
+COMPILE_CASES = [(16, 1, True, True, True, False), (16, 2, True, True, False, False),
+                 (128, 1, False, True, False, False), (128, 1, True, False, True, False),
+                 (16, 8, True, False, False, True), (128, 4, False, False, True, True)]
 H100_SHARED_BYTES = 232448  # the opt-in shared memory a block gets on sm_90
 
 
@@ -517,15 +519,16 @@ def test_kernels_compile_for_sm90_within_shared_memory():
         "from hygon_attn_backend.kernels.fp8 import WIDEN_CODES\n"
         "P = dict(out_ptr='*bf16', q_ptr='*bf16', kv_ptr='*bf16', lse_ptr='*fp32',\n"
         "         block_table_ptr='*i32', seq_lens_ptr='*i32', kv_scale_ptr='*fp32',\n"
-        "         max_logits_ptr='*fp32', exp_sums_ptr='*fp32', partial_out_ptr='*fp32')\n"
+        "         max_logits_ptr='*fp32', exp_sums_ptr='*fp32', partial_out_ptr='*fp32',\n"
+        "         tree_ptr='*i32')\n"
         "out = []\n"
-        "for heads, tokens, split, lse, fp8 in json.loads(sys.argv[1]):\n"
+        "for heads, tokens, split, lse, fp8, tree in json.loads(sys.argv[1]):\n"
         "    bm, bn, w, s = tuning.tile_config(block_m=tuning.block_m_for(heads * tokens),\n"
         "                                      rank_pad=512, kv_elem_size=2)\n"
         "    c = dict(NUM_HEADS=heads, NUM_TOKENS=tokens, RANK=512, RANK_PAD=512, ROPE=64,\n"
         "             ROPE_PAD=64, BLOCK_M=bm, BLOCK_N=bn, PAGE_SIZE=64, SPLIT=split,\n"
         "             SCALES_FROM_PTR=fp8, WRITE_LSE=lse and not split,\n"
-        "             KV_WIDEN=WIDEN_CODES['e4m3_cvt' if fp8 else 'none'])\n"
+        "             KV_WIDEN=WIDEN_CODES['e4m3_cvt' if fp8 else 'none'], TREE=tree)\n"
         "    p = dict(P, kv_ptr='*fp8e4nv') if fp8 else P\n"
         "    k = compile_offline(mla_decode_kernel, c, p, {'scale', 'kv_scale_value'},\n"
         "                        {'stride_kv_dim'}, warps=w, stages=s, target=('cuda', 90, 32))\n"

@@ -16,9 +16,11 @@ know (``hygon``) it takes the Triton backend's handler:
   ``AttnForwardMethod.MLA`` (absorbed). The ``attn_mqa`` layer (``Hq`` heads, one KV
   head, ``qk_head_dim = W``, ``v_head_dim = kv_lora_rank``) gets ``q [N, Hq * W]``,
   ``k [N, 1, W]`` (the new rows), ``v [N, 1, kv_lora_rank]``. The rows are written with
-  the pool's ``set_kv_buffer``, then ``ops.mla`` (decode: ``plan_mla_decode``; verify of
-  2..4 drafts: the same plan with ``num_tokens = T``) or ``ops.mla_prefill``
-  (``plan_mla_extend``: every key from the pool, shifted causal) runs over the pool.
+  the pool's ``set_kv_buffer``, then ``ops.mla`` (decode: ``plan_mla_decode``; verify:
+  the same plan with ``num_tokens = T``, under the batch's packed tree mask when SGLang
+  gives one, an EAGLE tree of ``topk > 1`` included) or ``ops.mla_prefill``
+  (``plan_mla_extend``: every key from the pool, shifted causal; draft extend and causal
+  verify chains of more than 4 drafts) runs over the pool.
   ``k = v = None`` means the rows are already in the pool.
 * an extend with no cached prefix: ``AttnForwardMethod.MHA``. The ``attn_mha`` layer
   (``Hq == Hkv``, q/k ``qk_nope + rope`` (192), v ``v_head_dim`` (128), up-projected by
@@ -29,8 +31,7 @@ Both layers of one model share a ``layer_id``; their state is kept apart.
 
 Metadata, CUDA graphs (decode, verify and draft-extend-v2 graphs) and the speculative
 batches' static buffers are the dense backend's (``backend.py``): the same block table,
-lengths and query offsets; only the plans differ. A verify batch must be a chain
-(EAGLE ``topk = 1``): the MLA kernels take no tree mask, and a tree is refused.
+lengths, query offsets and packed tree mask; only the plans differ.
 
 fp8 latent pools (``--kv-cache-dtype fp8_e4m3`` / ``fp8_e5m2``): SGLang's MLA pool casts
 each row to the format without a scale (``MLATokenToKVPool.set_kv_buffer``), so the
@@ -70,22 +71,6 @@ def is_mla_runner(model_runner) -> bool:
     """Whether SGLang serves this runner's model with an MLA latent pool
     (``model_runner.use_mla_backend``, set for ``AttentionArch.MLA`` models)."""
     return bool(getattr(model_runner, "use_mla_backend", False))
-
-
-def _chain_only(spec_info) -> None:
-    """Refuse a verify batch whose drafts form a tree (EAGLE ``topk > 1``): the MLA
-    kernels attend causally (a chain) and take no tree mask."""
-    topk = getattr(spec_info, "topk", None) if spec_info is not None else None
-    if topk is None:
-        try:
-            from sglang.srt.runtime_context import get_spec
-
-            topk = get_spec().speculative_eagle_topk
-        except Exception:  # no runtime context published, an older SGLang
-            topk = None
-    if isinstance(topk, int) and topk > 1:
-        raise NotImplementedError(f"hygon attention backend: MLA verify of a draft tree "
-                                  f"(topk={topk}) is not supported; use topk=1 (a chain)")
 
 
 @dataclasses.dataclass
@@ -175,16 +160,6 @@ class HygonMLABackend(HygonAttnBackend):
 
     # ------------------------------------------------------------------ metadata
 
-    def _init_verify_metadata(self, forward_batch):
-        _chain_only(forward_batch.spec_info)
-        super()._init_verify_metadata(forward_batch)
-        self.forward_metadata.tree_mask = None  # a chain: the kernels' causal mask
-
-    def _spec_out_graph(self, forward_batch):
-        if forward_batch.forward_mode.is_target_verify():
-            _chain_only(forward_batch.spec_info)
-        super()._spec_out_graph(forward_batch)
-
     def _plan(self, meta, num_q_heads, num_kv_heads, head_dim, q_dtype, *, extend):
         """The base class's planning hook (``init_forward_metadata`` and the graph
         hooks): the absorbed plan, once the layers' scale is known."""
@@ -194,11 +169,13 @@ class HygonMLABackend(HygonAttnBackend):
         return self._mla_plan(meta, num_q_heads, q_dtype, self._scale, extend=extend)
 
     def _mla_plan(self, meta, num_q_heads: int, q_dtype, scale: float, *, extend: bool):
-        """The absorbed plan of ``meta`` (built once a pass): a decode plan for decode and
-        for verify chains of up to ``MLA_DECODE_MAX_TOKENS``, else an extend plan."""
+        """The absorbed plan of ``meta`` (built once a pass): a decode plan for decode, for
+        a verify batch under a tree mask (any width: the extend kernel takes no mask) and
+        for causal verify chains of up to ``MLA_DECODE_MAX_TOKENS``, else an extend plan."""
         width = meta.verify_width
-        on_decode = not extend or 0 < width <= MLA_DECODE_MAX_TOKENS
-        key = ("mla", num_q_heads, q_dtype, scale, on_decode)
+        tree = meta.tree_mask if width else None
+        on_decode = not extend or tree is not None or 0 < width <= MLA_DECODE_MAX_TOKENS
+        key = ("mla", num_q_heads, q_dtype, scale, on_decode, tree is not None)
         plan = meta.plans.get(key)
         if plan is not None:
             return plan
@@ -210,7 +187,8 @@ class HygonMLABackend(HygonAttnBackend):
                 kv_lora_rank=self.kv_lora_rank, rope_dim=self.rope_dim, q_dtype=q_dtype,
                 kv_dtype=self.kv_dtype, num_tokens=tokens, scale=scale,
                 max_seq_len=None if meta.graph else meta.max_seq_len,
-                workspace=self._mla_workspace(num_q_heads, q_dtype, tokens), impl=self.impl)
+                workspace=self._mla_workspace(num_q_heads, q_dtype, tokens), tree_mask=tree,
+                impl=self.impl)
         else:
             if meta.host_cu_seqlens_q is None:
                 raise ValueError("hygon attention backend: an extend batch needs "
@@ -332,7 +310,7 @@ class HygonMLABackend(HygonAttnBackend):
         out = q.new_empty((q3.shape[0], st.num_heads * st.v_dim))
         plan = self._mla_plan(meta, st.num_heads, q.dtype, st.scale, extend=True)
         cache = self._latent_cache(layer)
-        if isinstance(plan, MLADecodePlan):  # a verify chain on the decode kernel
+        if isinstance(plan, MLADecodePlan):  # a verify batch on the decode kernel
             width = meta.verify_width
             plan.run(q3.view(-1, width, st.num_heads, st.qk_dim), cache,
                      out=out.view(-1, width, st.num_heads, st.v_dim))

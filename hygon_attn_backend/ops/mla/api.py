@@ -28,7 +28,8 @@ def mla_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
                          seq_lens: torch.Tensor, *, kv_lora_rank: int,
                          scale: Optional[float] = None, kv_scale: ScaleLike = None,
                          out: Optional[torch.Tensor] = None, return_lse: bool = False,
-                         max_seq_len: Optional[int] = None, impl: str = "auto"):
+                         max_seq_len: Optional[int] = None,
+                         tree_mask: Optional[torch.Tensor] = None, impl: str = "auto"):
     """MLA decode: each query row attends to its request's cached latent rows.
 
     q: ``[B, Hq, W]`` or ``[B, T, Hq, W]`` float16 / bfloat16 (float32 runs the reference),
@@ -50,6 +51,9 @@ def mla_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
        normaliser (``-inf`` where a row sees no key).
     max_seq_len: host-side bound of ``seq_lens`` (sizes the split; default the table's
        capacity).
+    tree_mask: ``[B * T, W]`` int32 packed tree mask of a speculative verify batch: token
+       ``t`` sees the keys before the T drafts and draft ``j`` iff bit ``j`` of its row is
+       set (``ops.tree_mask``, :func:`plan_mla_decode`).
     impl: ``"auto"`` (the native sm_90a kernel where it covers the call, see
        :func:`plan_mla_decode`; else Triton, or the reference without a GPU) | ``"native"``
        | ``"triton"`` | ``"reference"``.
@@ -86,5 +90,5 @@ def mla_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         block_table=block_table, seq_lens=seq_lens, page_size=kv_cache.shape[1],
         num_q_heads=q.shape[-2], kv_lora_rank=kv_lora_rank, rope_dim=width - kv_lora_rank,
         q_dtype=q.dtype, kv_dtype=kv_cache.dtype, num_tokens=num_tokens, scale=scale,
-        max_seq_len=max_seq_len, return_lse=return_lse, impl=impl)
+        max_seq_len=max_seq_len, return_lse=return_lse, tree_mask=tree_mask, impl=impl)
     return plan.run(q, kv_cache, out=out, kv_scale=kv_scale)

@@ -20,6 +20,7 @@ from hygon_attn_backend.ops import _checks
 from hygon_attn_backend.ops._device import num_sms_of
 from hygon_attn_backend.ops.mla import native, triton, tuning
 from hygon_attn_backend.ops.mla.tuning import MLAConfig
+from hygon_attn_backend.ops.tree_mask import check_tree_mask
 
 __all__ = ["MLADecodePlan", "MLADecodeWorkspace", "MLAConfig", "plan_mla_decode",
            "allocate_mla_decode_workspace"]
@@ -118,6 +119,9 @@ class MLADecodePlan:
     config: Optional[MLAConfig]
     workspace: Optional[MLADecodeWorkspace]
     impl_requested: str = "auto"
+    #: ``[num_seqs * num_tokens, W]`` int32 packed tree mask of a verify batch (the drafts
+    #: are each request's last ``num_tokens`` keys; ``ops.tree_mask``); None: causal drafts
+    tree_mask: Optional[torch.Tensor] = None
     _variants: Dict[bool, tuple] = field(default_factory=dict, repr=False)
 
     @property
@@ -195,7 +199,8 @@ class MLADecodePlan:
         if self.impl == "reference":
             reference.mla_decode_attention(
                 q, kv_cache, self.block_table, self.seq_lens, kv_lora_rank=self.kv_lora_rank,
-                scale=self.scale, kv_scale=kv_scale if fp8 else None, out=out, lse=lse)
+                scale=self.scale, kv_scale=kv_scale if fp8 else None, out=out, lse=lse,
+                tree_mask=self.tree_mask)
         elif self.config is None:  # an empty batch or table: no key is readable
             out.zero_()
             if lse is not None:
@@ -225,7 +230,8 @@ def plan_mla_decode(*, block_table: torch.Tensor, seq_lens: torch.Tensor, page_s
                     kv_dtype: torch.dtype, num_tokens: int = 1, scale: Optional[float] = None,
                     max_seq_len: Optional[int] = None, return_lse: bool = False,
                     impl: str = "auto", workspace: Optional[MLADecodeWorkspace] = None,
-                    tile=None, num_partitions: Optional[int] = None) -> MLADecodePlan:
+                    tile=None, num_partitions: Optional[int] = None,
+                    tree_mask: Optional[torch.Tensor] = None) -> MLADecodePlan:
     """Plan the MLA decode of one batch (once per step; every layer reuses the plan).
 
     block_table: ``[B, max_blocks]`` int32/int64 physical block ids (token ``j`` of request
@@ -238,8 +244,8 @@ def plan_mla_decode(*, block_table: torch.Tensor, seq_lens: torch.Tensor, page_s
        e.g. 512 + 64; ``kv_lora_rank`` in 1..512, ``rope_dim`` in 0..128.
     q_dtype: float16 / bfloat16 (float32 runs the reference); kv_dtype: q_dtype or
        float8_e4m3fn / float8_e5m2 (with a per-tensor ``kv_scale`` a call).
-    num_tokens: T query tokens a request (1; 2..4 for MTP verify): token ``t`` sits at
-       ``seq_len - T + t`` and sees keys ``j <= seq_len - T + t``.
+    num_tokens: T query tokens a request (1; 2..4 for MTP verify; a draft tree's width):
+       token ``t`` sits at ``seq_len - T + t`` and sees keys ``j <= seq_len - T + t``.
     scale: softmax scale (a finite float > 0), default ``1 / sqrt(kv_lora_rank +
        rope_dim)``; engines pass their model's own.
     max_seq_len: host-side bound of ``seq_lens`` sizing the split (default the table's
@@ -253,6 +259,12 @@ def plan_mla_decode(*, block_table: torch.Tensor, seq_lens: torch.Tensor, page_s
        16-byte aligned, a float32 ``out``) runs Triton under ``"auto"``.
     workspace: split-KV scratch (:func:`allocate_mla_decode_workspace`) reused across
        steps; without it a split plan allocates its own here.
+    tree_mask: ``[B * T, W]`` int32 packed tree mask of a speculative verify batch
+       (``ops.tree_mask``: ``pack_tree_mask`` / ``tree_mask_from_parents``; rows of unit
+       stride, ``32 * W >= T``, ``T <= 64``): token ``t`` sees the keys before the drafts and draft
+       ``j`` (key ``seq_len - T + j``) iff bit ``j`` of its row is set; read on the device
+       by every call (a CUDA graph's static buffer). The Triton kernel takes it (``"auto"``
+       never picks the native one; ``"native"`` refuses it).
     tile / num_partitions: force the Triton launch ``(BLOCK_M, BLOCK_N, num_warps,
        num_stages)`` / the split count; default the rules of ``ops/mla/tuning.py``.
 
@@ -290,13 +302,19 @@ def plan_mla_decode(*, block_table: torch.Tensor, seq_lens: torch.Tensor, page_s
                                        num_partitions <= 0):
         raise ValueError(f"num_partitions must be a positive int or None, got "
                          f"{num_partitions!r}")
+    if tree_mask is not None:
+        if num_tokens > tuning.MLA_MAX_TREE_DRAFTS:
+            raise ValueError(f"num_tokens: an MLA verify under a tree mask takes at most "
+                             f"{tuning.MLA_MAX_TREE_DRAFTS} drafts a request, got {num_tokens}")
+        check_tree_mask(tree_mask, total_q=num_seqs * num_tokens, device=device,
+                        longest=num_tokens)
     max_blocks = block_table.shape[1]
     max_context = max_seq_len if max_seq_len is not None else max_blocks * page_size
     choice = tuning.choose(device=device, impl=impl, num_seqs=num_seqs, max_blocks=max_blocks,
                            num_q_heads=num_q_heads, num_tokens=num_tokens,
                            kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, q_dtype=q_dtype,
                            kv_dtype=kv_dtype, max_context=max_context, tile=tile,
-                           num_partitions=num_partitions)
+                           num_partitions=num_partitions, tree=tree_mask is not None)
     config = choice.config
     if config is not None and config.split:
         slots, rows = num_seqs * config.num_partitions, num_tokens * num_q_heads
@@ -315,4 +333,5 @@ def plan_mla_decode(*, block_table: torch.Tensor, seq_lens: torch.Tensor, page_s
         rope_dim=rope_dim, page_size=page_size, q_dtype=q_dtype, kv_dtype=kv_dtype,
         device=device, max_seq_len=max_context,
         scale=float(scale) if scale is not None else width ** -0.5,
-        return_lse=return_lse, config=config, workspace=workspace, impl_requested=impl)
+        return_lse=return_lse, config=config, workspace=workspace, impl_requested=impl,
+        tree_mask=tree_mask)

@@ -36,6 +36,7 @@ def make_launches(plan, scales_from_ptr: bool):
     from hygon_attn_backend.kernels.fp8 import WIDEN_CODES
     from hygon_attn_backend.kernels.mla_decode import mla_combine_kernel, mla_decode_kernel
     from hygon_attn_backend.ops.decode.tuning import kv_widen
+    from hygon_attn_backend.ops.tree_mask import launch_args as tree_args
 
     cfg = plan.config
     ws = plan.workspace
@@ -65,7 +66,7 @@ def make_launches(plan, scales_from_ptr: bool):
         SCALES_FROM_PTR=scales_from_ptr, WRITE_LSE=plan.return_lse and not cfg.split,
         # the dense decode's rule: an fp8 tile widened to fp16 as loaded, fp16 dots
         KV_WIDEN=WIDEN_CODES[kv_widen(kv_dtype=plan.kv_dtype, device=plan.device)],
-        **scratch)
+        **tree_args(plan.tree_mask, plan.seq_lens), **scratch)
     grid = (-(-rows // cfg.block_m), plan.num_seqs, cfg.num_partitions)
     decode = Launch(mla_decode_kernel, grid, fixed, DECODE_PER_CALL,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -25,6 +25,9 @@ MLA_MAX_BLOCK_M = 64      # query rows a program serves at most
 MLA_MIN_PARTITION = 256   # smallest split-KV partition (tokens) the rule chooses
 MLA_TARGET_PROGRAMS_PER_SM = 2  # the split aims at this many programs an SM
 WHOLE_SEQUENCE = 1 << 30  # partition floor of the one-partition launch
+#: drafts a request of a verify under a tree mask: the kernel holds each row's first two
+#: mask words in registers (no mask load in the KV loop)
+MLA_MAX_TREE_DRAFTS = 64
 MLA_NATIVE_MIN_ROWS = 64  # query rows a request from which impl="auto" takes the native kernel
 
 
@@ -185,14 +188,15 @@ def native_preferred(*, rows: int) -> bool:
 def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
            num_q_heads: int, num_tokens: int, kv_lora_rank: int, rope_dim: int,
            q_dtype: torch.dtype, kv_dtype: torch.dtype, max_context: int, tile=None,
-           num_partitions: Optional[int] = None) -> MLAChoice:
+           num_partitions: Optional[int] = None, tree: bool = False) -> MLAChoice:
     """The MLA decode's implementation and launch for one batch. ``impl="native"`` runs
     the sm_90a kernel where it covers the batch and raises where it does not;
     ``"auto"`` takes it where :func:`native_preferred` says so (a forced ``tile`` keeps
     Triton). float32 queries run the reference (``impl="triton"`` / ``"native"`` refuse
     them). The native launch shares the Triton launch's config (64 rows, 64-key tiles,
     the same partitions), so the Triton combine merges either. Arguments are validated
-    by the plan."""
+    by the plan. ``tree``: the drafts are under a tree mask (the Triton kernel's; the
+    native kernel attends causally)."""
     if q_dtype not in MLA_Q_DTYPES:
         if impl in ("triton", "native"):
             raise ValueError(f"impl={impl!r} takes float16/bfloat16 queries, got {q_dtype}")
@@ -205,6 +209,8 @@ def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
             kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, q_dtype=q_dtype, kv_dtype=kv_dtype)
         if native_why is None and rows < native.ROWS:
             native_why = f"{rows} query rows a request (native MLA decode: >= {native.ROWS})"
+        if native_why is None and tree:
+            native_why = "a draft tree mask (native MLA decode: causal drafts only)"
     preferred = native_preferred(rows=rows) and tile is None
     chosen = select_impl(impl, device, native_preferred=preferred,
                          native_unsupported=native_why, q_dtype=q_dtype)

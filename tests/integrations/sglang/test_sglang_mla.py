@@ -216,25 +216,27 @@ def _verify_case(page, prefix, drafts):
 
 @pytest.mark.parametrize("width", list(WIDTHS))
 @pytest.mark.parametrize("page", [1, 16])
-@pytest.mark.parametrize("drafts,op", [(3, "decode"), (6, "extend")])
-def test_kit_mla_target_verify_chain(drafts, op, page, width, device, mla_calls):
-    """An EAGLE chain (topk 1) verify: up to 4 drafts a request on the decode kernel
-    (``num_tokens = T``), longer chains as an absorbed extend; both equal the kit's
-    masked reference."""
+@pytest.mark.parametrize("drafts", [3, 6])
+def test_kit_mla_target_verify_chain(drafts, page, width, device, mla_calls):
+    """An EAGLE chain (topk 1) verify: the drafts on the decode kernel (``num_tokens =
+    T``) under the custom mask SGLang gives, equal to the kit's masked reference."""
     verify_kit.run_mla_eagle_verify_case(_KitTestCase(), _verify_case(page, (5, 17), drafts),
                                          topk=1, dtype=torch.float16, device=str(device),
                                          **_widths(width))
-    assert mla_calls == {(op, "triton" if _triton(device) else "reference"): 1}, mla_calls
+    assert mla_calls == {("decode", "triton" if _triton(device) else "reference"): 1}, \
+        mla_calls
 
 
-def test_kit_mla_target_verify_tree_is_refused(device, mla_calls):
-    """A draft tree (topk 3) needs a tree mask the MLA kernels do not take: refused by
-    name, never answered as a chain."""
-    with pytest.raises(NotImplementedError, match="draft tree"):
-        verify_kit.run_mla_eagle_verify_case(_KitTestCase(), _verify_case(16, (5, 17), 3),
-                                             topk=3, dtype=torch.float16, device=str(device),
-                                             **_widths("deepseek"))
-    assert mla_calls == {}
+@pytest.mark.parametrize("width", list(WIDTHS))
+@pytest.mark.parametrize("page", [1, 16])
+def test_kit_mla_target_verify_tree(page, width, device, mla_calls):
+    """A draft tree (EAGLE topk 3): the drafts under the batch's packed tree mask on the
+    decode kernel, equal to the kit's masked reference (a chain's answer would not be)."""
+    verify_kit.run_mla_eagle_verify_case(_KitTestCase(), _verify_case(page, (5, 17), 3),
+                                         topk=3, dtype=torch.float16, device=str(device),
+                                         **_widths(width))
+    assert mla_calls == {("decode", "triton" if _triton(device) else "reference"): 1}, \
+        mla_calls
 
 
 # As in test_sglang_spec.py: the kit's CUDA-graph verify fixture fails for SGLang's own
