@@ -2,10 +2,10 @@
 budget.
 
 A profile fixes what Triton compiles for (q dtype, the latent row ``kv_lora_rank +
-rope_dim``, heads, page size, query tokens, fp8 or 16-bit cache, the split, LSE, the
-block table's width class); a case draws the batch (ragged lengths, empty requests, a
-share of tables with bad ids: absent keys), the fp8 scale and a ``max_seq_len`` below the
-lengths.
+rope_dim``, heads, page size, query tokens, causal drafts or a draft tree, fp8 or 16-bit
+cache, the split, LSE, the block table's width class); a case draws the batch (ragged
+lengths, empty requests, a share of tables with bad ids: absent keys), the draft tree
+(random parents), the fp8 scale and a ``max_seq_len`` below the lengths.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 
 from hygon_attn_backend import reference
 from hygon_attn_backend.ops.mla import plan_mla_decode
+from hygon_attn_backend.ops.tree_mask import pack_tree_mask, tree_mask_from_parents
 from hygon_attn_backend.tools.fuzz import problems as pb
 from hygon_attn_backend.tools.fuzz.budget import budget_error
 
@@ -34,7 +35,8 @@ def mla_profile(rng: random.Random, tiny: bool, strata: pb.Strata) -> dict:
         rank=rank, rope=rope,
         heads=strata.pick("heads", (8, 16) if tiny else (16, 16, 32, 64, 128)),
         page=strata.pick("page", (1, 4, 16) if tiny else (1, 16, 64, 128, 256)),
-        tokens=strata.pick("tokens", (1, 1, 2, 3) if tiny else (1, 1, 2, 4)),
+        tokens=strata.pick("tokens", (1, 1, 2, 3) if tiny else (1, 1, 2, 4, 8)),
+        tree=strata.pick("tree", (False, True)),  # with tokens > 1: a random draft tree
         fp8=strata.pick("fp8", (False, False, True)),
         partitions=strata.pick("partitions", (None, 1, 3)),
         lse=strata.pick("lse", (False, True)),
@@ -67,22 +69,28 @@ def mla_case(rng: random.Random, prof: dict, device, tiny: bool):
     shape = (num_seqs, hq, rank + rope) if t == 1 else (num_seqs, t, hq, rank + rope)
     q = torch.randn(shape, device=device).to(prof["dtype"])
     seq_lens = torch.tensor(lens, dtype=prof["index_dtype"], device=device)
+    tree = None
+    if prof["tree"] and t > 1:  # draft i extends a random earlier draft (or the prefix)
+        parents = torch.tensor([[rng.randrange(-1, i) for i in range(t)]
+                                for _ in range(num_seqs)], dtype=torch.int64)
+        tree = pack_tree_mask(tree_mask_from_parents(parents)).to(device)
     max_seq_len = max(lens) // 2 if rng.random() < 0.2 else None  # below: the same answer
     scale = rng.uniform(0.02, 0.2) if rng.random() < 0.5 else None
     plan = plan_mla_decode(block_table=tbl.table, seq_lens=seq_lens, page_size=page,
                            num_q_heads=hq, kv_lora_rank=rank, rope_dim=rope,
                            q_dtype=q.dtype, kv_dtype=kv.dtype, num_tokens=t, scale=scale,
                            max_seq_len=max_seq_len, return_lse=prof["lse"],
-                           num_partitions=prof["partitions"],
+                           num_partitions=prof["partitions"], tree_mask=tree,
                            impl="auto" if prof["impl"] == "native" else prof["impl"])
     out = torch.full(shape[:-1] + (rank,), float("nan"), dtype=q.dtype, device=device)
     lse = torch.full(shape[:-1], float("nan"), device=device) if prof["lse"] else None
     plan.run(q, kv, out=out, lse=lse, kv_scale=kv_scale)
     desc = (f"impl={plan.impl} {str(q.dtype)[6:]} {rank}+{rope} Hq={hq} page={page} T={t} "
-            f"fp8={prof['fp8']} partitions={prof['partitions']} lse={prof['lse']} "
+            f"tree={tree is not None} fp8={prof['fp8']} partitions={prof['partitions']} lse={prof['lse']} "
             f"B={num_seqs} lens={lens[:8]} bad_ids={tbl.hostile} max_seq_len={max_seq_len}")
     args = (q, kv, tbl.table, seq_lens)
-    kw = dict(kv_lora_rank=rank, scale=scale, kv_scale=kv_scale, return_lse=True)
+    kw = dict(kv_lora_rank=rank, scale=scale, kv_scale=kv_scale, return_lse=True,
+              tree_mask=tree)
     ref64, lse64 = reference.mla_decode_attention(*args, **kw, compute_dtype=torch.float64)
     ref_lp, _ = reference.mla_decode_attention(*args, **kw, compute_dtype=q.dtype)
     problem = budget_error(out, ref64, ref_lp, what="mla")[2]
