@@ -268,13 +268,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         v = gather_kv(v_cache, block_table[s], 0, stop, scale=v_scale, dtype=compute_dtype)
         mask = causal_mask(num_tokens, length, device=q.device, sliding_window=sliding_window,
                            num_keys=stop)
-        if tree_mask is not None:  # the drafts are keys length - T .. length - 1
-            first = length - num_tokens
-            rows = unpack_tree_mask(tree_mask[s * num_tokens:(s + 1) * num_tokens],
-                                    num_tokens).to(q.device)
-            lo = max(0, first)
-            if stop > lo:
-                mask[:, lo:stop] = rows[:, lo - first:stop - first]
+        if tree_mask is not None:
+            _apply_tree(mask, tree_mask[s * num_tokens:(s + 1) * num_tokens], length, stop)
         mask &= key_presence(k_cache, block_table[s], 0, stop).to(q.device)
         o, row_lse = _attend(q4[s].to(compute_dtype), k.to(q.device), v.to(q.device), mask,
                              sm_scale, soft_cap, sinks)
@@ -371,6 +366,18 @@ def unpack_tree_mask(tree_mask: torch.Tensor, width: int) -> torch.Tensor:
     return dense[:, :width]
 
 
+def _apply_tree(mask: torch.Tensor, rows: torch.Tensor, length: int, stop: int) -> None:
+    """Put one request's draft visibility into its ``[T, keys]`` mask: the T drafts are
+    keys ``length - T .. length - 1`` (those below ``stop`` are read), ``rows`` its ``[T,
+    W]`` packed tree-mask rows (:func:`unpack_tree_mask`)."""
+    num_tokens = mask.shape[0]
+    first = length - num_tokens
+    drafts = unpack_tree_mask(rows, num_tokens).to(mask.device)
+    lo = max(0, first)
+    if stop > lo:
+        mask[:, lo:stop] = drafts[:, lo - first:stop - first]
+
+
 def combine_partitions(max_logits: torch.Tensor, exp_sums: torch.Tensor,
                        partial_out: torch.Tensor, *, log2_domain: bool = False,
                        out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -457,13 +464,8 @@ def mla_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         rows = gather_kv(view, block_table[s], 0, stop, scale=kv_scale,
                          dtype=compute_dtype).to(q.device)  # [L, 1, W]
         mask = causal_mask(num_tokens, length, device=q.device, num_keys=stop)
-        if tree_mask is not None:  # the drafts are keys length - T .. length - 1
-            first = length - num_tokens
-            drafts = unpack_tree_mask(tree_mask[s * num_tokens:(s + 1) * num_tokens],
-                                      num_tokens).to(q.device)
-            lo = max(0, first)
-            if stop > lo:
-                mask[:, lo:stop] = drafts[:, lo - first:stop - first]
+        if tree_mask is not None:
+            _apply_tree(mask, tree_mask[s * num_tokens:(s + 1) * num_tokens], length, stop)
         mask &= key_presence(view, block_table[s], 0, stop).to(q.device)
         o, row_lse = _attend(q4[s].to(compute_dtype), rows, rows[..., :rank], mask,
                              sm_scale, None, None)
