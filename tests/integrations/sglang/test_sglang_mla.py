@@ -242,13 +242,15 @@ def test_kit_mla_target_verify_tree(page, width, device, mla_calls):
 # As in test_sglang_spec.py: the kit's CUDA-graph verify fixture fails for SGLang's own
 # `triton` backend too with page 1 and several requests (the same mismatch), so page 1
 # runs one request.
+@pytest.mark.parametrize("topk", [1, 3])
 @pytest.mark.parametrize("width", list(WIDTHS))
 @pytest.mark.parametrize("page,prefix", [(16, (40, 2, 19)), (1, (4,))])
-def test_kit_mla_target_verify_cuda_graph(page, prefix, width, device, mla_calls):
-    """Verify from the static graph buffers (capture, padded replay): equals the reference
-    and the eager run of the same batch."""
+def test_kit_mla_target_verify_cuda_graph(page, prefix, width, topk, device, mla_calls):
+    """Verify from the static graph buffers (capture, padded replay; a chain and a topk-3
+    tree, whose mask is packed into the static buffer): equals the reference and the
+    eager run of the same batch."""
     verify_kit.run_mla_eagle_verify_cuda_graph_case(
-        _KitTestCase(), _verify_case(page, prefix, 3), topk=1, dtype=torch.float16,
+        _KitTestCase(), _verify_case(page, prefix, 3), topk=topk, dtype=torch.float16,
         device=str(device), **_widths(width))
     assert set(mla_calls) == {("decode", "triton" if _triton(device) else "reference")}, \
         mla_calls
