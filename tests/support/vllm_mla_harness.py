@@ -191,12 +191,16 @@ def common_metadata(case: MLACase) -> CommonAttentionMetadata:
 
 
 def run(case: MLACase, model_dir, *, workspace_rows=None, vllm_cpu_mla: bool = False,
-        k_scale: Optional[float] = None):
+        k_scale: Optional[float] = None, spec_tokens: int = 0):
     """Builder -> ``do_kv_cache_update`` (new tokens) -> decode + prefill, as vLLM calls
     them. Returns ``(out [N, H, v] float16, metadata)``. ``vllm_cpu_mla``: run vLLM's own
     CPU MLA backend (``CPUMLAImpl``, vLLM's builder) on the same inputs instead of ours
     (block size 16 only: its decode kernel's). ``k_scale``: an ``fp8`` cache (vLLM's bytes,
-    viewed as e4m3 for the attention calls as vLLM's MLA layer does) of that scale."""
+    viewed as e4m3 for the attention calls as vLLM's MLA layer does) of that scale.
+    ``spec_tokens``: the decode threshold a speculative config of that many tokens gives a
+    builder that takes uniform multi-token decodes (``1 + spec_tokens``, what vLLM's
+    ``_init_reorder_batch_threshold`` sets; the case lists its decodes first, as vLLM's
+    batch reorder does)."""
     d = case.dims
     h16 = torch.float16
     fp8 = k_scale is not None
@@ -212,6 +216,8 @@ def run(case: MLACase, model_dir, *, workspace_rows=None, vllm_cpu_mla: bool = F
 
             builder_cls, impl_cls = MLACommonMetadataBuilder, CPUMLAImpl
         builder = _builder(case, vllm_config, workspace_rows, builder_cls)
+        if spec_tokens:
+            builder.reorder_batch_threshold = 1 + spec_tokens
         md = builder.build(0, common_metadata(case))
         impl = impl_cls(d.heads, d.rank + d.rope, case.scale, 1, None, None,
                         "fp8" if fp8 else "auto", None,

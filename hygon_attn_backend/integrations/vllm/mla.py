@@ -9,9 +9,12 @@ the batch), and calls this impl's
 
 * ``do_kv_cache_update``: the new tokens' ``[kv_c | k_pe]`` rows into the paged latent
   cache ``[num_blocks, block_size, kv_lora_rank + rope]`` -> ``ops.mla.write_mla_cache``;
-* ``forward_mqa`` (decode, one query token a request): the absorbed queries -> the step's
-  ``ops.mla.MLADecodePlan`` (:func:`.mla_step.decode`), planned once per step by
-  :class:`HygonMLAMetadataBuilder` with the layers' softmax scale;
+* ``forward_mqa`` (decode: one query token a request, or with speculative decoding the
+  ``T = 1 + num_speculative_tokens`` tokens of every verified request, vLLM's uniform
+  decode block): the absorbed queries -> the step's ``ops.mla.MLADecodePlan`` with
+  ``num_tokens = T`` (:func:`.mla_step.decode`; token ``t`` sees the prefix and drafts
+  ``0..t``), planned once per step by :class:`HygonMLAMetadataBuilder` with the layers'
+  softmax scale;
 * ``forward_mha`` (prefill): :func:`.mla_step.prefill`, our ``ragged_attention`` over the
   up-projected K/V, with vLLM's context chunks folded in by our ``merge_attn_states``. The
   MLA prefill backend vLLM picks for the layer (``get_mla_prefill_backend``) is not
@@ -39,6 +42,7 @@ from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonImpl,
     MLACommonMetadata,
     MLACommonMetadataBuilder,
+    QueryLenSupport,
 )
 from vllm.v1.attention.backend import AttentionLayer, AttentionType, MultipleOf
 
@@ -129,7 +133,14 @@ class HygonMLADecodeMetadata(MLACommonDecodeMetadata):
 
 
 class HygonMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
-    """vLLM's MLA builder (batch split, context chunks) plus our decode plan per step."""
+    """vLLM's MLA builder (batch split, context chunks) plus our decode plan per step.
+
+    ``UNIFORM``: with speculative decoding vLLM raises the decode threshold to ``1 +
+    num_speculative_tokens`` and hands the decode path a uniform block of ``T`` query
+    tokens a request (MTP / EAGLE verify), which the MLA decode serves as ``num_tokens =
+    T`` (causal within the block)."""
+
+    query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device, metadata_cls=None,
                  supports_dcp_with_varlen: bool = False):
@@ -154,12 +165,17 @@ class HygonMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                       query_start_loc_cpu, query_start_loc_device, num_decode_tokens,
                       max_query_len, dcp_tot_seq_lens_device):
         dims = self.mla_dims
+        num_decodes = block_table_tensor.shape[0]
+        tokens, rest = divmod(int(num_decode_tokens), max(num_decodes, 1))
+        if rest or tokens < 1:
+            raise ValueError(f"hygon MLA decode: {num_decode_tokens} decode tokens over "
+                             f"{num_decodes} requests is not a uniform block")
         plan = plan_mla_decode(
             block_table=block_table_tensor, seq_lens=seq_lens_device,
             page_size=self.page_size, num_q_heads=self.num_heads,
             kv_lora_rank=dims.kv_lora_rank, rope_dim=dims.qk_rope_head_dim,
-            q_dtype=self.q_dtype, kv_dtype=self.kv_dtype, num_tokens=1, scale=self.scale,
-            max_seq_len=int(max_seq_len), impl=self.impl)
+            q_dtype=self.q_dtype, kv_dtype=self.kv_dtype, num_tokens=tokens,
+            scale=self.scale, max_seq_len=int(max_seq_len), impl=self.impl)
         return HygonMLADecodeMetadata(block_table=block_table_tensor, seq_lens=seq_lens_device,
                                       dcp_tot_seq_lens=dcp_tot_seq_lens_device, plan=plan)
 
@@ -214,6 +230,9 @@ class HygonMLAImpl(MLACommonImpl[MLACommonMetadata]):
         if not isinstance(decode, HygonMLADecodeMetadata) or decode.plan is None:
             raise ValueError("attn_metadata.decode: no hygon decode plan (metadata not "
                              "built by HygonMLAMetadataBuilder)")
+        if decode.plan.num_tokens > 1 and not getattr(attn_metadata, "causal", True):
+            raise NotImplementedError("the hygon MLA backend does not take non-causal "
+                                      "multi-token decode blocks (parallel drafting)")
         return mla_step.decode(decode.plan, q, kv_c_and_k_pe_cache, scale=self.scale,
                                kv_scale=layer._k_scale if self.fp8 else None)
 

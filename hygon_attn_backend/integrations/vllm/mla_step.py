@@ -39,23 +39,33 @@ def decode(plan: MLADecodePlan, q, kv_cache: torch.Tensor, *, scale: float,
            kv_scale=None):
     """The absorbed decode of one layer.
 
-    plan: the step's decode plan (built with this layer group's scale, heads and dtypes).
-    q: ``[B, H, W]`` or the pair ``(ql_nope [B, H, kv_lora_rank], q_pe [B, H, rope])``
-       vLLM passes, fp16/bf16 (fp32 runs the reference); W = kv_lora_rank + rope.
+    plan: the step's decode plan (built with this layer group's scale, heads and dtypes;
+       ``num_tokens = T`` query tokens a request).
+    q: ``[B * T, H, W]`` or the pair ``(ql_nope [B * T, H, kv_lora_rank], q_pe [B * T, H,
+       rope])`` vLLM passes (request-major: request ``b``'s T tokens are rows ``b * T ..``),
+       fp16/bf16 (fp32 runs the reference); W = kv_lora_rank + rope.
     kv_cache: ``[num_blocks, page_size, W]`` vLLM's MLA cache (fp8: its float8 view).
     scale: the layer's softmax scale (checked against the plan's).
     kv_scale: an fp8 cache's scale (the layer's ``_k_scale``, a 1-element tensor), else None.
-    Returns ``(out [B, H, kv_lora_rank], lse [B, H] float32 or None)``.
+    Returns ``(out [B * T, H, kv_lora_rank], lse [B * T, H] float32 or None)``.
     """
     if isinstance(q, (tuple, list)):
         q = torch.cat(list(q), dim=-1)
     if abs(plan.scale - float(scale)) > 1e-6 * abs(float(scale)):
         raise ValueError(f"scale: the layer's softmax scale {scale} differs from the decode "
                          f"plan's {plan.scale}")
+    tokens = plan.num_tokens
+    if tokens > 1:  # the uniform block as [B, T, H, W]; flat rows back for vLLM
+        if q.dim() != 3 or q.shape[0] != plan.num_seqs * tokens:
+            raise ValueError(f"q: the plan's decode block is {plan.num_seqs} requests x "
+                             f"{tokens} tokens, got {tuple(q.shape)}")
+        q = q.reshape(plan.num_seqs, tokens, *q.shape[1:])
     result = plan.run(q, kv_cache, kv_scale=kv_scale)
-    if plan.return_lse:
-        return result
-    return result, None
+    out, lse = result if plan.return_lse else (result, None)
+    if tokens > 1:
+        out = out.flatten(0, 1)
+        lse = None if lse is None else lse.flatten(0, 1)
+    return out, lse
 
 
 class ContextChunk:

@@ -218,6 +218,37 @@ def test_impl_fp8_cache_matches_mla_oracle(name, impl, mla_dir):
     assert (harness.oracle(case) - ref).abs().max() > 3e-3
 
 
+@pytest.mark.parametrize("spec_tokens,ctx,ql", [
+    (2, [6, 13, 20, 4], [3, 3, 3, 5]),     # three verified requests, then a prefill
+    (3, [30, 1], [4, 4]),                  # decodes only, a request with one prefix token
+])
+def test_spec_verify_block_runs_as_one_decode(spec_tokens, ctx, ql, impl, mla_dir):
+    """MTP / EAGLE verify: with a decode threshold of ``1 + num_speculative_tokens`` vLLM's
+    builder hands the decode path a uniform block of T tokens a request; it runs as one
+    MLA decode of ``num_tokens = T`` (token t sees the prefix and drafts 0..t), equal to the
+    oracle, and the longer request stays a prefill."""
+    case = harness.make_case(ctx, ql, seed=spec_tokens)
+    out, md = harness.run(case, mla_dir, spec_tokens=spec_tokens)
+    t = spec_tokens + 1
+    decodes = sum(1 for q in ql if q <= t)
+    assert md.num_decodes == decodes and md.num_decode_tokens == decodes * t
+    assert md.decode.plan.num_tokens == t and md.decode.plan.impl == impl
+    torch.testing.assert_close(out.double(), harness.oracle(case), atol=2e-3, rtol=2e-3)
+
+
+def test_decode_block_of_another_shape_is_refused(mla_dir):
+    from hygon_attn_backend.integrations.vllm import mla_step
+
+    case = harness.make_case([5, 9], [3, 3], seed=5)
+    _, md = harness.run(case, mla_dir, spec_tokens=2)
+    d = case.dims
+    cache = torch.zeros(case.num_blocks, case.block_size, d.rank + d.rope,
+                        dtype=torch.float16)
+    q = torch.zeros(5, d.heads, d.rank + d.rope, dtype=torch.float16)  # not 2 x 3 rows
+    with pytest.raises(ValueError, match="2 requests x 3 tokens"):
+        mla_step.decode(md.decode.plan, q, cache, scale=case.scale)
+
+
 def test_model_scale_reaches_both_paths(mla_dir):
     """A scale other than 1/sqrt(qk_head_dim) (DeepSeek's YaRN mscale**2 folds into it):
     decode and prefill both follow it."""
