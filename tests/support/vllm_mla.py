@@ -64,11 +64,31 @@ def prompts(seed: int = PROMPT_SEED) -> list:
     return [[rng.randrange(3, VOCAB_SIZE) for _ in range(n)] for n in (23, 5, 40, 1)]
 
 
-def _generate(model_dir: str, backend) -> dict:
+#: Prompts whose n-grams repeat (vLLM's n-gram drafter proposes from them): the
+#: speculative run's verify steps
+REPEATING_PROMPTS = ([5, 17, 33, 80, 12, 9] * 4, [7, 8, 9, 10] * 5 + [3], [100, 101, 102] * 3)
+#: tokens each generates: the last runs alone at the end (uniform one-request verify steps)
+REPEATING_MAX_TOKENS = (6, 6, 24)
+
+
+def _generate(model_dir: str, backend, speculative_config=None, repeating=False) -> dict:
     """Greedy generation in this process; ``{"tokens": [[ids]...], "gaps": [[top-2
-    logprob gap a step]...]}``."""
+    logprob gap a step]...], "decode_tokens": [T of each decode plan our MLA builder
+    made]}`` (``repeating``: :data:`REPEATING_PROMPTS`)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+
+    from hygon_attn_backend.integrations.vllm import mla as ours
+
+    planned = []
+    real = ours.HygonMLAMetadataBuilder._build_decode
+
+    def recorded(self, *args, **kwargs):
+        md = real(self, *args, **kwargs)
+        planned.append(md.plan.num_tokens)
+        return md
+
+    ours.HygonMLAMetadataBuilder._build_decode = recorded
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     kwargs = dict(model=model_dir, tokenizer=model_dir, max_model_len=MAX_MODEL_LEN,
@@ -76,19 +96,31 @@ def _generate(model_dir: str, backend) -> dict:
                   compilation_config={"custom_ops": [f"-{op}" for op in NATIVE_OPS]})
     if backend is not None:
         kwargs["attention_backend"] = backend
+    if speculative_config is not None:
+        kwargs["speculative_config"] = speculative_config
     llm = LLM(**kwargs)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
-                            logprobs=2)
-    return greedy_record(llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts()],
-                                      params, use_tqdm=False))
+    chosen = [list(p) for p in REPEATING_PROMPTS] if repeating else prompts()
+    lengths = REPEATING_MAX_TOKENS if repeating else (MAX_TOKENS,) * len(chosen)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=2)
+              for n in lengths]
+    res = greedy_record(llm.generate([TokensPrompt(prompt_token_ids=p) for p in chosen],
+                                     params, use_tqdm=False))
+    res["decode_tokens"] = planned
+    return res
 
 
-def generate(model_dir: str, backend=None, *, env=None, timeout: float = 1500.0) -> dict:
-    """:func:`_generate` in a fresh process; adds ``"log"`` (its stdout + stderr)."""
+def generate(model_dir: str, backend=None, *, env=None, timeout: float = 1500.0,
+             speculative_config=None, repeating: bool = False) -> dict:
+    """:func:`_generate` in a fresh process (the engine in it:
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the plans are recorded); adds ``"log"`` (its
+    stdout + stderr)."""
     with tempfile.NamedTemporaryFile("r", suffix=".json") as result:
         cmd = [sys.executable, "-m", "tests.support.vllm_mla", "--child", model_dir,
-               "--backend", backend or "default", "--result", result.name]
-        full_env = dict(os.environ, VLLM_LOGGING_LEVEL="INFO", **(env or {}))
+               "--backend", backend or "default", "--result", result.name,
+               "--spec", json.dumps(speculative_config)] + (["--repeating"] if repeating
+                                                            else [])
+        full_env = dict(os.environ, VLLM_LOGGING_LEVEL="INFO",
+                        VLLM_ENABLE_V1_MULTIPROCESSING="0", **(env or {}))
         proc = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True,
                               env=full_env)
         log = proc.stdout + proc.stderr
@@ -105,8 +137,11 @@ def main(argv=None) -> int:
     parser.add_argument("--child", required=True)
     parser.add_argument("--backend", default="default")
     parser.add_argument("--result", required=True)
+    parser.add_argument("--spec", default="null", help="a speculative_config as JSON")
+    parser.add_argument("--repeating", action="store_true")
     args = parser.parse_args(argv)
-    res = _generate(args.child, None if args.backend == "default" else args.backend)
+    res = _generate(args.child, None if args.backend == "default" else args.backend,
+                    json.loads(args.spec), args.repeating)
     with open(args.result, "w") as f:
         json.dump(res, f)
     return 0
