@@ -114,7 +114,8 @@ def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None,
     ``SGLANG_DEEPSEEK_KEYS`` to the config. ``mtp``: a DeepSeek-V3 (the architecture
     SGLang's NEXTN reads), ``MTP_HIDDEN`` wide, with one multi-token-prediction layer after
     the two (``num_nextn_predict_layers`` 1: its decoder layer, a tiny MoE of 4 experts as
-    SGLang builds it, and ``enorm`` / ``hnorm`` / ``eh_proj`` / ``shared_head``)."""
+    SGLang builds it, and ``enorm`` / ``hnorm`` / ``eh_proj`` / ``shared_head``; for vLLM
+    its router is DeepSeek-V3's ``noaux_tc``, which vLLM's ``mtp`` method reads)."""
     from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config,
                               DeepseekV3ForCausalLM)
 
@@ -129,6 +130,9 @@ def build_tiny_deepseek(path: str, *, seed: int = SEED, rope_scaling=None,
                              (DeepseekV2Config, DeepseekV2ForCausalLM))
     if mtp:  # the MTP layer is built as one more decoder layer, then moved (below)
         extra.update(n_group=1, topk_group=1)
+        if engine == "vllm":  # DeepSeek-V3's router: vLLM loads the checkpoint's
+            # e_score_correction_bias only into a noaux_tc gate
+            extra.update(topk_method="noaux_tc", scoring_func="sigmoid")
     hidden = MTP_HIDDEN if mtp else HIDDEN
     config = config_cls(
         vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=2 * hidden,
