@@ -102,11 +102,12 @@ def generate(model: str, backend: str, page_size: int, device: str, *, tp_size: 
     register()  # also done by SGLang's plugin loader when the package is installed
     if device == "cpu" and tp_size > 1:  # read by each rank's process
         os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", cpu_omp_bind(tp_size))
-    engine = sgl.Engine(model_path=model, attention_backend=backend, device=device,
-                        dtype="float16", page_size=page_size, skip_tokenizer_init=True,
-                        context_length=256, max_total_tokens=4096, log_level=log_level,
-                        disable_cuda_graph=device == "cpu", tp_size=tp_size,
-                        **{**spec_engine_args(spec), **(engine_args or {})})
+    kwargs = dict(dtype="float16", page_size=page_size, skip_tokenizer_init=True,
+                  context_length=256, max_total_tokens=4096, log_level=log_level,
+                  disable_cuda_graph=device == "cpu", tp_size=tp_size)
+    # --engine-args may override any of these (e.g. disable_cuda_graph on a GPU)
+    kwargs.update(spec_engine_args(spec), **(engine_args or {}))
+    engine = sgl.Engine(model_path=model, attention_backend=backend, device=device, **kwargs)
     params = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
     try:
         first_turns, follow_up = workload()

@@ -132,7 +132,8 @@ def test_tree_verify_gpu(heads, drafts, page, parts):
     ref_lp = reference.mla_decode_attention(q, kv, table, seq_lens, kv_lora_rank=512,
                                             tree_mask=tree, compute_dtype=q.dtype)
     assert_within_budget(out, ref64, ref_lp, mult=4.0)
-    if torch.cuda.get_device_capability()[0] == 9:
+    if torch.cuda.get_device_capability()[0] == 9 and heads * drafts >= 64:  # else the
+        # native kernel's row minimum is the reason named
         with pytest.raises(ValueError, match="tree mask"):
             plan_mla_decode(block_table=table, seq_lens=seq_lens, page_size=page,
                             num_q_heads=heads, kv_lora_rank=512, rope_dim=64,
