@@ -65,6 +65,13 @@ GPU_CASES = [
          dtype=torch.bfloat16),
     Case("g_d256", (300, 900), (700, 900), heads=4, kv_heads=2, d_qk=256, d_v=256,
          dtype=torch.bfloat16),
+    # the tiny DeepSeek's MHA-method prefill in SGLang (no cached prefix, causal, 4 heads,
+    # q/k 32 + 64 rope = 96, v 32 a slice of the up-projection), where the engine run on an
+    # H100 (2026-12-06) saw the ragged kernel's output far from the reference
+    Case("g_deepseek_tiny_mha", (51,), (51,), heads=4, kv_heads=4, d_qk=96, d_v=32,
+         dtype=torch.float16, strided=True),
+    Case("g_deepseek_tiny_mha_dense", (51, 7, 130), (51, 7, 130), heads=4, kv_heads=4,
+         d_qk=96, d_v=32, dtype=torch.bfloat16),
 ]
 
 
