@@ -372,6 +372,35 @@ def test_mla_draft_round_equals_sglang_triton(topk, page, kit_inputs, device, mo
             assert torch.equal(ours, theirs)
 
 
+@pytest.mark.parametrize("topk", [1, 2])
+def test_mla_draft_graph_hooks_replay_the_eager_round(topk, kit_inputs, device):
+    """An MLA draft model's multi-step draft decode from the CUDA-graph hooks on static
+    buffers (no graph recorded here): metadata built at capture for 4 padding requests
+    (seq len 1), refilled for the real 2, the round equal to the eager one."""
+    settings = _mla_settings(topk, device)
+    backend, batch, worker = _mla_round(_mla_case("hygon", 1), settings)
+    expected = kit._run_eagle_draft_eager(worker, batch, settings=settings)
+    backend, batch, worker = _mla_round(_mla_case("hygon", 1), settings)
+    backend.init_cuda_graph_state(4, 4 * topk)
+    pad = types.SimpleNamespace(
+        batch_size=4, req_pool_indices=torch.zeros(4, dtype=batch.req_pool_indices.dtype),
+        seq_lens=torch.ones(4, dtype=batch.seq_lens.dtype))
+    backend.init_forward_metadata_out_graph(pad, in_capture=True)
+    backend.init_forward_metadata_in_graph(pad)
+    backend.init_forward_metadata_in_graph(batch)  # recorded in the graph: a replay's refill
+    backend.init_forward_metadata_out_graph(batch)
+    assert all(c.forward_metadata.graph for c in backend.attn_backends)
+    batch.mark_forward_metadata_ready()
+    for ours, want in zip(worker.draft_forward(batch), expected):
+        if want is None:
+            continue
+        if want.is_floating_point():
+            torch.testing.assert_close(ours, want, atol=mla_kit.MLA_ATOL,
+                                       rtol=mla_kit.MLA_RTOL)
+        else:
+            assert torch.equal(ours, want)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("topk", [1, 2])
 def test_kit_mla_draft_cuda_graph_runner(topk, kit_inputs, device):
