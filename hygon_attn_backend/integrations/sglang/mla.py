@@ -62,8 +62,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["HygonMLABackend", "is_mla_runner"]
 
-#: query tokens a request the MLA decode kernel serves (verify chains up to this length
-#: run on it; longer ones as an extend)
+#: query tokens a request the MLA decode kernel serves for a verify batch without a custom
+#: mask (causal chains up to this length run on it; longer ones as an extend; a batch with
+#: a mask runs on it at any width)
 MLA_DECODE_MAX_TOKENS = 4
 
 
@@ -175,7 +176,7 @@ class HygonMLABackend(HygonAttnBackend):
         width = meta.verify_width
         tree = meta.tree_mask if width else None
         on_decode = not extend or tree is not None or 0 < width <= MLA_DECODE_MAX_TOKENS
-        key = ("mla", num_q_heads, q_dtype, scale, on_decode, tree is not None)
+        key = ("mla", num_q_heads, q_dtype, scale, on_decode)  # the mask is the meta's
         plan = meta.plans.get(key)
         if plan is not None:
             return plan

@@ -86,7 +86,8 @@ def mla_case(rng: random.Random, prof: dict, device, tiny: bool):
     lse = torch.full(shape[:-1], float("nan"), device=device) if prof["lse"] else None
     plan.run(q, kv, out=out, lse=lse, kv_scale=kv_scale)
     desc = (f"impl={plan.impl} {str(q.dtype)[6:]} {rank}+{rope} Hq={hq} page={page} T={t} "
-            f"tree={tree is not None} fp8={prof['fp8']} partitions={prof['partitions']} lse={prof['lse']} "
+            f"tree={tree is not None} fp8={prof['fp8']} partitions={prof['partitions']} "
+            f"lse={prof['lse']} "
             f"B={num_seqs} lens={lens[:8]} bad_ids={tbl.hostile} max_seq_len={max_seq_len}")
     args = (q, kv, tbl.table, seq_lens)
     kw = dict(kv_lora_rank=rank, scale=scale, kv_scale=kv_scale, return_lse=True,
