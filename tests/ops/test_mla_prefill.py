@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 from typing import Optional
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
 import torch
 
 from hygon_attn_backend import reference
+from hygon_attn_backend.ops import _device
 from hygon_attn_backend.ops.mla_prefill import (merge_attn_states, mla_extend_attention,
                                                 plan_mla_extend, plan_ragged_attention,
                                                 ragged_attention, tuning)
@@ -131,6 +133,34 @@ def check_case(case: Case, device, *, seed: int = 0, impl: str = "triton", plan=
 @pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: c.name)
 def test_ragged_matches_reference(case, device):
     check_case(case, device)
+
+
+def test_narrow_value_head_takes_a_64_wide_tile_on_a_gpu():
+    """The value head's tile rule (``ops._device.head_tile``): a GPU never gets a value
+    tile under 64 columns (32-wide ones were wrong on an H100), the interpreter keeps the
+    real width."""
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    for d_v, want_gpu, want_cpu in ((8, 64, 16), (32, 64, 32), (64, 64, 64), (80, 128, 128),
+                                    (128, 128, 128)):
+        cfg = tuning.choose(device=gpu, impl="triton", total_q=51, num_kv_heads=4,
+                                group=1, head_dim_qk=96, head_dim_v=d_v,
+                                q_dtype=torch.float16, tile=(64, 64, 4, 3))
+        assert (cfg.d1, cfg.d2, cfg.dv) == (64, 32, want_gpu)
+        assert _device.head_tile(d_v, device=cpu) == want_cpu
+
+
+def test_padded_value_tile_gives_the_unpadded_answer(device):
+    """A 32-wide value head run on the 64-wide tile a GPU takes (the padded columns masked
+    on load and store) matches the reference, as the unpadded tile does."""
+    case = Case("tiny_deepseek_mha", (51, 7), (51, 7), heads=4, kv_heads=4, d_qk=96, d_v=32,
+                strided=True)
+    inputs = make_inputs(case, device)
+    q, k, v, cu_q, cu_k = inputs
+    plan = plan_ragged_attention(cu_q, cu_k, total_q=q.shape[0], total_k=k.shape[0],
+                                 num_q_heads=4, num_kv_heads=4, head_dim_qk=96, head_dim_v=32,
+                                 q_dtype=q.dtype, impl="triton")
+    padded = dataclasses.replace(plan, config=plan.config._replace(dv=64))
+    check_case(case, device, plan=padded, inputs=inputs)
 
 
 def test_ragged_second_seed_and_plan_reuse(device):

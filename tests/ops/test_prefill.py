@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from hygon_attn_backend import reference
+from hygon_attn_backend.ops import _device
 from hygon_attn_backend.ops.prefill import tuning
 from hygon_attn_backend.ops.prefill import plan as prefill_plan
 from hygon_attn_backend.ops.prefill import plan_prefix_prefill, prefix_prefill_attention
@@ -93,6 +94,10 @@ GPU_CASES = [
          dtype=torch.bfloat16, q_noncontig=True),
     Case("g_d80", (700, 64), (300, 900), group=4, kv_heads=2, page=16, head_dim=80,
          dtype=torch.bfloat16),
+    # a 32-wide head runs on the GPU's 64-wide head tile (ops._device.head_tile: the
+    # ragged kernel's 32-wide value tiles were wrong on an H100)
+    Case("g_d32", (700, 64), (300, 900), group=4, kv_heads=2, page=16, head_dim=32,
+         dtype=torch.float16),
     Case("g_d96_knew", (700, 64), (300, 900), group=1, kv_heads=4, page=16, head_dim=96,
          dtype=torch.float16, k_new=True),
     Case("g_d256", (700, 64), (300, 900), group=4, kv_heads=2, page=16, head_dim=256,
@@ -191,6 +196,17 @@ def run_case(case: Case, device, *, seed: int = 0, min_blocks: int = 0, impl: st
 @pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: c.name)
 def test_prefill_matches_reference(case, device):
     run_case(case, device)
+
+
+def test_prefill_32_wide_head_on_the_gpu_tile(device, monkeypatch):
+    """A 32-wide head on the 64-wide head tile a GPU takes (``ops._device.head_tile``; the
+    interpreter keeps 32): the padded columns masked, the answer the reference's."""
+    from hygon_attn_backend.ops.prefill import triton as prefill_triton
+
+    assert _device.head_tile(32, device=torch.device("cuda")) == 64
+    monkeypatch.setattr(prefill_triton, "head_tile", lambda width, device: 64)
+    run_case(Case("d32_on_64", (21, 0, 5), (9, 17, 1), group=4, page=16, head_dim=32,
+                  k_new=True), device)
 
 
 @pytest.mark.parametrize("case", CPU_CASES[:3], ids=lambda c: c.name)

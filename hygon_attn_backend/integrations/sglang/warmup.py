@@ -34,7 +34,7 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from hygon_attn_backend.ops._device import next_pow2
+from hygon_attn_backend.ops._device import head_tile
 from hygon_attn_backend.ops.prefill import tuning
 from hygon_attn_backend.ops.prefill import plan_prefix_prefill
 
@@ -80,7 +80,7 @@ def prefill_tile_configs(*, num_q_heads: int, num_kv_heads: int, head_dim: int,
     whose 256-row tiles fill the SMs) are found by bisecting for each change.
     """
     group = num_q_heads // num_kv_heads
-    head_dim_pad = max(16, next_pow2(head_dim))
+    head_dim_pad = head_tile(head_dim, device=torch.device("cpu" if interpreter else "cuda"))
     kv = max(1, num_kv_heads)
     max_seqs = -(-num_sms // kv) + 1
     max_tokens = -(-num_sms // kv) * -(-256 // max(1, group)) + 256

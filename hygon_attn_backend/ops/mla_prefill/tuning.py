@@ -130,7 +130,7 @@ def choose(*, device: torch.device, impl: str, total_q: int, num_kv_heads: int, 
             raise ValueError(f"impl='triton' takes float16/bfloat16 queries, got {q_dtype}")
         chosen = "reference"
     d1, d2 = head_split(head_dim_qk)
-    dv = max(16, _device.next_pow2(head_dim_v))
+    dv = _device.head_tile(head_dim_v, device=device)
     heads = heads_per_tile(group)
     if tile is None:
         tile = tile_config(

@@ -10,7 +10,7 @@ import math
 import torch
 
 from hygon_attn_backend.ops import _checks, tree_mask
-from hygon_attn_backend.ops._device import next_pow2
+from hygon_attn_backend.ops._device import head_tile
 from hygon_attn_backend.ops._launch import LayerArgs, Launch
 from hygon_attn_backend.ops.prefill import tuning
 
@@ -53,7 +53,7 @@ def make_launch(plan, q_dtype, head_dim, has_new, return_lse, kv_dtype, page_siz
         raise ValueError(f"k_cache must be a 4-D [num_blocks, kv_heads, P, D] view for "
                          f"prefill (the split-x K cache is decode-only), got "
                          f"{_checks.describe(k_cache)}")
-    head_dim_pad = max(16, next_pow2(head_dim))
+    head_dim_pad = head_tile(head_dim, device=k_cache.device)  # as the plan's tile rule
     fixed = dict(
         **tree_mask.launch_args(plan.tree_mask, plan.tile_req),
         cu_seqlens_q_ptr=cu_seqlens_q, seq_lens_k_ptr=seq_lens_k,

@@ -151,7 +151,8 @@ def choose(*, device: torch.device, impl: str, total_q: int, num_seqs: int,
         tile = tile if tile is not None else native.TILE
     if tile is None:
         tile = tile_config(
-            head_dim_pad=max(16, _device.next_pow2(head_dim)), group=group, total_q=total_q,
+            head_dim_pad=_device.head_tile(head_dim, device=device), group=group,
+            total_q=total_q,
             num_kv_heads=num_kv_heads, num_seqs=num_seqs, num_sms=_device.num_sms_of(device),
             interpreter=device.type == "cpu" and triton_interpreter_on())
     return chosen, tuple(int(x) for x in tile)
