@@ -224,6 +224,18 @@ def test_tree_verify_decode_gpu(impl, device):
              tree_mask=tree, impl=impl)
 
 
+@gpu
+def test_tree_verify_decode_gpu_narrow_head(device):
+    """A 32-wide head under 64 query rows a KV head (16 drafts x GQA 4): the tile shape
+    whose 32-wide value accumulator the ragged prefill got wrong on an H100
+    (``ops._device.head_tile``)."""
+    seq_lens = (300, 1500, 77, 4000)
+    tree = _decode_tree(len(seq_lens), 16, device, seed=7)
+    run_decode_case(num_kv_heads=2, group=4, head_dim=32, page_size=16, seq_lens=seq_lens,
+             layout="bhsd", dtype=torch.float16, device=device, num_tokens=16,
+             tree_mask=tree, impl="triton")
+
+
 def test_tree_verify_decode_bad_inputs(device):
     seq_lens = (9, 30)
     nb = blocks_needed(seq_lens, 4)
