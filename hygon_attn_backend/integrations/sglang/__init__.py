@@ -66,16 +66,9 @@ def _register_draft_backend() -> None:
         return
     if BACKEND_NAME not in DRAFT_ATTENTION_BACKEND_CHOICES:
         add_draft_attention_backend_choices([BACKEND_NAME])
-    from importlib.metadata import PackageNotFoundError, version
-
     from hygon_attn_backend.integrations.sglang import draft_factory
 
-    try:
-        draft_factory.install(version("sglang"))
-    except PackageNotFoundError:  # a source checkout without metadata
-        import sglang
-
-        draft_factory.install(getattr(sglang, "__version__", ""))
+    draft_factory.install(draft_factory.installed_version())
 
 
 def register() -> bool:

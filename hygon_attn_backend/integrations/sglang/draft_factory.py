@@ -11,7 +11,8 @@ only when that resolved name is ``hygon`` it adds a ``hygon`` entry to the map i
 on (the multi-step draft decode container for the decode map, whose per-step children
 SGLang stamps: ``stamps_children``; our ``HygonAttnBackend`` for draft extend); every other
 backend sees SGLang's own map and code. Recorded in
-``patches/sglang-0.5-draft-backend-factory.md``.
+``patches/sglang-0.5-draft-backend-factory.md``. Building our draft-extend backend also
+installs ``draft_graphs`` (the EAGLE v2 worker's draft-extend CUDA graph).
 
 Gated to the SGLang versions whose factory was read (:data:`PATCHED_VERSIONS`) and to
 ``_create_backend`` having the parameters named above; elsewhere nothing is installed.
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+
+from hygon_attn_backend.integrations._patch import unwrap_method, wrap_method
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +61,25 @@ def _hygon_entry(factory, *, multi_step: bool):
 
             return BACKEND_NAME, HygonMultiStepDraftBackend(
                 runner, factory.topk, factory.speculative_num_steps)
-        from hygon_attn_backend.integrations.sglang import _create_backend
+        from hygon_attn_backend.integrations.sglang import _create_backend, draft_graphs
 
+        draft_graphs.install(installed_version())  # the EAGLE v2 worker captures it
         return BACKEND_NAME, _create_backend(runner)  # an MLA draft: HygonMLABackend
 
     return create
+
+
+def installed_version() -> str:
+    """The installed SGLang's version string (its metadata, else ``sglang.__version__``: a
+    source checkout without metadata)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        import sglang
+
+        return str(getattr(sglang, "__version__", ""))
 
 
 def install(version) -> bool:
@@ -95,10 +112,7 @@ def install(version) -> bool:
         return original(self, backend_name, backend_map, error_template,
                         stamps_children=stamps_children)
 
-    _create_backend.__doc__ = original.__doc__
-    _create_backend.__wrapped__ = original
-    DraftBackendFactory._create_backend = _create_backend
-    setattr(DraftBackendFactory, _MARK, True)
+    wrap_method(DraftBackendFactory, "_create_backend", _create_backend, _MARK)
     return True
 
 
@@ -106,9 +120,4 @@ def uninstall() -> bool:
     """Restore SGLang's method (tests use this). Returns True if it was patched."""
     from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
-    if not getattr(DraftBackendFactory, _MARK, False):
-        return False
-    DraftBackendFactory._create_backend = DraftBackendFactory.__dict__[
-        "_create_backend"].__wrapped__
-    delattr(DraftBackendFactory, _MARK)
-    return True
+    return unwrap_method(DraftBackendFactory, "_create_backend", _MARK)

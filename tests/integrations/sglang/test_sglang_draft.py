@@ -188,6 +188,9 @@ def test_factory_gives_our_multi_step_backend_for_hygon_only(kit_inputs, device)
     factory = DraftBackendFactory(fixture.runner, settings.topk, STEPS)
     extend = factory.create_draft_extend_backend()
     assert type(extend) is HygonAttnBackend and extend.prefill_attention_backend_str == "hygon"
+    # building it put the EAGLE v2 worker's draft-extend graph wrapper in place
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+    assert hasattr(EagleDraftWorker._capture_cuda_graphs, "__wrapped__")
 
     # without the wrapper SGLang's closed map refuses the name
     draft_factory.uninstall()
