@@ -1,7 +1,17 @@
-"""The two steps every runtime patch of an engine method takes (``patches/``): put a
-wrapper in the method's place, marked on the class, and take it away again."""
+"""What every runtime patch of an engine method takes (``patches/``): the engine's
+(major, minor) version to gate on, a wrapper put in the method's place, marked on the
+class, and taken away again."""
 
 from __future__ import annotations
+
+
+def version_tuple(text):
+    """``"0.5.23"`` -> ``(0, 5)``; None when ``text`` has no numeric major and minor."""
+    parts = str(text).split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
 
 
 def wrap_method(cls, name: str, wrapper, mark: str) -> None:

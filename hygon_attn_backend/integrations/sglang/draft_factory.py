@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import logging
 
-from hygon_attn_backend.integrations._patch import unwrap_method, wrap_method
+from hygon_attn_backend.integrations._patch import unwrap_method, version_tuple, wrap_method
 
 logger = logging.getLogger(__name__)
 
@@ -31,14 +31,6 @@ logger = logging.getLogger(__name__)
 PATCHED_VERSIONS = ((0, 5),)
 _MARK = "_hygon_attn_backend_patched"
 _PARAMS = ("self", "backend_name", "backend_map", "error_template", "stamps_children")
-
-
-def _version_tuple(text):
-    parts = str(text).split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def _resolved_backend(factory, backend_name: str):
@@ -85,7 +77,7 @@ def installed_version() -> str:
 def install(version) -> bool:
     """Wrap ``DraftBackendFactory._create_backend`` (idempotent). ``version``: the installed
     SGLang's version string. Returns True when the wrapper is in place."""
-    if _version_tuple(version) not in PATCHED_VERSIONS:
+    if version_tuple(version) not in PATCHED_VERSIONS:
         return False
     try:
         from sglang.srt.speculative.draft_utils import DraftBackendFactory

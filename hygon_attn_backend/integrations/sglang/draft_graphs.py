@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 
-from hygon_attn_backend.integrations._patch import unwrap_method, wrap_method
+from hygon_attn_backend.integrations._patch import unwrap_method, version_tuple, wrap_method
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +53,7 @@ def _captures_for_us(worker, module) -> bool:
 def install(version) -> bool:
     """Wrap ``EagleDraftWorker._capture_cuda_graphs`` (idempotent). ``version``: the
     installed SGLang's version string. Returns True when the wrapper is in place."""
-    from hygon_attn_backend.integrations.sglang.draft_factory import _version_tuple
-
-    if _version_tuple(version) not in PATCHED_VERSIONS:
+    if version_tuple(version) not in PATCHED_VERSIONS:
         return False
     try:
         from sglang.srt.speculative import eagle_worker_v2 as module

@@ -42,7 +42,9 @@ Everything here imports vLLM lazily: :mod:`.` (``register``) must stay cheap.
 from __future__ import annotations
 
 import inspect
-from typing import Optional, Tuple
+from typing import Tuple
+
+from hygon_attn_backend.integrations._patch import version_tuple  # noqa: F401 (re-export)
 
 Version = Tuple[int, int]
 
@@ -53,15 +55,6 @@ CPU_PATCH_RANGE: Tuple[Version, Version] = ((0, 15), (0, 34))
 #: vLLM versions whose MLA interfaces the MLA backend (``mla.py``) was written and tested
 #: against; elsewhere ``hygon`` on an MLA model is refused by vLLM's own validation.
 MLA_RANGE: Tuple[Version, Version] = ((0, 32), (0, 32))
-
-
-def version_tuple(text) -> Optional[Version]:
-    """``"0.21.0"`` -> ``(0, 21)``; None for anything else."""
-    parts = str(text).split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def in_range(version, bounds: Tuple[Version, Version]) -> bool:

@@ -27,20 +27,14 @@ import importlib.machinery
 import inspect
 import sys
 
+from hygon_attn_backend.integrations._patch import version_tuple
+
 from . import logger
 
 #: vLLM (major, minor) versions whose drafter allow-list this patch was written for.
 PATCHED_VERSIONS = ((0, 32),)
 MODULE = "vllm.v1.spec_decode.llm_base_proposer"
 _MARK = "_hygon_attn_backend_patched"
-
-
-def _version_tuple(text):
-    parts = str(text).split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def _allow_ours(proposer, vllm_config) -> None:
@@ -104,7 +98,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 def install(version) -> bool:
     """Patch the drafter now if its module is imported, else when it is. ``version``: the
     installed vLLM's version string. Returns True when the patch is (or will be) in place."""
-    if _version_tuple(version) not in PATCHED_VERSIONS:
+    if version_tuple(version) not in PATCHED_VERSIONS:
         return False
     module = sys.modules.get(MODULE)
     if module is not None:
