@@ -28,13 +28,17 @@ Checks (``run_checks``), each a row ``{engine, version, check, result, reason}``
   (``sglang/test/kits/attention_unittest``, dense cases, CPU) through our
   tests/integrations/sglang/test_sglang_kit.py; where the wheel has no kit, our own
   SGLang-structure tests (tests/integrations/sglang/test_sglang_backend.py, the serving
-  loop of tests/support/sglang_harness.py on SGLang's RadixCache and pools) instead, and
-  the reason says so;
+  loop of tests/support/sglang_harness.py on SGLang's RadixCache and pools, and its
+  target-verify batches in test_sglang_verify_harness.py) instead, and the reason says so;
 * ``unit`` (only when asked for): the rest of tests/integrations/sglang (not slow) on
   that version;
 * ``engine``: SGLang's offline Engine on a tiny random-weight Llama, greedy tokens of
   ``attention_backend="hygon"`` against SGLang's ``torch_native`` backend
-  (examples/sglang_offline.py, with ``SGLANG_USE_CPU_ENGINE=1``, SGLang's CPU switch).
+  (examples/sglang_offline.py, with ``SGLANG_USE_CPU_ENGINE=1``, SGLang's CPU switch);
+* ``mla-engine``: the same Engine on the tiny random-weight DeepSeek-V2 (MLA: SGLang's
+  latent pool, absorbed decode, the MHA-method prefill), greedy tokens against SGLang's
+  ``triton`` backend (``--model-kind deepseek``); ``n/a`` in the checkout's .venv, where
+  ``make test`` runs the same comparison.
 """
 
 from __future__ import annotations
@@ -285,7 +289,8 @@ KIT_MODULE = "sglang.test.kits.attention_unittest.attention_methods.dense_attent
 KIT_TESTS = ["tests/integrations/sglang/test_sglang_kit.py"]
 #: our tests on SGLang's own structures, for a wheel without the kit
 HARNESS_TESTS = ["tests/integrations/sglang/test_sglang_backend.py",
-                 "tests/integrations/sglang/test_sglang_radix.py"]
+                 "tests/integrations/sglang/test_sglang_radix.py",
+                 "tests/integrations/sglang/test_sglang_verify_harness.py"]
 
 
 def check_register(version, python, repo) -> Dict[str, str]:
@@ -339,9 +344,10 @@ def check_unit(version, python, repo) -> Dict[str, str]:
                 f"aside: {_pytest_summary(proc)}")
 
 
-def check_engine(version, python, repo) -> Dict[str, str]:
+def _example_row(version, check, python, repo, args, what) -> Dict[str, str]:
+    """examples/sglang_offline.py with ``args`` on CPU: pass when it prints MATCH."""
     proc = _run(python, [str(repo / "examples" / "sglang_offline.py"), "--device", "cpu",
-                         "--compare", "torch_native"], repo, 1800,
+                         *args], repo, 1800,
                 # SGLang's CPU switch: without it 0.5.10's rotary embedding on a CPU takes
                 # vLLM's CUDA op (every version reads it; see docs/compat.md)
                 SGLANG_USE_CPU_ENGINE="1")
@@ -350,16 +356,31 @@ def check_engine(version, python, repo) -> Dict[str, str]:
     if proc.returncode == 0 and verdict and verdict.startswith("MATCH"):
         cached = [ln.split(":")[0] + " cached " + ln.split("cached")[1].split()[0]
                   for ln in lines if " cached " in ln]
-        return _row(version, "engine", "pass", f"tiny Llama, greedy tokens equal to "
-                    f"torch_native; {', '.join(cached)}")
-    return _row(version, "engine", "fail", verdict or f"exit {proc.returncode}: {_tail(proc)}")
+        return _row(version, check, "pass", f"{what}; {', '.join(cached)}")
+    return _row(version, check, "fail", verdict or f"exit {proc.returncode}: {_tail(proc)}")
+
+
+def check_engine(version, python, repo) -> Dict[str, str]:
+    return _example_row(version, "engine", python, repo, ["--compare", "torch_native"],
+                        "tiny Llama, greedy tokens equal to torch_native")
+
+
+def check_mla_engine(version, python, repo) -> Dict[str, str]:
+    if python.parent.parent == repo / ".venv":
+        return _row(version, "mla-engine", "n/a", "the checkout's .venv: make test runs it "
+                    "(tests/integrations/sglang/test_sglang_mla_engine.py)")
+    return _example_row(version, "mla-engine", python, repo,
+                        ["--model-kind", "deepseek", "--max-new-tokens", "6",
+                         "--compare", "triton"],
+                        "tiny DeepSeek-V2 (MLA, latent 512 + 64, YaRN), greedy tokens "
+                        "equal to triton")
 
 
 CHECKS = [("register", check_register), ("plugin", check_plugin), ("kit", check_kit),
-          ("unit", check_unit), ("engine", check_engine)]
+          ("unit", check_unit), ("engine", check_engine), ("mla-engine", check_mla_engine)]
 #: what run_checks runs unless told: ``unit`` (about 11 minutes on 2 cores) is the suite the
 #: main environment already runs on 0.5.23; ask for it by name (``--checks unit``)
-DEFAULT_CHECKS = ["register", "plugin", "kit", "engine"]
+DEFAULT_CHECKS = ["register", "plugin", "kit", "engine", "mla-engine"]
 
 
 def run_checks(version: str, python: pathlib.Path, repo: pathlib.Path,
@@ -417,7 +438,7 @@ def main(argv=None) -> int:
         for row in rows:
             failed |= row["result"] == "fail"
             print(json.dumps(row) if args.json else
-                  f"sglang {row['version']:8s} {row['check']:9s} {row['result']:5s} "
+                  f"sglang {row['version']:8s} {row['check']:10s} {row['result']:5s} "
                   f"{row['reason']}", flush=True)
     return 1 if failed else 0
 

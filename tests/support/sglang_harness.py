@@ -40,6 +40,18 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 from hygon_attn_backend.integrations.sglang.backend import HygonAttnBackend
 
 
+def dense_masked_attention(q, k, v, mask, *, scale, dtype):
+    """Oracle: q ``[n, Hq, D]`` over ``k, v [L, Hkv, D]`` where ``mask [n, L]`` (bool) is
+    true, computed in ``dtype``."""
+    group = q.shape[1] // k.shape[1]
+    q, k, v = (t.detach().cpu().to(dtype) for t in (q, k, v))
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q, k) * scale
+    s = s.masked_fill(~mask.cpu().unsqueeze(0), float("-inf"))
+    return torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v)
+
+
 def dense_causal_attention(q, k, v, q_positions, *, scale, dtype, window=None, soft_cap=None,
                            sinks=None):
     """Oracle: q ``[n, Hq, D]`` at ``q_positions`` over keys ``k, v [L, Hkv, D]`` (key j at
@@ -357,6 +369,44 @@ class Server:
             r.outputs.append(out[i:i + 1].clone())
         return [out[i:i + 1].clone() for i in range(n)]
 
+    def verify(self, reqs: List[Request], drafts: List[List[int]], parents: List[int]):
+        """One ``TARGET_VERIFY`` pass as SGLang's EAGLE worker builds it: each request's
+        ``T = len(parents)`` draft tokens (``drafts[b]``) after its ``kv_len`` cached
+        tokens, draft ``i`` the child of draft ``parents[i]`` (-1: of the prefix's last
+        token), at position ``kv_len + depth(i)``; the batch's ``spec_info`` is this
+        SGLang's own ``EagleVerifyInput`` with its flattened custom mask (per request
+        ``[T, kv_len + T]``: the prefix, and each draft's ancestors and itself). The drafts'
+        K/V are written to fresh slots (not accepted: ``kv_len`` stays). Returns the
+        per-request outputs ``[T, Hq, D]`` and each request's ``[T, kv_len + T]`` mask."""
+        width = len(parents)
+        depth, visible = [], torch.zeros(width, width, dtype=torch.bool)
+        for i, parent in enumerate(parents):
+            assert -1 <= parent < i, "parents come before their children"
+            depth.append(0 if parent < 0 else depth[parent] + 1)
+            visible[i, i] = True
+            if parent >= 0:
+                visible[i] |= visible[parent]
+        locs = self._alloc(reqs, [width] * len(reqs))
+        r2t = self.req_to_token_pool.req_to_token
+        qs, ks, vs, positions, masks = [], [], [], [], []
+        for b, (r, toks) in enumerate(zip(reqs, drafts)):
+            assert len(toks) == width
+            r2t[r.row, r.kv_len:r.kv_len + width] = \
+                locs[b * width:(b + 1) * width].to(torch.int32)
+            pos = [r.kv_len + d for d in depth]
+            q, k, v = self.model.qkv(toks, pos)
+            qs.append(q), ks.append(k), vs.append(v), positions.extend(pos)
+            masks.append(torch.cat([torch.ones(width, r.kv_len, dtype=torch.bool), visible], 1))
+        batch = self._batch(ForwardMode.TARGET_VERIFY, reqs, [r.kv_len for r in reqs], locs,
+                            positions)
+        batch.spec_info = _verify_input(
+            custom_mask=torch.cat([m.flatten() for m in masks]).to(self.device),
+            positions=batch.positions, draft_token_num=width,
+            topk=1 if all(p == i - 1 for i, p in enumerate(parents)) else 2,
+            seq_lens_cpu=batch.seq_lens_cpu)
+        out = self._run(batch, torch.cat(qs), torch.cat(ks), torch.cat(vs))
+        return [out[b * width:(b + 1) * width] for b in range(len(reqs))], masks
+
     def finish(self, req: Request) -> int:
         """Cache the request's tokens in the tree and release it; returns how many of its
         tokens the tree already held (their duplicate slots are freed)."""
@@ -403,6 +453,34 @@ class Server:
             "the backend wrote req_to_token"
         self.backend_calls += 1
         return out.view(-1, self.num_heads, self.model.head_dim)
+
+
+def _verify_input(**given):
+    """This SGLang's ``EagleVerifyInput`` with the ``given`` fields; the fields a verify
+    batch's attention does not read (the accept bookkeeping, whose names differ between
+    versions) get placeholders."""
+    import dataclasses
+
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    empty = torch.empty(0, dtype=torch.int64)
+    kwargs = {}
+    for f in dataclasses.fields(EagleVerifyInput):
+        if not f.init:
+            continue
+        if f.name in given:
+            kwargs[f.name] = given[f.name]
+        elif f.default is not dataclasses.MISSING or \
+                f.default_factory is not dataclasses.MISSING:
+            continue
+        elif f.name == "capture_hidden_mode":
+            kwargs[f.name] = CaptureHiddenMode.NULL
+        elif f.name in ("spec_steps", "seq_lens_sum"):
+            kwargs[f.name] = 0
+        else:
+            kwargs[f.name] = empty
+    return EagleVerifyInput(**kwargs)
 
 
 def _take_row(pool: ReqToTokenPool) -> int:

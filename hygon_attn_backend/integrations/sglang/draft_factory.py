@@ -89,8 +89,10 @@ def install(version) -> bool:
     original = DraftBackendFactory.__dict__.get("_create_backend")
     if original is None or tuple(inspect.signature(original).parameters) != _PARAMS:
         logger.warning("SGLang %s: DraftBackendFactory._create_backend is not the method "
-                       "this patch expects; 'hygon' stays unavailable as a draft backend.",
-                       version)
+                       "this patch expects (0.5.23's form); 'hygon' stays unavailable as a "
+                       "draft backend: name another for the draft model "
+                       "(--speculative-draft-attention-backend triton) and hygon still "
+                       "runs the target's verify.", version)
         return False
 
     def _create_backend(self, backend_name, backend_map, error_template,

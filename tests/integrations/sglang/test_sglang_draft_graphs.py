@@ -18,6 +18,11 @@ pytest.importorskip("sglang.srt.speculative.eagle_worker_v2")
 
 from sglang.srt.speculative import eagle_worker_v2  # noqa: E402
 
+if "_capture_cuda_graphs" not in vars(eagle_worker_v2.EagleDraftWorker):
+    pytest.skip("this SGLang's EAGLE v2 draft worker captures in init_cuda_graphs (0.5.10); "
+                "the patch is written for its _capture_cuda_graphs form (0.5.17 on)",
+                allow_module_level=True)
+
 from hygon_attn_backend.integrations.sglang import draft_graphs  # noqa: E402
 from hygon_attn_backend.integrations.sglang.backend import HygonAttnBackend  # noqa: E402
 from hygon_attn_backend.integrations.sglang.mla import HygonMLABackend  # noqa: E402

@@ -143,7 +143,12 @@ def test_pool_views_read_what_set_kv_buffer_wrote(layout, page_size, monkeypatch
     pool = MHATokenToKVPool(size=256, page_size=page_size, dtype=torch.float16, head_num=2,
                             head_dim=16, layer_num=2, device="cpu", enable_memory_saver=False,
                             enable_alt_stream=False)
-    assert pool.kv_cache_layout == layout
+    if not hasattr(pool, "kv_cache_layout"):  # SGLang 0.5.10: one layout
+        if layout == "hnd":
+            pytest.skip("this SGLang's MHATokenToKVPool stores NHD only (no "
+                        "SGLANG_USE_HND_KVCACHE)")
+    else:
+        assert pool.kv_cache_layout == layout
     layer = RadixAttention(num_heads=4, head_dim=16, scaling=0.25, num_kv_heads=2, layer_id=1)
     locs = torch.randperm(256)[:40] + page_size
     k = torch.randn(40, 2, 16, dtype=torch.float16)
