@@ -7,7 +7,9 @@ The model: 2 layers, dense MLPs (``first_k_dense_replace`` = every layer), 4 hea
 decode kernel is compiled for), ``qk_nope_head_dim`` / ``v_head_dim`` 32 (small widths:
 the Triton interpreter runs them on the CPU), no query LoRA (DeepSeek-V2-Lite's
 ``q_proj``), float16. Run as ``python -m tests.support.vllm_mla --child DIR --backend NAME
---result FILE`` (what :func:`generate` does).
+--result FILE`` (what :func:`generate` does); ``python -m tests.support.vllm_mla --oracle
+DIR`` writes the model and vLLM's own backend's tokens for other versions to compare with
+(:func:`write_oracle`, ``scripts/compat``'s ``mla`` check).
 """
 
 from __future__ import annotations
@@ -132,14 +134,45 @@ def generate(model_dir: str, backend=None, *, env=None, timeout: float = 1500.0,
     return res
 
 
+#: The backend whose tokens are the oracle of other vLLM versions' ``hygon`` runs (vLLM
+#: 0.32's own CPU MLA backend; older CPU builds have none that runs: ``docs/compat.md``).
+ORACLE_BACKEND = "CPU_MLA"
+ORACLE_FILE = "oracle.json"
+
+
+def write_oracle(folder: str, *, timeout: float = 1500.0) -> dict:
+    """Build the tiny DeepSeek at ``folder/model`` (fixed seed) and record its greedy tokens
+    with :data:`ORACLE_BACKEND` in this environment's vLLM at ``folder/oracle.json``:
+    ``{"tokens", "gaps", "vllm", "backend"}``. Another vLLM's ``hygon`` run then loads the
+    same files (:func:`generate` on ``folder/model``) and compares its tokens with these."""
+    from vllm.version import __version__
+
+    model = build_tiny_deepseek(os.path.join(folder, "model"))
+    res = generate(model, ORACLE_BACKEND, timeout=timeout)
+    if f"Using {ORACLE_BACKEND} backend" not in res["log"]:
+        raise RuntimeError(f"the oracle run did not use {ORACLE_BACKEND}:\n"
+                           f"{res['log'][-3000:]}")
+    record = {"tokens": res["tokens"], "gaps": res["gaps"], "vllm": __version__,
+              "backend": ORACLE_BACKEND}
+    with open(os.path.join(folder, ORACLE_FILE), "w") as f:
+        json.dump(record, f)
+    return record
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--child", required=True)
+    parser.add_argument("--child", help="generate with the model at this folder")
+    parser.add_argument("--oracle", help="write_oracle into this folder")
     parser.add_argument("--backend", default="default")
-    parser.add_argument("--result", required=True)
+    parser.add_argument("--result")
     parser.add_argument("--spec", default="null", help="a speculative_config as JSON")
     parser.add_argument("--repeating", action="store_true")
     args = parser.parse_args(argv)
+    if args.oracle:
+        write_oracle(args.oracle)
+        return 0
+    if not (args.child and args.result):
+        parser.error("--child and --result (or --oracle)")
     res = _generate(args.child, None if args.backend == "default" else args.backend,
                     json.loads(args.spec), args.repeating)
     with open(args.result, "w") as f:

@@ -7,11 +7,14 @@ absorption and the ``W_UV`` up-projection) done here as vLLM's layer does them.
 
 The oracle is plain float64 MLA without absorption: each request's keys ``[kv_c W_UK |
 k_pe]`` and values ``kv_c W_UV`` for all its tokens (context and new), softmax over the
-shifted causal mask with the given scale. Imports vLLM.
+shifted causal mask with the given scale. Imports vLLM (0.21 to 0.32: what differs
+between them, the builder's prefill-backend slot and its context-chunk layout, is taken
+as the installed version has it).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional
@@ -21,10 +24,10 @@ import torch
 from vllm.config import (CacheConfig, ModelConfig, SchedulerConfig, VllmConfig,
                          set_current_vllm_config)
 from vllm.v1.attention.backend import CommonAttentionMetadata
-from vllm.v1.attention.backends.mla.prefill.cpu_sdpa import CPUSDPAMLAPrefillBackend
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from hygon_attn_backend import reference
+from hygon_attn_backend.integrations.vllm import mla_prefill
 from hygon_attn_backend.integrations.vllm.mla import HygonMLAImpl, HygonMLAMetadataBuilder
 from tests.support.vllm_harness import _known
 
@@ -64,6 +67,21 @@ def vllm_config_for(model_dir, *, block_size: int, cache_dtype: str = "auto") ->
     return VllmConfig(model_config=model,
                       cache_config=CacheConfig(block_size=block_size, cache_dtype=cache_dtype),
                       scheduler_config=scheduler)
+
+
+#: The oracle cases (the tests and ``scripts/compat``'s ``mla`` check run them):
+#: name -> (context_lens, query_lens (decodes of 1 first), workspace rows (None: vLLM's
+#: default)); block size 4 unless a caller says otherwise.
+CASES = {
+    "decode_only": ([6, 13, 1], [1, 1, 1], None),
+    "prefill_no_context": ([0, 0], [7, 3], None),
+    "mixed_context": ([6, 11, 9, 0, 6], [1, 1, 5, 3, 4], None),
+    # long contexts over several pages of 16 (the tests' vLLM-layer comparison)
+    "long_context": ([20, 37, 33, 0, 18], [1, 1, 5, 3, 4], None),
+    # 8-row chunks: request 2's 9 context rows split over two chunks (vLLM 0.28+: a
+    # continuation) or three (older: 4 rows a prefill a chunk)
+    "chunked_continuation": ([6, 11, 9, 0, 6], [1, 1, 5, 3, 4], 8),
+}
 
 
 @dataclass
@@ -151,12 +169,22 @@ class KvBProj:
         return x @ self.w, None
 
 
+def prefill_backend_cls():
+    """The MLA prefill backend vLLM's CPU build gives a layer: its SDPA one (0.32), else
+    the placeholder ``hygon`` puts in that slot (older CPU builds have none usable)."""
+    try:
+        from vllm.v1.attention.backends.mla.prefill.cpu_sdpa import CPUSDPAMLAPrefillBackend
+    except ImportError:
+        return mla_prefill.placeholder_class()
+    return CPUSDPAMLAPrefillBackend
+
+
 def _builder(case: MLACase, vllm_config, workspace_rows, builder_cls):
     d = case.dims
     layer = SimpleNamespace(
         q_lora_rank=None, kv_lora_rank=d.rank, qk_nope_head_dim=d.nope,
         qk_rope_head_dim=d.rope, v_head_dim=d.v, scale=case.scale,
-        prefill_backend=CPUSDPAMLAPrefillBackend(
+        prefill_backend=prefill_backend_cls()(
             num_heads=d.heads, scale=case.scale, kv_lora_rank=d.rank, qk_nope_head_dim=d.nope,
             qk_rope_head_dim=d.rope, v_head_dim=d.v, vllm_config=vllm_config))
     vllm_config.compilation_config.static_forward_context[LAYER] = layer
@@ -165,10 +193,37 @@ def _builder(case: MLACase, vllm_config, workspace_rows, builder_cls):
                             head_size=d.rank + d.rope,
                             dtype=torch.uint8 if fp8 else torch.float16)
     builder = builder_cls(spec, [LAYER], vllm_config, torch.device("cpu"))
-    if workspace_rows is not None:  # small chunks: splits and continuations
+    if workspace_rows is not None:  # small chunks: splits (and continuations, 0.28+)
         builder.chunked_prefill_workspace_size = workspace_rows
         builder.chunked_prefill_workspace = builder.chunked_prefill_workspace[:workspace_rows]
     return builder
+
+
+@contextlib.contextmanager
+def host_memory_unpinned():
+    """Within: ``torch.empty`` / ``torch.zeros`` ignore ``pin_memory`` on a host without
+    CUDA. vLLM 0.21 and 0.25's MLA builder pins its context-chunk tensors unconditionally
+    (``pin_memory=True``), which needs a CUDA driver; vLLM's CPU engine never builds those
+    chunks for an MLA model (its CPU platform turns chunked prefill and prefix caching off),
+    so only this harness meets them on a CPU host. 0.28 and newer ask
+    ``is_pin_memory_available()`` and need nothing."""
+    if torch.cuda.is_available():
+        yield
+        return
+    real = {name: getattr(torch, name) for name in ("empty", "zeros")}
+
+    def unpinned(fn):
+        def call(*args, pin_memory=False, **kwargs):
+            return fn(*args, **kwargs)
+        return call
+
+    try:
+        for name, fn in real.items():
+            setattr(torch, name, unpinned(fn))
+        yield
+    finally:
+        for name, fn in real.items():
+            setattr(torch, name, fn)
 
 
 def common_metadata(case: MLACase) -> CommonAttentionMetadata:
@@ -218,7 +273,8 @@ def run(case: MLACase, model_dir, *, workspace_rows=None, vllm_cpu_mla: bool = F
         builder = _builder(case, vllm_config, workspace_rows, builder_cls)
         if spec_tokens:
             builder.reorder_batch_threshold = 1 + spec_tokens
-        md = builder.build(0, common_metadata(case))
+        with host_memory_unpinned():
+            md = builder.build(0, common_metadata(case))
         impl = impl_cls(d.heads, d.rank + d.rope, case.scale, 1, None, None,
                         "fp8" if fp8 else "auto", None,
                             "decoder", None, q_lora_rank=None, kv_lora_rank=d.rank,

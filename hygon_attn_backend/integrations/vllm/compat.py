@@ -31,9 +31,23 @@ CPU selector ignores the selection     0.15 to 0.34            ``cpu_platform`` 
                                                                ``CUSTOM`` taken, refuse
 ``parallel_state.get_dcp_world_``     absent in 0.15          :func:`dcp_world_and_rank`
 ``size_and_rank``                                              (one rank there: no DCP)
-MLA scaffolding in ``model_executor.`` 0.32 (read and tested    ``mla_select``: the MLA
-``layers.attention.mla_attention``     there only)             backend only in
-                                                               :data:`MLA_RANGE`
+MLA scaffolding in ``model_executor.`` 0.21 to 0.32 (read and  ``mla_select``: the MLA
+``layers.attention.mla_attention``     tested there); 0.18 and  backend only in
+(``forward_mha`` / ``forward_mqa``)    older: no prefill-      :data:`MLA_RANGE`
+                                       backend slot, 0.15 one
+                                       ``forward``
+MLA context chunks of a prefill batch  0.25 and older: stacked  :func:`mla_context_chunks`
+                                       per-chunk rows over all  (one object a chunk, as
+                                       prefills; 0.28: a list   0.28's)
+                                       of ``ContextChunk``
+``MLACommonMetadataBuilder._build_``   no ``max_query_len`` in  the builder takes it as an
+``decode``                             0.28 and older (vLLM     optional keyword
+                                       calls it by keyword)
+``MLACommonMetadataBuilder.page_size`` set only on CUDA in      the builder reads
+                                       0.21                     ``kv_cache_spec.block_size``
+MLA prefill backend of the layer       no CPU one before 0.32:  ``mla_prefill``: a
+(``get_mla_prefill_backend``)          CPU gets FlashAttention  placeholder where vLLM's
+                                       (unavailable there)      choice is unusable
 =====================================  ======================  ==============================
 
 Everything here imports vLLM lazily: :mod:`.` (``register``) must stay cheap.
@@ -54,7 +68,7 @@ SUPPORTED_RANGE: Tuple[Version, Version] = ((0, 15), (0, 34))
 CPU_PATCH_RANGE: Tuple[Version, Version] = ((0, 15), (0, 34))
 #: vLLM versions whose MLA interfaces the MLA backend (``mla.py``) was written and tested
 #: against; elsewhere ``hygon`` on an MLA model is refused by vLLM's own validation.
-MLA_RANGE: Tuple[Version, Version] = ((0, 32), (0, 32))
+MLA_RANGE: Tuple[Version, Version] = ((0, 21), (0, 32))
 
 
 def in_range(version, bounds: Tuple[Version, Version]) -> bool:
@@ -153,3 +167,31 @@ def call_with_supported(func, *args, **kwargs):
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         kwargs = {k: v for k, v in kwargs.items() if k in params}
     return func(*args, **kwargs)
+
+
+def mla_context_chunks(prefill) -> list:
+    """The context chunks of one MLA prefill batch (vLLM's ``MLACommonPrefillMetadata``,
+    or None) as objects with the fields :func:`.mla_step.context` reads; empty when no
+    prefill has a cached context.
+
+    vLLM 0.28 and newer have a list of ``ContextChunk`` objects (``chunked_context.
+    chunks``), each over a run of prefills, which pass as they are. Older ones (read in
+    0.21 and 0.25)
+    hold stacked rows: chunk ``i`` covers every prefill (``cu_seq_lens[i]`` ``[P + 1]``,
+    ``starts[i]`` ``[P]``, ``token_to_seq[i]`` padded to the longest chunk, ``seq_tot[i]``
+    its context rows), a prefill whose context ends earlier having none in it; each
+    becomes one :class:`~.mla_step.ContextChunk` over all the prefill rows."""
+    chunked = None if prefill is None else prefill.chunked_context
+    if chunked is None:
+        return []
+    chunks = getattr(chunked, "chunks", None)
+    if chunks is not None:
+        return list(chunks)
+    from .mla_step import ContextChunk
+
+    every = slice(None)
+    return [ContextChunk(token_slice=every, query_start_loc=prefill.query_start_loc,
+                         request_slice=every, cu_seq_lens=chunked.cu_seq_lens[i],
+                         starts=chunked.starts[i],
+                         token_to_seq=chunked.token_to_seq[i, :int(total)])
+            for i, total in enumerate(chunked.seq_tot) if int(total) > 0]

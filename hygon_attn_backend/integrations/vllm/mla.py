@@ -1,8 +1,9 @@
 """vLLM MLA backend running our MLA ops (DeepSeek-V2/V3-style multi-head latent attention).
 
 Selected by the same ``--attention-backend hygon`` as the dense backend when the model
-uses MLA (:mod:`.mla_select`). Built on vLLM's MLA scaffolding (0.32:
-``vllm.model_executor.layers.attention.mla_attention``): ``MLAAttention.forward_impl``
+uses MLA (:mod:`.mla_select`). Built on vLLM's MLA scaffolding (0.21 to 0.32:
+``vllm.model_executor.layers.attention.mla_attention``; what differs between those
+versions is adapted in :mod:`.compat`): ``MLAAttention.forward_impl``
 keeps the parts that are projections, not attention (the ``W_UK`` absorption of the decode
 queries, the ``W_UV`` up-projection of the decode output, the decode / prefill split of
 the batch), and calls this impl's
@@ -18,10 +19,12 @@ the batch), and calls this impl's
 * ``forward_mha`` (prefill): :func:`.mla_step.prefill`, our ``ragged_attention`` over the
   up-projected K/V, with vLLM's context chunks folded in by our ``merge_attn_states``. The
   MLA prefill backend vLLM picks for the layer (``get_mla_prefill_backend``) is not
-  called.
+  called (where vLLM has none usable, as on its CPU platform before 0.32, the layer gets
+  a placeholder: :mod:`.mla_prefill`).
 
 vLLM's metadata builder (``MLACommonMetadataBuilder``) splits the batch and plans the
-context chunks; ours adds the decode plan. fp8 caches (``fp8`` / ``fp8_e4m3``): vLLM
+context chunks; ours adds the decode plan and the step's context chunks in one form
+(:func:`.compat.mla_context_chunks`). fp8 caches (``fp8`` / ``fp8_e4m3``): vLLM
 allocates bytes and its layer views them as e4m3 for the attention calls; the write
 quantizes with the layer's ``k_scale``, the decode reads the codes with ``_k_scale``, the
 context chunks are dequantised as gathered (:func:`.mla_step.context`). vLLM's CPU
@@ -50,11 +53,11 @@ from hygon_attn_backend import envs
 from hygon_attn_backend.ops._dispatch import select_impl
 from hygon_attn_backend.ops.mla import MLADecodePlan, plan_mla_decode, write_mla_cache
 
-from . import BACKEND_NAME, logger, mla_step
+from . import BACKEND_NAME, compat, logger, mla_step
 from .step import FP8_CACHE_DTYPES
 
 __all__ = ["HygonMLABackend", "HygonMLAMetadataBuilder", "HygonMLAImpl",
-           "HygonMLADecodeMetadata"]
+           "HygonMLADecodeMetadata", "HygonMLAMetadata"]
 
 #: vLLM's fp8 ``kv_cache_dtype`` strings for MLA and the format its layer views the byte
 #: cache as (``current_platform.fp8_dtype()``: e4m3fn on CUDA and CPU builds): the e4m3
@@ -132,7 +135,15 @@ class HygonMLADecodeMetadata(MLACommonDecodeMetadata):
     plan: Optional[MLADecodePlan] = None
 
 
-class HygonMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
+@dataclass
+class HygonMLAMetadata(MLACommonMetadata):
+    """vLLM's MLA metadata plus the step's context chunks as :func:`.mla_step.context`
+    reads them (:func:`.compat.mla_context_chunks`; empty: no prefill has a context)."""
+
+    context_chunks: tuple = ()
+
+
+class HygonMLAMetadataBuilder(MLACommonMetadataBuilder[HygonMLAMetadata]):
     """vLLM's MLA builder (batch split, context chunks) plus our decode plan per step.
 
     ``UNIFORM``: with speculative decoding vLLM raises the decode threshold to ``1 +
@@ -145,7 +156,7 @@ class HygonMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device, metadata_cls=None,
                  supports_dcp_with_varlen: bool = False):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device,
-                         metadata_cls=metadata_cls or MLACommonMetadata,
+                         metadata_cls=metadata_cls or HygonMLAMetadata,
                          supports_dcp_with_varlen=supports_dcp_with_varlen)
         if self.dcp_world_size > 1:
             raise NotImplementedError("the hygon MLA backend does not take decode context "
@@ -153,6 +164,8 @@ class HygonMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         layer = vllm_config.compilation_config.static_forward_context[layer_names[0]]
         self.scale = float(layer.scale)
         self.q_dtype = self.model_config.dtype
+        # vLLM 0.21 sets its own page_size on CUDA only
+        self.latent_page_size = int(kv_cache_spec.block_size)
         self.kv_dtype = mla_cache_dtype(vllm_config.cache_config.cache_dtype,
                                         kv_cache_spec.dtype)
         self.impl = envs.impl()
@@ -161,9 +174,16 @@ class HygonMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                     "Triton kernels" if use_triton else "reference ops (plain torch)",
                     self.impl, ", ".join(layer_names))
 
+    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
+        md = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        if isinstance(md, HygonMLAMetadata):
+            md.context_chunks = tuple(compat.mla_context_chunks(md.prefill))
+        return md
+
     def _build_decode(self, block_table_tensor, seq_lens_device, max_seq_len,
                       query_start_loc_cpu, query_start_loc_device, num_decode_tokens,
-                      max_query_len, dcp_tot_seq_lens_device):
+                      max_query_len=None, dcp_tot_seq_lens_device=None):
+        # vLLM calls this by keyword; max_query_len is absent before 0.32
         dims = self.mla_dims
         num_decodes = block_table_tensor.shape[0]
         tokens, rest = divmod(int(num_decode_tokens), max(num_decodes, 1))
@@ -172,7 +192,7 @@ class HygonMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                              f"{num_decodes} requests is not a uniform block")
         plan = plan_mla_decode(
             block_table=block_table_tensor, seq_lens=seq_lens_device,
-            page_size=self.page_size, num_q_heads=self.num_heads,
+            page_size=self.latent_page_size, num_q_heads=self.num_heads,
             kv_lora_rank=dims.kv_lora_rank, rope_dim=dims.qk_rope_head_dim,
             q_dtype=self.q_dtype, kv_dtype=self.kv_dtype, num_tokens=tokens,
             scale=self.scale, max_seq_len=int(max_seq_len), impl=self.impl)
@@ -243,11 +263,13 @@ class HygonMLAImpl(MLACommonImpl[MLACommonMetadata]):
         if output_scale is not None:
             raise NotImplementedError("the hygon MLA backend does not write quantised output")
         prefill = attn_metadata.prefill
-        chunked = prefill.chunked_context
+        chunks = getattr(attn_metadata, "context_chunks", None)
+        if chunks is None:  # metadata not built by our builder
+            chunks = compat.mla_context_chunks(prefill)
         mla_step.prefill(
             q, kv_c_normed, k_pe, kv_b_proj=self.kv_b_proj, num_heads=self.num_heads,
             qk_nope_head_dim=self.qk_nope_head_dim, v_head_dim=self.v_head_dim,
             scale=self.scale, query_start_loc=prefill.query_start_loc, out=output,
             kv_cache=kv_c_and_k_pe_cache, block_table=prefill.block_table,
-            chunks=() if chunked is None else chunked.chunks, impl=self.ops_impl,
+            chunks=chunks, impl=self.ops_impl,
             kv_scale=k_scale if self.fp8 else None)

@@ -17,7 +17,7 @@ the dense path.
   validates and returns the MLA class; every other call goes to vLLM's method unchanged.
 
 Only on the vLLM versions the MLA backend was written against (:data:`compat.MLA_RANGE
-<.compat.MLA_RANGE>`); elsewhere ``use_mla`` keeps the dense path and vLLM's validation
+<.compat.MLA_RANGE>`, 0.21 to 0.32); elsewhere ``use_mla`` keeps the dense path and vLLM's validation
 refuses it with its own message.
 """
 
@@ -61,7 +61,9 @@ def load(path: str):
 
 def validated_path(platform_cls, attn_selector_config) -> str:
     """The path for this layer after our class's own ``validate_configuration``; raises
-    ValueError with its reasons (as vLLM's platforms do for a selected backend)."""
+    ValueError with its reasons (as vLLM's platforms do for a selected backend). For an
+    MLA layer it also puts the prefill-slot wrapper in place (:mod:`.mla_prefill`): vLLM's
+    MLA layer asks for its prefill backend right after its attention backend."""
     path = backend_path(attn_selector_config)
     reasons = load(path).validate_configuration(
         device_capability=platform_cls.get_device_capability(),
@@ -69,6 +71,10 @@ def validated_path(platform_cls, attn_selector_config) -> str:
     if reasons:
         raise ValueError(f"Selected backend hygon is not valid for this configuration. "
                          f"Reason: {reasons}")
+    if path == MLA_BACKEND_PATH:
+        from . import mla_prefill
+
+        mla_prefill.install()
     return path
 
 

@@ -1,7 +1,9 @@
-"""The MLA backend behind ``--attention-backend hygon`` (vLLM 0.32): selection by the one
-flag, the impl against a float64 MLA oracle through vLLM's own MLA metadata builder
-(decode, prefill, chunked context with a continuation), and the model-level check is in
-``test_vllm_mla_engine.py`` (with why its model takes vLLM's RoPE as plain torch, last)."""
+"""The MLA backend behind ``--attention-backend hygon`` (vLLM 0.21 to 0.32): selection by
+the one flag, the impl against a float64 MLA oracle through the installed vLLM's own MLA
+metadata builder (decode, prefill, chunked context split over chunks, with a continuation
+where the version has them), the prefill-backend slot; the model-level check is in
+``test_vllm_mla_engine.py`` (with why its model takes vLLM's RoPE as plain torch, last).
+``scripts/compat`` runs the oracle cases in every vLLM version of ``compat.MLA_RANGE``."""
 
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ import torch
 pytest.importorskip("vllm")
 
 import hygon_attn_backend.integrations.vllm as hv  # noqa: E402
-from hygon_attn_backend.integrations.vllm import mla_select  # noqa: E402
+from hygon_attn_backend.integrations.vllm import compat, mla_select  # noqa: E402
 
 if not mla_select.mla_available():
-    pytest.skip("the MLA backend is written against vLLM 0.32", allow_module_level=True)
+    pytest.skip(f"the MLA backend is written against vLLM "
+                f"{compat.range_text(compat.MLA_RANGE)}", allow_module_level=True)
 
 from tests.support import vllm_mla_harness as harness  # noqa: E402
 
@@ -86,8 +89,16 @@ def test_one_flag_selects_mla_for_an_mla_model(mla_dir, llama_dir):
 
 @pytest.mark.slow
 def test_without_flag_an_mla_model_keeps_vllms_cpu_mla(mla_dir):
+    """Without the flag vLLM answers as without the plugin: its CPU MLA backend, or on a
+    CPU build that has none (0.25 and older) its own refusal."""
+    import importlib.util
+
     hv.register()
     cfg = engine_config(mla_dir)
+    if importlib.util.find_spec("vllm.v1.attention.backends.mla.cpu_mla") is None:
+        with pytest.raises(NotImplementedError, match="MLA is not supported on CPU"):
+            selected_class(cfg, head_size=576, use_mla=True)
+        return
     chosen = selected_class(cfg, head_size=576, use_mla=True)
     assert chosen in (CPU_MLA_CLASS, AMX_MLA_CLASS)
     assert chosen == vllms_own_cpu_mla_class()
@@ -102,7 +113,8 @@ def test_backend_path_by_use_mla():
     assert mla_select.backend_path(mla) == MLA_CLASS
     assert mla_select.backend_path(dense) == DENSE_CLASS
     # a vLLM outside MLA_RANGE keeps the dense path (vLLM's validation then refuses it)
-    assert mla_select.backend_path(mla, version="0.31.0") == DENSE_CLASS
+    assert mla_select.backend_path(mla, version="0.18.1") == DENSE_CLASS
+    assert mla_select.backend_path(mla, version="0.21.0") == MLA_CLASS
 
 
 def test_mla_class_refuses_what_it_cannot_serve():
@@ -166,16 +178,7 @@ def test_gpu_platform_wrapper_routes_only_our_mla_layers():
 
 IMPLS = [pytest.param("reference", id="reference"), pytest.param("triton", id="interpreter")]
 
-CASES = {
-    # name: (context_lens, query_lens, workspace rows (None: vLLM's default))
-    "decode_only": ([6, 13, 1], [1, 1, 1], None),
-    "prefill_no_context": ([0, 0], [7, 3], None),
-    "mixed_context": ([6, 11, 9, 0, 6], [1, 1, 5, 3, 4], None),
-    # long contexts over several pages of 16 (the vLLM-layer comparison below)
-    "long_context": ([20, 37, 33, 0, 18], [1, 1, 5, 3, 4], None),
-    # 8-row chunks: request 2's 9 context rows split over two chunks (a continuation)
-    "chunked_continuation": ([6, 11, 9, 0, 6], [1, 1, 5, 3, 4], 8),
-}
+CASES = harness.CASES
 
 
 @pytest.fixture(params=IMPLS)
@@ -197,8 +200,13 @@ def test_impl_matches_mla_oracle(name, impl, mla_dir):
         assert md.decode.plan.impl == impl  # the planned op is the one asked for
         assert md.decode.plan.scale == pytest.approx(case.scale)
     if rows is not None:
-        chunks = md.prefill.chunked_context.chunks
-        assert len(chunks) >= 2 and any(c.is_continuation for c in chunks)
+        chunks = md.context_chunks  # one form on every version (compat.mla_context_chunks)
+        assert len(chunks) >= 2
+        theirs = md.prefill.chunked_context
+        if hasattr(theirs, "chunks"):  # vLLM 0.28+: a request's context may continue
+            assert any(c.is_continuation for c in theirs.chunks)
+        else:  # older: every chunk spans all prefills, request 2's 9 rows split over 3
+            assert len(theirs.seq_tot) == len(chunks) == 3
     torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
 
 
@@ -280,6 +288,11 @@ def test_impl_matches_vllms_cpu_mla_layer(name, rows, mla_dir):
     convention our impl got wrong (scale, rope order, the decode/prefill split, the
     chunk merge) shows here as well as against the oracle. ``rows``: 16-row context
     chunks (splits and continuations)."""
+    # 0.28's CPU MLA impl prefills through vLLM's prefill backend, and its CPU build has
+    # none (FlashAttention's, unavailable); 0.25 and older have no CPU MLA at all
+    pytest.importorskip("vllm.v1.attention.backends.mla.prefill.cpu_sdpa",
+                        reason="this vLLM's CPU build has no CPU MLA prefill backend for its "
+                               "own CPU MLA impl (0.28 and older)")
     ctx, ql, _ = CASES[name]
     case = harness.make_case(ctx, ql, block_size=16, seed=11)
     ours, _ = harness.run(case, mla_dir, workspace_rows=rows)
@@ -328,3 +341,132 @@ def test_vllms_cpu_rope_kernel_misreads_the_mla_views():
                                      q_pe[:1, :1].clone())
     torch.testing.assert_close(got_q[0, 1], shifted[0, 0], atol=2e-3, rtol=2e-3)
     assert (got_k.float() - want_k.float()).abs().max() > 0.1
+
+
+# ------------------------------------------------------------------ the prefill slot
+
+def _config_with(backend, mla_prefill_backend=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(attention_config=SimpleNamespace(
+        backend=backend, mla_prefill_backend=mla_prefill_backend))
+
+
+class _Usable:
+    @classmethod
+    def is_available(cls):
+        return True
+
+    @staticmethod
+    def get_name():
+        return "USABLE"
+
+
+class _Unusable(_Usable):
+    @classmethod
+    def is_available(cls):
+        return False
+
+
+def test_prefill_slot_gets_the_placeholder_only_where_vllms_choice_is_unusable():
+    """``mla_prefill.choose``: vLLM's answer whenever it is usable, or the selection is not
+    ours, or the user named a prefill backend; the placeholder only for our layers where
+    vLLM's answer is unusable (an unavailable class, a ValueError, an ImportError)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+
+    from hygon_attn_backend.integrations.vllm import mla_prefill
+
+    ours, other = _config_with(hv.register()), _config_with(E.TRITON_MLA)
+    named = _config_with(hv.register(), mla_prefill_backend="FLASH_ATTN")
+    placeholder = mla_prefill.placeholder_class()
+
+    def raising(exc):
+        def select(vllm_config):
+            raise exc("no MLA prefill backend")
+        return select
+
+    assert mla_prefill.choose(lambda c: _Usable, ours) is _Usable
+    assert mla_prefill.choose(lambda c: _Unusable, ours) is placeholder
+    assert mla_prefill.choose(lambda c: _Unusable, other) is _Unusable
+    assert mla_prefill.choose(lambda c: _Unusable, named) is _Unusable
+    for exc in (ValueError, ImportError):
+        assert mla_prefill.choose(raising(exc), ours) is placeholder
+        with pytest.raises(exc):
+            mla_prefill.choose(raising(exc), other)
+    with pytest.raises(ValueError):
+        mla_prefill.choose(raising(ValueError), named)
+
+
+def test_prefill_placeholder_holds_metadata_and_computes_nothing(mla_dir):
+    from hygon_attn_backend.integrations.vllm import mla_prefill
+
+    cfg = harness.vllm_config_for(mla_dir, block_size=4)
+    d = harness.Dims()
+    slot = mla_prefill.placeholder_class()(
+        num_heads=d.heads, scale=0.1, kv_lora_rank=d.rank, qk_nope_head_dim=d.nope,
+        qk_rope_head_dim=d.rope, v_head_dim=d.v, vllm_config=cfg)
+    twin = slot.clone()  # vLLM's builder clones the layer's slot
+    assert type(twin) is type(slot) and twin.num_heads == d.heads
+    meta = object()
+    twin.prepare_metadata(meta)
+    assert twin._prefill_metadata is meta
+    q = torch.zeros(2, d.heads, d.nope + d.rope)
+    with pytest.raises(NotImplementedError, match="runs the MLA prefill itself"):
+        twin.run_prefill_new_tokens(q=q, k=q, v=q, return_softmax_lse=False)
+    with pytest.raises(NotImplementedError, match="runs the MLA prefill itself"):
+        twin.run_prefill_context_chunk(chunk_idx=0, q=q, k=q, v=q)
+
+
+def test_prefill_slot_wrapper_installs_once_and_uninstalls():
+    from vllm.model_executor.layers.attention import mla_attention
+
+    from hygon_attn_backend.integrations.vllm import mla_prefill
+
+    was_installed = mla_prefill.uninstall()
+    vllms = mla_attention.get_mla_prefill_backend
+    try:
+        assert mla_prefill.install() and mla_prefill.install()
+        wrapper = mla_attention.get_mla_prefill_backend
+        assert wrapper is not vllms and wrapper.__wrapped__ is vllms
+        assert mla_prefill.uninstall() and not mla_prefill.uninstall()
+        assert mla_attention.get_mla_prefill_backend is vllms
+    finally:
+        if was_installed:
+            mla_prefill.install()
+
+
+def test_stacked_context_chunks_become_one_chunk_each():
+    """vLLM 0.25 and older stack the chunks (``compat.mla_context_chunks``): chunk ``i``
+    spans every prefill, ``token_to_seq[i]`` padded to the longest chunk; each becomes one
+    chunk over all prefill rows, an empty one dropped, and gathers request ``s``'s
+    positions ``starts[i][s] ..`` from the latent cache."""
+    from types import SimpleNamespace
+
+    from hygon_attn_backend.integrations.vllm import mla_step
+
+    i32 = dict(dtype=torch.int32)
+    # two prefills with contexts 6 and 3, chunks of 4 rows each, and a trailing empty one
+    stacked = SimpleNamespace(
+        seq_tot=[7, 2, 0],
+        cu_seq_lens=torch.tensor([[0, 4, 7], [0, 2, 2], [0, 0, 0]], **i32),
+        starts=torch.tensor([[0, 0], [4, 4], [8, 8]], **i32),
+        token_to_seq=torch.tensor([[0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0],
+                                   [0] * 7], **i32))
+    qsl = torch.tensor([0, 2, 5], **i32)
+    chunks = compat.mla_context_chunks(SimpleNamespace(chunked_context=stacked,
+                                                       query_start_loc=qsl))
+    assert len(chunks) == 2 and all(c.query_start_loc is qsl for c in chunks)
+    assert [c.num_context_tokens for c in chunks] == [7, 2]
+    page, width = 4, 3
+    cache = torch.arange(5 * page * width, dtype=torch.float32).view(5, page, width)
+    table = torch.tensor([[3, 1], [4, 0]], **i32)  # request 0: pages 3, 1; request 1: 4
+
+    def row(req, pos):
+        return cache[table[req, pos // page], pos % page]
+
+    got = [mla_step.gather_latent(cache, table, c) for c in chunks]
+    want0 = torch.stack([row(0, p) for p in range(4)] + [row(1, p) for p in range(3)])
+    torch.testing.assert_close(got[0], want0)
+    torch.testing.assert_close(got[1], torch.stack([row(0, 4), row(0, 5)]))
+    assert compat.mla_context_chunks(None) == []
+    assert compat.mla_context_chunks(SimpleNamespace(chunked_context=None)) == []

@@ -17,14 +17,15 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from hygon_attn_backend.integrations.vllm import mla_select  # noqa: E402
+from hygon_attn_backend.integrations.vllm import compat, mla_select  # noqa: E402
 from hygon_attn_backend.tools.demo.engine import DEEPSEEK_YARN  # noqa: E402
 from tests.support import vllm_mla  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not mla_select.mla_available(),
-                       reason="the MLA backend is written against vLLM 0.32"),
+                       reason=f"the MLA backend is written against vLLM "
+                              f"{compat.range_text(compat.MLA_RANGE)}"),
 ]
 
 
