@@ -128,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
             q.set_defaults(func=lambda a, exc=exc: sys.exit(f"bench unavailable: {exc}"))
             continue
         getattr(module, f"add_{name}_parser")(bench_sub)  # sets its own func
+    p = sub.add_parser("sglang-serve", add_help=False,
+                       help="SGLang's HTTP server with hygon registered first (every "
+                            "argument is SGLang's: --model-path M --attention-backend hygon "
+                            "...; needed on SGLang 0.5.10)")
+    p.add_argument("sglang_args", nargs=argparse.REMAINDER)  # main() takes them first
     from hygon_attn_backend.tools.simulate.cli import add_simulate_parser
     add_simulate_parser(sub)
     from hygon_attn_backend.tools.fuzz import add_fuzz_parser
@@ -136,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sglang-serve"]:  # every later argument is SGLang's, --help included
+        from hygon_attn_backend.integrations.sglang import serve
+
+        return serve.main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

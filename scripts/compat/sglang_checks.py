@@ -38,7 +38,11 @@ Checks (``run_checks``), each a row ``{engine, version, check, result, reason}``
 * ``mla-engine``: the same Engine on the tiny random-weight DeepSeek-V2 (MLA: SGLang's
   latent pool, absorbed decode, the MHA-method prefill), greedy tokens against SGLang's
   ``triton`` backend (``--model-kind deepseek``); ``n/a`` in the checkout's .venv, where
-  ``make test`` runs the same comparison.
+  ``make test`` runs the same comparison;
+* ``server``: ``hygon-attn sglang-serve`` (SGLang's HTTP server with ``hygon``; on 0.5.10
+  the one way to serve it from the command line) on the tiny Llama, the same rounds over
+  ``/generate`` against the offline ``torch_native`` Engine (examples/sglang_server.py);
+  ``n/a`` in the checkout's .venv, where ``make test`` runs it.
 """
 
 from __future__ import annotations
@@ -344,9 +348,10 @@ def check_unit(version, python, repo) -> Dict[str, str]:
                 f"aside: {_pytest_summary(proc)}")
 
 
-def _example_row(version, check, python, repo, args, what) -> Dict[str, str]:
-    """examples/sglang_offline.py with ``args`` on CPU: pass when it prints MATCH."""
-    proc = _run(python, [str(repo / "examples" / "sglang_offline.py"), "--device", "cpu",
+def _example_row(version, check, python, repo, args, what,
+                 example: str = "sglang_offline.py") -> Dict[str, str]:
+    """examples/``example`` with ``args`` on CPU: pass when it prints MATCH."""
+    proc = _run(python, [str(repo / "examples" / example), "--device", "cpu",
                          *args], repo, 1800,
                 # SGLang's CPU switch: without it 0.5.10's rotary embedding on a CPU takes
                 # vLLM's CUDA op (every version reads it; see docs/compat.md)
@@ -376,11 +381,22 @@ def check_mla_engine(version, python, repo) -> Dict[str, str]:
                         "equal to triton")
 
 
+def check_server(version, python, repo) -> Dict[str, str]:
+    if python.parent.parent == repo / ".venv":
+        return _row(version, "server", "n/a", "the checkout's .venv: make test runs it "
+                    "(tests/integrations/sglang/test_sglang_server.py)")
+    return _example_row(version, "server", python, repo, [],
+                        "hygon-attn sglang-serve (SGLang's HTTP server), the tiny Llama's "
+                        "rounds over /generate equal to the offline torch_native Engine",
+                        example="sglang_server.py")
+
+
 CHECKS = [("register", check_register), ("plugin", check_plugin), ("kit", check_kit),
-          ("unit", check_unit), ("engine", check_engine), ("mla-engine", check_mla_engine)]
+          ("unit", check_unit), ("engine", check_engine), ("mla-engine", check_mla_engine),
+          ("server", check_server)]
 #: what run_checks runs unless told: ``unit`` (about 11 minutes on 2 cores) is the suite the
 #: main environment already runs on 0.5.23; ask for it by name (``--checks unit``)
-DEFAULT_CHECKS = ["register", "plugin", "kit", "engine", "mla-engine"]
+DEFAULT_CHECKS = ["register", "plugin", "kit", "engine", "mla-engine", "server"]
 
 
 def run_checks(version: str, python: pathlib.Path, repo: pathlib.Path,

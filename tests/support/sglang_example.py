@@ -15,8 +15,10 @@ from tests.support import REPO
 EXAMPLE = os.path.join(str(REPO), "examples", "sglang_offline.py")
 
 
-def run_example(args, *, extra_paths=(), timeout: int = 1500) -> subprocess.CompletedProcess:
-    """The example with ``args``, the checkout (and ``extra_paths``) first on
+def run_example(args, *, extra_paths=(), timeout: int = 1500,
+                script: str = EXAMPLE) -> subprocess.CompletedProcess:
+    """The example (``script``, default sglang_offline.py) with ``args``, the checkout (and
+    ``extra_paths``) first on
     ``PYTHONPATH``; skips when the package is not installed (SGLang's scheduler processes
     find the backend through its entry point)."""
     if not [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "hygon"]:
@@ -26,5 +28,5 @@ def run_example(args, *, extra_paths=(), timeout: int = 1500) -> subprocess.Comp
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO), *map(str, extra_paths)]
         + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return subprocess.run([sys.executable, EXAMPLE, *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
