@@ -3,6 +3,7 @@ checks against this checkout, print a table (version x check -> pass / fail / n/
 
     python scripts/compat/run.py [--engine vllm|sglang|all] [--versions a,b] [--ci]
                                  [--cache DIR] [--markdown FILE] [--build-only]
+                                 [--checks a,b (vllm)]
 
 ``make compat`` runs every version of every engine. ``--ci``: the oldest and the newest
 supported version of each engine (each engine module's ``CI_VERSIONS``). Each engine is a
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import pathlib
 import sys
 import time
@@ -44,9 +46,10 @@ def load_engine(name: str):
 
 
 def run_engine(module, engine: str, versions, cache: pathlib.Path,
-               build_only: bool = False) -> list[dict]:
+               build_only: bool = False, only=None) -> list[dict]:
     """Build each version's environment and run its checks (``build_only``: one ``env``
-    row per version instead, ``pass`` with the build time)."""
+    row per version instead, ``pass`` with the build time; ``only``: those checks alone,
+    for an engine module whose ``run_checks`` takes ``only``)."""
     rows = []
     for version in versions:
         start = time.time()
@@ -63,7 +66,8 @@ def run_engine(module, engine: str, versions, cache: pathlib.Path,
             rows.append({"engine": engine, "version": version, "check": "env",
                          "result": "pass", "reason": f"{python} ({time.time() - start:.0f} s)"})
             continue
-        got = module.run_checks(version, pathlib.Path(python), REPO)
+        extra = {"only": only} if only else {}
+        got = module.run_checks(version, pathlib.Path(python), REPO, **extra)
         rows.extend(got)
         envs.log(f"{engine} {version}: checks done in {time.time() - start:.0f} s")
     return rows
@@ -109,10 +113,15 @@ def main(argv=None) -> int:
                         help="also write the rows here (a JSON list of the row dicts)")
     parser.add_argument("--build-only", action="store_true",
                         help="build (or find) the environments, run no check")
+    parser.add_argument("--checks", help="comma-separated check names (--engine vllm only)")
     args = parser.parse_args(argv)
     if args.versions and args.engine == "all":
         parser.error("--versions needs one --engine")
+    only = [c.strip() for c in args.checks.split(",") if c.strip()] if args.checks else None
+    if only and args.engine != "vllm":
+        parser.error("--checks needs --engine vllm")
     cache = args.cache or envs.default_cache()
+    os.environ["HYGON_COMPAT_CACHE"] = str(cache)  # the engine modules' default_cache()
     envs.log(f"environment cache {cache} ({envs.disk_free_gb(cache):.0f} GB free)")
 
     rows, notes = [], []
@@ -125,7 +134,7 @@ def main(argv=None) -> int:
             versions = [v.strip() for v in args.versions.split(",") if v.strip()]
         else:
             versions = list(module.CI_VERSIONS if args.ci else module.VERSIONS)
-        rows.extend(run_engine(module, engine, versions, cache, args.build_only))
+        rows.extend(run_engine(module, engine, versions, cache, args.build_only, only))
 
     text = table(rows) if rows else "no checks ran\n"
     if notes:

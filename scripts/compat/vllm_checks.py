@@ -17,15 +17,25 @@ on ``PYTHONPATH`` (see ``vllm_probe.py``, which runs there):
 * ``greedy-v1`` / ``greedy-v2``: the tiny random-weight Llama's greedy tokens with
   ``attention_backend="hygon"`` equal vLLM's own CPU backend's, with Model Runner V1
   and V2 (``VLLM_USE_V2_MODEL_RUNNER``), where the version's CPU worker has V2.
+* ``mla``: on a version in ``compat.MLA_RANGE``, the MLA harness cases
+  (``tests/support/vllm_mla_harness.py``) through the version's MLA metadata builder and
+  our MLA impl against the float64 oracle, and the tiny DeepSeek's greedy tokens with
+  ``hygon`` equal to those of vLLM 0.32's own CPU MLA backend on the same saved model
+  (:func:`mla_oracle`: built and generated once a run in the ``DEV_ENV_VERSION``
+  environment; older CPU builds have no CPU MLA backend that runs). Elsewhere n/a, with
+  ``hygon``'s refusal of an MLA layer asserted.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import compat_envs as envs  # noqa: E402
@@ -123,13 +133,57 @@ def _preload_for(python: pathlib.Path) -> list[str]:
 
 
 #: The checks of each mode, in order (the names ``vllm_probe.py --check`` takes).
-CHECKS = {"full": ["register", "harness", "greedy-v1", "greedy-v2"],
+CHECKS = {"full": ["register", "harness", "greedy-v1", "greedy-v2", "mla"],
           "interface": ["register", "interface"]}
+#: Seconds the MLA oracle (model build + vLLM's CPU MLA generation) may take.
+ORACLE_TIMEOUT = 1500
+_oracle: dict = {}
 
 
-def run_checks(version: str, python: pathlib.Path, repo: pathlib.Path) -> list[dict]:
+def mla_oracle(repo: pathlib.Path) -> pathlib.Path:
+    """The folder holding the tiny DeepSeek and vLLM 0.32's CPU MLA tokens for it
+    (``tests/support/vllm_mla.py --oracle``), made once a run in the ``DEV_ENV_VERSION``
+    environment (the checkout's ``.venv`` where ``make env`` built it, else the cache's),
+    removed at exit. Raises with the run's tail when it fails."""
+    if "dir" in _oracle:
+        return _oracle["dir"]
+    if "error" in _oracle:
+        raise RuntimeError(_oracle["error"])
+    python = build_env(DEV_ENV_VERSION, envs.default_cache())
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="hygon-mla-oracle-"))
+    atexit.register(shutil.rmtree, folder, True)
+    env = dict(os.environ, PYTHONPATH=str(repo), PYTHONDONTWRITEBYTECODE="1",
+               VLLM_CPU_KVCACHE_SPACE="1")
+    envs.log(f"MLA oracle: the tiny DeepSeek with vLLM {DEV_ENV_VERSION}'s CPU MLA in {folder}")
+    try:
+        proc = subprocess.run([str(python), "-m", "tests.support.vllm_mla", "--oracle",
+                               str(folder)], capture_output=True, text=True, env=env,
+                              cwd=str(repo), timeout=ORACLE_TIMEOUT)
+        failed = proc.returncode != 0 and (proc.stderr or proc.stdout)[-300:].strip()
+    except subprocess.TimeoutExpired:
+        failed = f"timed out after {ORACLE_TIMEOUT} s"
+    if failed:
+        _oracle["error"] = f"the MLA oracle run failed: {failed}".replace("\n", " | ")
+        raise RuntimeError(_oracle["error"])
+    _oracle["dir"] = folder
+    return folder
+
+
+def _mla_in_range(version: str) -> bool:
+    """Whether the checkout's ``compat.MLA_RANGE`` holds ``version`` (outside it the ``mla``
+    probe answers n/a by itself, and needs no oracle)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from hygon_attn_backend.integrations.vllm import compat
+
+    return compat.in_range(version, compat.MLA_RANGE)
+
+
+def run_checks(version: str, python: pathlib.Path, repo: pathlib.Path,
+               only=None) -> list[dict]:
     """Run every check for ``version`` in ``python``'s environment on checkout ``repo``,
-    each in its own process (a crash fails that check only)."""
+    each in its own process (a crash fails that check only); ``only``: those of the
+    version's checks alone."""
     mode = "interface" if version in NODEPS_VERSIONS else "full"
     env = dict(os.environ, PYTHONPATH=str(repo), TRITON_INTERPRET="1",
                PYTHONDONTWRITEBYTECODE="1", VLLM_CPU_KVCACHE_SPACE="1")
@@ -139,7 +193,15 @@ def run_checks(version: str, python: pathlib.Path, repo: pathlib.Path) -> list[d
         env["LD_PRELOAD"] = " ".join(filter(None, [*preload, env.get("LD_PRELOAD", "")]))
     rows = []
     for check in CHECKS[mode]:
+        if only and check not in only:
+            continue
         envs.log(f"vllm {version}: {check}")
+        if check == "mla" and _mla_in_range(version):
+            try:
+                env["HYGON_MLA_ORACLE"] = str(mla_oracle(repo))
+            except RuntimeError as exc:
+                rows.append(_row(version, check, "fail", str(exc)[:400]))
+                continue
         try:
             proc = subprocess.run([str(python), str(PROBE), "--check", check],
                                   capture_output=True, text=True, env=env, cwd=str(repo),

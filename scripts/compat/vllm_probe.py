@@ -4,7 +4,7 @@ starts it with the checkout under test first on ``PYTHONPATH``).
 ``python vllm_probe.py --check NAME`` prints one line ``CHECK {"check": NAME, "result":
 "pass"|"fail"|"n/a", "reason": ...}`` and exits 0 (a crash before that line is read by
 the caller as a failure). Checks: ``register``, ``interface``, ``harness``,
-``greedy-v1``, ``greedy-v2`` (see ``vllm_checks.py``).
+``greedy-v1``, ``greedy-v2``, ``mla`` (see ``vllm_checks.py``).
 """
 
 from __future__ import annotations
@@ -209,9 +209,102 @@ def check_greedy(runner: str) -> str:
             f"smallest top-2 logprob gap {gap})")
 
 
+def _mla_refused() -> str:
+    """On a vLLM outside ``compat.MLA_RANGE``: ``hygon`` on an MLA layer keeps the dense
+    class, which refuses it by name (asserted)."""
+    import torch
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    from hygon_attn_backend.integrations.vllm import compat, mla_select
+
+    sel = AttentionSelectorConfig(head_size=576, dtype=torch.float16, kv_cache_dtype="auto",
+                                  block_size=16, use_mla=True)
+    path = mla_select.backend_path(sel)
+    assert path == BACKEND_CLASS, path
+    reasons = mla_select.load(path).validate_configuration(device_capability=None,
+                                                           **sel._asdict())
+    refusal = next((r for r in reasons if "MLA" in r), None)
+    assert refusal, reasons
+    return (f"outside the MLA backend's vLLM range {compat.range_text(compat.MLA_RANGE)} "
+            f"(this version's MLA interfaces differ: docs/compat.md); hygon refuses an MLA "
+            f"layer here: {refusal}")
+
+
+def _mla_cases() -> int:
+    """vLLM's MLA builder + our impl on the harness cases against the float64 oracle:
+    every case with the reference ops and the Triton kernels (interpreter), the fp8 cache
+    and speculative-verify cases with the reference ops."""
+    import torch
+
+    from tests.support import vllm_mla_harness as h
+
+    done = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        model = h.deepseek_config_dir(tmp, h.Dims())
+        runs = [(impl, name, {}) for impl in ("reference", "triton") for name in h.CASES]
+        runs += [("reference", name, {"k_scale": 0.02})
+                 for name in ("mixed_context", "chunked_continuation")]
+        runs += [("reference", "spec", {"spec": (2, [6, 13, 20, 4], [3, 3, 3, 5])}),
+                 ("reference", "spec", {"spec": (3, [30, 1], [4, 4])})]
+        for impl, name, opt in runs:
+            os.environ["HYGON_ATTN_IMPL"] = impl
+            if "spec" in opt:
+                tokens, ctx, ql = opt["spec"]
+                case = h.make_case(ctx, ql, seed=tokens)
+                out, md = h.run(case, model, spec_tokens=tokens)
+                assert md.decode.plan.num_tokens == tokens + 1, md.decode.plan.num_tokens
+                ref, tol = h.oracle(case), 2e-3
+            else:
+                ctx, ql, rows = h.CASES[name]
+                case = h.make_case(ctx, ql, seed=len(name))
+                out, md = h.run(case, model, workspace_rows=rows, k_scale=opt.get("k_scale"))
+                if rows is not None:
+                    assert len(md.context_chunks) >= 2, md.context_chunks
+                ref = h.oracle(case, k_scale=opt.get("k_scale"))
+                tol = 3e-3 if opt else 2e-3
+            if md.decode is not None:
+                assert md.decode.plan.impl == impl, md.decode.plan.impl
+            try:
+                torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+            except AssertionError as exc:
+                first = str(exc).strip().splitlines()[0]
+                raise AssertionError(f"{name} ({impl}, {opt or 'plain'}): {first}") from None
+            done += 1
+    return done
+
+
+def check_mla() -> str:
+    from hygon_attn_backend.integrations.vllm import mla_select
+    from tests.support import vllm_mla
+
+    if not mla_select.mla_available():
+        raise NotApplicable(_mla_refused())
+    cases = _mla_cases()
+    folder = os.environ.get("HYGON_MLA_ORACLE")
+    if not folder:
+        raise AssertionError("HYGON_MLA_ORACLE (the oracle's folder) is not set")
+    with open(os.path.join(folder, vllm_mla.ORACLE_FILE)) as f:
+        oracle = json.load(f)
+    env = {"HYGON_ATTN_IMPL": "auto", "TRITON_INTERPRET": "1"}
+    ours = vllm_mla.generate(os.path.join(folder, "model"), "hygon", env=env, timeout=1200)
+    assert "HygonMLABackend" in ours["log"], ours["log"][-1500:]
+    assert "hygon attention backend (MLA): Triton kernels" in ours["log"], ours["log"][-1500:]
+    theirs = oracle["tokens"]
+    assert len(ours["tokens"]) == len(theirs), (len(ours["tokens"]), len(theirs))
+    for i, (a, b) in enumerate(zip(ours["tokens"], theirs)):
+        assert a == b, (f"prompt {i}: hygon {a} vs {oracle['backend']} (vLLM "
+                        f"{oracle['vllm']}) {b}; its top-2 logprob gaps {oracle['gaps'][i]}")
+    n = sum(len(t) for t in theirs)
+    gap = min(min(g) for g in oracle["gaps"])
+    return (f"{cases} MLA cases within budget of the float64 oracle (through this vLLM's "
+            f"MLA builder; 5 with the Triton kernels); tiny DeepSeek greedy: "
+            f"{len(theirs)} prompts, {n} tokens equal to vLLM {oracle['vllm']}'s "
+            f"{oracle['backend']} (hygon: Triton kernels; smallest top-2 gap {gap:.4f})")
+
+
 CHECKS = {"register": check_register, "interface": check_interface,
           "harness": check_harness, "greedy-v1": lambda: check_greedy("v1"),
-          "greedy-v2": lambda: check_greedy("v2")}
+          "greedy-v2": lambda: check_greedy("v2"), "mla": check_mla}
 
 
 def main() -> int:

@@ -136,3 +136,59 @@ def test_capabilities_of_the_installed_vllm():
     assert compat.can_add_members() is hasattr(
         __import__("vllm.v1.attention.backends.registry",
                    fromlist=["AttentionBackendEnum"]).AttentionBackendEnum, "register")
+
+
+def _vllm_checks():
+    import importlib
+    import sys
+
+    from tests import support
+
+    folder = str(support.REPO / "scripts" / "compat")
+    sys.path.insert(0, folder)
+    try:
+        return importlib.import_module("vllm_checks")
+    finally:
+        sys.path.remove(folder)
+
+
+def test_compat_mla_check_gets_the_oracle_only_in_range(monkeypatch, tmp_path):
+    """``scripts/compat/vllm_checks``: ``mla`` is one of the CPU builds' checks (not of the
+    --no-deps ones); ``only`` runs the named checks alone; a version in ``MLA_RANGE`` gets
+    the oracle's folder (made once), one outside it none (its probe answers n/a)."""
+    import json
+    import pathlib
+    import subprocess
+
+    checks = _vllm_checks()
+    assert "mla" in checks.CHECKS["full"] and "mla" not in checks.CHECKS["interface"]
+    made, seen = [], []
+    monkeypatch.setattr(checks, "mla_oracle", lambda repo: made.append(repo) or tmp_path)
+    monkeypatch.setattr(checks, "_preload_for", lambda python: [])
+
+    def probe(cmd, **kwargs):
+        name = cmd[cmd.index("--check") + 1]
+        seen.append((name, kwargs["env"].get("HYGON_MLA_ORACLE")))
+        line = "CHECK " + json.dumps({"check": name, "result": "pass", "reason": ""})
+        return subprocess.CompletedProcess(cmd, 0, stdout=line + "\n", stderr="")
+
+    monkeypatch.setattr(checks.subprocess, "run", probe)
+    python, repo = pathlib.Path("/no/python"), pathlib.Path("/no/repo")
+    rows = checks.run_checks("0.15.1", python, repo, only=["mla"])
+    assert [r["check"] for r in rows] == ["mla"] and seen == [("mla", None)] and not made
+    seen.clear()
+    rows = checks.run_checks("0.25.1", python, repo, only=["register", "mla"])
+    assert [r["check"] for r in rows] == ["register", "mla"]
+    assert seen == [("register", None), ("mla", str(tmp_path))] and made == [repo]
+
+
+def test_compat_driver_takes_named_checks_for_vllm_only():
+    import subprocess
+    import sys
+
+    from tests import support
+
+    run = support.REPO / "scripts" / "compat" / "run.py"
+    proc = subprocess.run([sys.executable, str(run), "--engine", "sglang", "--checks",
+                           "mla"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--checks needs --engine vllm" in proc.stderr
