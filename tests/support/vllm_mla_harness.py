@@ -7,9 +7,9 @@ absorption and the ``W_UV`` up-projection) done here as vLLM's layer does them.
 
 The oracle is plain float64 MLA without absorption: each request's keys ``[kv_c W_UK |
 k_pe]`` and values ``kv_c W_UV`` for all its tokens (context and new), softmax over the
-shifted causal mask with the given scale. Imports vLLM (0.21 to 0.32: what differs
-between them, the builder's prefill-backend slot and its context-chunk layout, is taken
-as the installed version has it).
+shifted causal mask with the given scale. Imports vLLM (0.18 to 0.32: what differs
+between them, the builder's prefill-backend slot, its context-chunk layout and whether
+the CPU platform keeps an fp8 cache, is taken as the installed version has it).
 """
 
 from __future__ import annotations
@@ -59,14 +59,25 @@ def deepseek_config_dir(path, dims: Dims) -> str:
 
 
 def vllm_config_for(model_dir, *, block_size: int, cache_dtype: str = "auto") -> VllmConfig:
+    """An fp8 ``cache_dtype`` comes with chunked prefill and prefix caching off: vLLM 0.18's
+    CPU platform refuses fp8 KV with either (the MLA builder's context chunks are planned
+    from the batch's context lengths all the same)."""
     model = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
                         dtype="float16", max_model_len=MAX_MODEL_LEN)
+    fp8 = cache_dtype != "auto"
     scheduler = SchedulerConfig(**_known(SchedulerConfig, dict(
         max_num_seqs=16, max_num_batched_tokens=MAX_MODEL_LEN, max_model_len=MAX_MODEL_LEN,
-        is_encoder_decoder=False)))
-    return VllmConfig(model_config=model,
-                      cache_config=CacheConfig(block_size=block_size, cache_dtype=cache_dtype),
-                      scheduler_config=scheduler)
+        is_encoder_decoder=False, **({"enable_chunked_prefill": False} if fp8 else {}))))
+    cache = CacheConfig(block_size=block_size, cache_dtype=cache_dtype,
+                        **({"enable_prefix_caching": False} if fp8 else {}))
+    return VllmConfig(model_config=model, cache_config=cache, scheduler_config=scheduler)
+
+
+def fp8_cache_kept(model_dir) -> bool:
+    """Whether this vLLM's platform keeps an ``fp8`` KV cache dtype (vLLM 0.18's CPU
+    platform turns it back to ``auto``: no fp8 cache to test there)."""
+    return vllm_config_for(model_dir, block_size=4, cache_dtype="fp8").cache_config \
+        .cache_dtype == "fp8"
 
 
 #: The oracle cases (the tests and ``scripts/compat``'s ``mla`` check run them):
@@ -171,20 +182,25 @@ class KvBProj:
 
 def prefill_backend_cls():
     """The MLA prefill backend vLLM's CPU build gives a layer: its SDPA one (0.32), else
-    the placeholder ``hygon`` puts in that slot (older CPU builds have none usable)."""
+    the placeholder ``hygon`` puts in that slot (0.21 to 0.28 have none usable); None on
+    a vLLM without prefill backends (0.18: the impl prefills itself)."""
     try:
         from vllm.v1.attention.backends.mla.prefill.cpu_sdpa import CPUSDPAMLAPrefillBackend
     except ImportError:
-        return mla_prefill.placeholder_class()
+        try:
+            return mla_prefill.placeholder_class()
+        except ImportError:
+            return None
     return CPUSDPAMLAPrefillBackend
 
 
 def _builder(case: MLACase, vllm_config, workspace_rows, builder_cls):
     d = case.dims
+    slot = prefill_backend_cls()
     layer = SimpleNamespace(
         q_lora_rank=None, kv_lora_rank=d.rank, qk_nope_head_dim=d.nope,
         qk_rope_head_dim=d.rope, v_head_dim=d.v, scale=case.scale,
-        prefill_backend=prefill_backend_cls()(
+        prefill_backend=None if slot is None else slot(
             num_heads=d.heads, scale=case.scale, kv_lora_rank=d.rank, qk_nope_head_dim=d.nope,
             qk_rope_head_dim=d.rope, v_head_dim=d.v, vllm_config=vllm_config))
     vllm_config.compilation_config.static_forward_context[LAYER] = layer

@@ -1,7 +1,7 @@
 """vLLM MLA backend running our MLA ops (DeepSeek-V2/V3-style multi-head latent attention).
 
 Selected by the same ``--attention-backend hygon`` as the dense backend when the model
-uses MLA (:mod:`.mla_select`). Built on vLLM's MLA scaffolding (0.21 to 0.32:
+uses MLA (:mod:`.mla_select`). Built on vLLM's MLA scaffolding (0.18 to 0.32:
 ``vllm.model_executor.layers.attention.mla_attention``; what differs between those
 versions is adapted in :mod:`.compat`): ``MLAAttention.forward_impl``
 keeps the parts that are projections, not attention (the ``W_UK`` absorption of the decode
@@ -164,7 +164,7 @@ class HygonMLAMetadataBuilder(MLACommonMetadataBuilder[HygonMLAMetadata]):
         layer = vllm_config.compilation_config.static_forward_context[layer_names[0]]
         self.scale = float(layer.scale)
         self.q_dtype = self.model_config.dtype
-        # vLLM 0.21 sets its own page_size on CUDA only
+        # vLLM 0.18 and 0.21 set their own page_size on CUDA only
         self.latent_page_size = int(kv_cache_spec.block_size)
         self.kv_dtype = mla_cache_dtype(vllm_config.cache_config.cache_dtype,
                                         kv_cache_spec.dtype)
@@ -215,9 +215,10 @@ class HygonMLAImpl(MLACommonImpl[MLACommonMetadata]):
                             ("logits_soft_cap", logits_soft_cap)):
             if value:
                 raise NotImplementedError(f"the hygon MLA backend does not take {name}")
-        super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes,
-                         sliding_window, kv_cache_dtype, logits_soft_cap, attn_type,
-                         kv_sharing_target_layer_name, **mla_args)
+        compat.init_mla_common_impl(super().__init__, self, num_heads, head_size, scale,
+                                    num_kv_heads, alibi_slopes, sliding_window,
+                                    kv_cache_dtype, logits_soft_cap, attn_type,
+                                    kv_sharing_target_layer_name, **mla_args)
         if self.indexer is not None:
             raise NotImplementedError("sparse MLA (an indexer) is not supported")
         # The absorbed query reaches forward_mqa unquantised: fp8 query input is not taken.

@@ -1,4 +1,4 @@
-"""The MLA backend behind ``--attention-backend hygon`` (vLLM 0.21 to 0.32): selection by
+"""The MLA backend behind ``--attention-backend hygon`` (vLLM 0.18 to 0.32): selection by
 the one flag, the impl against a float64 MLA oracle through the installed vLLM's own MLA
 metadata builder (decode, prefill, chunked context split over chunks, with a continuation
 where the version has them), the prefill-backend slot; the model-level check is in
@@ -113,8 +113,8 @@ def test_backend_path_by_use_mla():
     assert mla_select.backend_path(mla) == MLA_CLASS
     assert mla_select.backend_path(dense) == DENSE_CLASS
     # a vLLM outside MLA_RANGE keeps the dense path (vLLM's validation then refuses it)
-    assert mla_select.backend_path(mla, version="0.18.1") == DENSE_CLASS
-    assert mla_select.backend_path(mla, version="0.21.0") == MLA_CLASS
+    assert mla_select.backend_path(mla, version="0.15.1") == DENSE_CLASS
+    assert mla_select.backend_path(mla, version="0.18.1") == MLA_CLASS
 
 
 def test_mla_class_refuses_what_it_cannot_serve():
@@ -216,6 +216,8 @@ def test_impl_fp8_cache_matches_mla_oracle(name, impl, mla_dir):
     written as e4m3 codes of x / k_scale, decode reading the codes with the layer's scale,
     the prefill's context gathered and dequantised; against the oracle over the values
     the cache holds."""
+    if not harness.fp8_cache_kept(mla_dir):
+        pytest.skip("this vLLM's CPU platform turns fp8 KV caches off (0.18: back to auto)")
     ctx, ql, rows = CASES[name]
     case = harness.make_case(ctx, ql, seed=len(name))
     out, md = harness.run(case, mla_dir, workspace_rows=rows, k_scale=0.02)
@@ -345,6 +347,13 @@ def test_vllms_cpu_rope_kernel_misreads_the_mla_views():
 
 # ------------------------------------------------------------------ the prefill slot
 
+#: vLLM 0.18 has no MLA prefill backends (its impl prefills itself): no slot to fill
+needs_prefill_slot = pytest.mark.skipif(
+    not hasattr(__import__("vllm.model_executor.layers.attention.mla_attention",
+                           fromlist=["_"]), "get_mla_prefill_backend"),
+    reason="this vLLM has no MLA prefill-backend slot (0.18: the impl prefills itself)")
+
+
 def _config_with(backend, mla_prefill_backend=None):
     from types import SimpleNamespace
 
@@ -368,6 +377,7 @@ class _Unusable(_Usable):
         return False
 
 
+@needs_prefill_slot
 def test_prefill_slot_gets_the_placeholder_only_where_vllms_choice_is_unusable():
     """``mla_prefill.choose``: vLLM's answer whenever it is usable, or the selection is not
     ours, or the user named a prefill backend; the placeholder only for our layers where
@@ -397,6 +407,7 @@ def test_prefill_slot_gets_the_placeholder_only_where_vllms_choice_is_unusable()
         mla_prefill.choose(raising(ValueError), named)
 
 
+@needs_prefill_slot
 def test_prefill_placeholder_holds_metadata_and_computes_nothing(mla_dir):
     from hygon_attn_backend.integrations.vllm import mla_prefill
 
@@ -417,6 +428,7 @@ def test_prefill_placeholder_holds_metadata_and_computes_nothing(mla_dir):
         twin.run_prefill_context_chunk(chunk_idx=0, q=q, k=q, v=q)
 
 
+@needs_prefill_slot
 def test_prefill_slot_wrapper_installs_once_and_uninstalls():
     from vllm.model_executor.layers.attention import mla_attention
 
