@@ -7,7 +7,7 @@ absorption and the ``W_UV`` up-projection) done here as vLLM's layer does them.
 
 The oracle is plain float64 MLA without absorption: each request's keys ``[kv_c W_UK |
 k_pe]`` and values ``kv_c W_UV`` for all its tokens (context and new), softmax over the
-shifted causal mask with the given scale. Imports vLLM (0.18 to 0.32: what differs
+shifted causal mask with the given scale. Imports vLLM (0.15 to 0.32: what differs
 between them, the builder's prefill-backend slot, its context-chunk layout and whether
 the CPU platform keeps an fp8 cache, is taken as the installed version has it).
 """
@@ -74,8 +74,8 @@ def vllm_config_for(model_dir, *, block_size: int, cache_dtype: str = "auto") ->
 
 
 def fp8_cache_kept(model_dir) -> bool:
-    """Whether this vLLM's platform keeps an ``fp8`` KV cache dtype (vLLM 0.18's CPU
-    platform turns it back to ``auto``: no fp8 cache to test there)."""
+    """Whether this vLLM's platform keeps an ``fp8`` KV cache dtype (vLLM 0.15 and 0.18's
+    CPU platforms turn it back to ``auto``: no fp8 cache to test there)."""
     return vllm_config_for(model_dir, block_size=4, cache_dtype="fp8").cache_config \
         .cache_dtype == "fp8"
 
@@ -183,7 +183,7 @@ class KvBProj:
 def prefill_backend_cls():
     """The MLA prefill backend vLLM's CPU build gives a layer: its SDPA one (0.32), else
     the placeholder ``hygon`` puts in that slot (0.21 to 0.28 have none usable); None on
-    a vLLM without prefill backends (0.18: the impl prefills itself)."""
+    a vLLM without prefill backends (0.15, 0.18: the impl prefills itself)."""
     try:
         from vllm.v1.attention.backends.mla.prefill.cpu_sdpa import CPUSDPAMLAPrefillBackend
     except ImportError:

@@ -31,11 +31,16 @@ CPU selector ignores the selection     0.15 to 0.34            ``cpu_platform`` 
                                                                ``CUSTOM`` taken, refuse
 ``parallel_state.get_dcp_world_``     absent in 0.15          :func:`dcp_world_and_rank`
 ``size_and_rank``                                              (one rank there: no DCP)
-MLA scaffolding in ``model_executor.`` 0.18 to 0.32 (read and  ``mla_select``: the MLA
-``layers.attention.mla_attention``     tested there); 0.15:     backend only in
-(``forward_mha`` / ``forward_mqa``)    one impl ``forward``     :data:`MLA_RANGE`
-``MLACommonImpl.__init__``             0.18 picks a GPU         :func:`init_mla_common_impl`
-                                       prefill kernel, raises
+MLA scaffolding in ``model_executor.`` 0.15 to 0.32 (read and  ``mla_select``: the MLA
+``layers.attention.mla_attention``     tested there)            backend only in
+                                                               :data:`MLA_RANGE`
+The MLA layer's calls into the impl    0.15: one ``forward``    ``HygonMLAImpl.forward`` runs
+                                       (cache write, both       the layer's flow there, and
+                                       paths, projections);     ``_forward_decode`` is
+                                       0.18+: ``forward_mha``,  ``forward_mqa``
+                                       ``forward_mqa``
+``MLACommonImpl.__init__``             0.15, 0.18 pick a GPU    :func:`init_mla_common_impl`
+                                       prefill kernel, fail
                                        without flash-attn
 MLA context chunks of a prefill batch  0.25 and older: stacked  :func:`mla_context_chunks`
                                        per-chunk rows over all  (one object a chunk, as
@@ -45,10 +50,10 @@ MLA context chunks of a prefill batch  0.25 and older: stacked  :func:`mla_conte
 ``decode``                             0.28 and older (vLLM     optional keyword
                                        calls it by keyword)
 ``MLACommonMetadataBuilder.page_size`` set only on CUDA in      the builder reads
-                                       0.18, 0.21               ``kv_cache_spec.block_size``
-MLA prefill backend of the layer       none in 0.18; no CPU     ``mla_prefill``: a
-(``get_mla_prefill_backend``)          one 0.21 to 0.28: CPU    placeholder where vLLM's
-                                       gets FlashAttention      choice is unusable
+                                       0.15 to 0.21             ``kv_cache_spec.block_size``
+MLA prefill backend of the layer       none in 0.15, 0.18; no   ``mla_prefill``: a
+(``get_mla_prefill_backend``)          CPU one 0.21 to 0.28:    placeholder where vLLM's
+                                       CPU gets FlashAttention  choice is unusable
                                        (unusable there)
 =====================================  ======================  ==============================
 
@@ -70,7 +75,7 @@ SUPPORTED_RANGE: Tuple[Version, Version] = ((0, 15), (0, 34))
 CPU_PATCH_RANGE: Tuple[Version, Version] = ((0, 15), (0, 34))
 #: vLLM versions whose MLA interfaces the MLA backend (``mla.py``) was written and tested
 #: against; elsewhere ``hygon`` on an MLA model is refused by vLLM's own validation.
-MLA_RANGE: Tuple[Version, Version] = ((0, 18), (0, 32))
+MLA_RANGE: Tuple[Version, Version] = ((0, 15), (0, 32))
 
 
 def in_range(version, bounds: Tuple[Version, Version]) -> bool:
@@ -179,7 +184,7 @@ def mla_context_chunks(prefill) -> list:
     vLLM 0.28 and newer have a list of ``ContextChunk`` objects (``chunked_context.
     chunks``), each over a run of prefills, which pass as they are. Older ones (read in
     0.21 and 0.25)
-    hold stacked rows (0.18 too): chunk ``i`` covers every prefill (``cu_seq_lens[i]`` ``[P + 1]``,
+    hold stacked rows (0.15 and 0.18 too): chunk ``i`` covers every prefill (``cu_seq_lens[i]`` ``[P + 1]``,
     ``starts[i]`` ``[P]``, ``token_to_seq[i]`` padded to the longest chunk, ``seq_tot[i]``
     its context rows), a prefill whose context ends earlier having none in it; each
     becomes one :class:`~.mla_step.ContextChunk` over all the prefill rows."""
@@ -202,11 +207,12 @@ def mla_context_chunks(prefill) -> list:
 def init_mla_common_impl(init, impl, *args, **kwargs) -> None:
     """Run vLLM's ``MLACommonImpl.__init__`` (``init``, bound to ``impl``) with ``args``.
 
-    vLLM 0.18's (read in 0.18.1) ends by choosing a GPU prefill kernel for vLLM's own
-    prefill (``_run_prefill_new_tokens_fa`` and its kin on the class: FlashAttention,
-    FlashInfer, cuDNN, TRT-LLM) and raises RuntimeError naming FlashAttention when there
-    is none, as on a CPU; every field the hygon impl and vLLM's MLA layer read is set
-    before that choice, and the hygon impl never runs that prefill. Where the class has
+    vLLM 0.15 and 0.18's (read in 0.15.1, 0.18.1) end by choosing a GPU prefill kernel
+    for vLLM's own prefill (``_run_prefill_new_tokens_fa`` and its kin on the class:
+    FlashAttention, FlashInfer, cuDNN, TRT-LLM) and fail when there is none, as on a CPU
+    (0.18: a RuntimeError naming FlashAttention; 0.15: a NameError for
+    ``flash_attn_varlen_func``, which its CPU build never imports); every field the hygon
+    impl and vLLM's MLA layer read is set before that choice, and the hygon impl never runs that prefill. Where the class has
     that choice and it raises so, the two fields after it are set as vLLM sets them
     (``dcp_world_size`` -1, which the layer fills in; ``cp_kv_cache_interleave_size`` from
     the config). 0.21 and newer choose no prefill kernel in the impl: ``init`` as it is."""
@@ -214,9 +220,9 @@ def init_mla_common_impl(init, impl, *args, **kwargs) -> None:
 
     try:
         init(*args, **kwargs)
-    except RuntimeError as exc:
+    except (RuntimeError, NameError) as exc:  # 0.18: RuntimeError; 0.15: NameError
         if not (hasattr(MLACommonImpl, "_run_prefill_new_tokens_fa")
-                and "FlashAttention" in str(exc)):
+                and ("FlashAttention" in str(exc) or "flash_attn_varlen_func" in str(exc))):
             raise
         from vllm.config import get_current_vllm_config
 

@@ -1,7 +1,7 @@
 """vLLM MLA backend running our MLA ops (DeepSeek-V2/V3-style multi-head latent attention).
 
 Selected by the same ``--attention-backend hygon`` as the dense backend when the model
-uses MLA (:mod:`.mla_select`). Built on vLLM's MLA scaffolding (0.18 to 0.32:
+uses MLA (:mod:`.mla_select`). Built on vLLM's MLA scaffolding (0.15 to 0.32:
 ``vllm.model_executor.layers.attention.mla_attention``; what differs between those
 versions is adapted in :mod:`.compat`): ``MLAAttention.forward_impl``
 keeps the parts that are projections, not attention (the ``W_UK`` absorption of the decode
@@ -164,7 +164,7 @@ class HygonMLAMetadataBuilder(MLACommonMetadataBuilder[HygonMLAMetadata]):
         layer = vllm_config.compilation_config.static_forward_context[layer_names[0]]
         self.scale = float(layer.scale)
         self.q_dtype = self.model_config.dtype
-        # vLLM 0.18 and 0.21 set their own page_size on CUDA only
+        # vLLM 0.15 to 0.21 set their own page_size on CUDA only
         self.latent_page_size = int(kv_cache_spec.block_size)
         self.kv_dtype = mla_cache_dtype(vllm_config.cache_config.cache_dtype,
                                         kv_cache_spec.dtype)
@@ -231,6 +231,44 @@ class HygonMLAImpl(MLACommonImpl[MLACommonMetadata]):
     def fused_output_quant_supported(self, quant_key) -> bool:
         return False
 
+    def forward(self, layer, q, k_c_normed, k_pe, kv_cache, attn_metadata, output=None,
+                output_scale=None, output_block_scale=None):
+        """A layer's whole MLA attention, where vLLM's layer hands it to the impl: vLLM 0.15's
+        ``MLAAttention.forward`` calls ``impl.forward`` (0.18 and newer run the projections
+        in the layer and call ``do_kv_cache_update`` / ``forward_mha`` / ``forward_mqa``,
+        never this). The flow of their layer: the new rows into the cache, the prefill
+        rows (after the decode rows, as vLLM's batch reorder puts them) through
+        :meth:`forward_mha`, the decode rows' ``q_nope`` absorbed by ``W_UK`` into the
+        latent, :meth:`forward_mqa`, its latent output up-projected by ``W_UV``.
+
+        q ``[N, H, qk_nope + rope]``, k_c_normed ``[N, kv_lora_rank]``, k_pe ``[N, 1,
+        rope]``, kv_cache vLLM's latent cache, output ``[N, H * v_head_dim]`` (written;
+        returned). No metadata (vLLM's profile run): output zero-filled."""
+        if output is None:
+            raise ValueError("the hygon MLA backend writes into vLLM's output buffer")
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("the hygon MLA backend does not write quantised output")
+        if attn_metadata is None:
+            return output.fill_(0)
+        n = attn_metadata.num_actual_tokens
+        out, q, k_c_normed, k_pe = output[:n], q[:n], k_c_normed[:n], k_pe[:n]
+        self.do_kv_cache_update(k_c_normed, k_pe, kv_cache, attn_metadata.slot_mapping,
+                                self.kv_cache_dtype, layer._k_scale)
+        if self.fp8:
+            kv_cache = kv_cache.view(self.fp8_dtype)
+        nd = attn_metadata.num_decode_tokens
+        if attn_metadata.num_prefills:
+            self.forward_mha(q[nd:], k_c_normed[nd:], k_pe[nd:], kv_cache, attn_metadata,
+                             layer._k_scale, output=out[nd:])
+        if attn_metadata.num_decodes:
+            q_nope, q_pe = q[:nd].split([self.qk_nope_head_dim, self.qk_rope_head_dim],
+                                        dim=-1)
+            # (H, B, nope) x W_UK_T (H, nope, kv_lora_rank) -> (B, H, kv_lora_rank)
+            ql_nope = torch.bmm(q_nope.transpose(0, 1), self.W_UK_T).transpose(0, 1)
+            latent, _ = self.forward_mqa((ql_nope, q_pe), kv_cache, attn_metadata, layer)
+            self._v_up_proj(latent, out=out[:nd])
+        return output
+
     def do_kv_cache_update(self, kv_c_normed: torch.Tensor, k_pe: torch.Tensor,
                            kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
                            kv_cache_dtype: str, k_scale: torch.Tensor) -> None:
@@ -256,6 +294,10 @@ class HygonMLAImpl(MLACommonImpl[MLACommonMetadata]):
                                       "multi-token decode blocks (parallel drafting)")
         return mla_step.decode(decode.plan, q, kv_c_and_k_pe_cache, scale=self.scale,
                                kv_scale=layer._k_scale if self.fp8 else None)
+
+    def _forward_decode(self, q, kv_c_and_k_pe_cache, attn_metadata, layer):
+        """vLLM 0.15's name for :meth:`forward_mqa` (abstract on its ``MLACommonImpl``)."""
+        return self.forward_mqa(q, kv_c_and_k_pe_cache, attn_metadata, layer)
 
     def forward_mha(self, q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor,
                     kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: MLACommonMetadata,

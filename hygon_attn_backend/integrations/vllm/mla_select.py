@@ -17,7 +17,7 @@ the dense path.
   validates and returns the MLA class; every other call goes to vLLM's method unchanged.
 
 Only on the vLLM versions the MLA backend was written against (:data:`compat.MLA_RANGE
-<.compat.MLA_RANGE>`, 0.18 to 0.32); elsewhere ``use_mla`` keeps the dense path and vLLM's validation
+<.compat.MLA_RANGE>`, 0.15 to 0.32); elsewhere ``use_mla`` keeps the dense path and vLLM's validation
 refuses it with its own message.
 """
 

@@ -174,7 +174,7 @@ def test_compat_mla_check_gets_the_oracle_only_in_range(monkeypatch, tmp_path):
 
     monkeypatch.setattr(checks.subprocess, "run", probe)
     python, repo = pathlib.Path("/no/python"), pathlib.Path("/no/repo")
-    rows = checks.run_checks("0.15.1", python, repo, only=["mla"])
+    rows = checks.run_checks("0.14.1", python, repo, only=["mla"])  # below MLA_RANGE
     assert [r["check"] for r in rows] == ["mla"] and seen == [("mla", None)] and not made
     seen.clear()
     rows = checks.run_checks("0.25.1", python, repo, only=["register", "mla"])

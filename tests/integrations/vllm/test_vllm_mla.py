@@ -1,4 +1,4 @@
-"""The MLA backend behind ``--attention-backend hygon`` (vLLM 0.18 to 0.32): selection by
+"""The MLA backend behind ``--attention-backend hygon`` (vLLM 0.15 to 0.32): selection by
 the one flag, the impl against a float64 MLA oracle through the installed vLLM's own MLA
 metadata builder (decode, prefill, chunked context split over chunks, with a continuation
 where the version has them), the prefill-backend slot; the model-level check is in
@@ -67,8 +67,10 @@ def selected_class(vllm_config, *, head_size, use_mla):
     from vllm.v1.attention.selector import get_attn_backend
 
     with set_current_vllm_config(vllm_config):
-        cls = get_attn_backend(head_size=head_size, dtype=torch.float16,
-                               kv_cache_dtype="auto", use_mla=use_mla)
+        # vLLM 0.15 takes block_size (a required positional there)
+        cls = compat.call_with_supported(get_attn_backend, head_size=head_size,
+                                         dtype=torch.float16, kv_cache_dtype="auto",
+                                         use_mla=use_mla, block_size=16)
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
@@ -113,8 +115,8 @@ def test_backend_path_by_use_mla():
     assert mla_select.backend_path(mla) == MLA_CLASS
     assert mla_select.backend_path(dense) == DENSE_CLASS
     # a vLLM outside MLA_RANGE keeps the dense path (vLLM's validation then refuses it)
-    assert mla_select.backend_path(mla, version="0.15.1") == DENSE_CLASS
-    assert mla_select.backend_path(mla, version="0.18.1") == MLA_CLASS
+    assert mla_select.backend_path(mla, version="0.14.1") == DENSE_CLASS
+    assert mla_select.backend_path(mla, version="0.15.1") == MLA_CLASS
 
 
 def test_mla_class_refuses_what_it_cannot_serve():
@@ -217,7 +219,8 @@ def test_impl_fp8_cache_matches_mla_oracle(name, impl, mla_dir):
     the prefill's context gathered and dequantised; against the oracle over the values
     the cache holds."""
     if not harness.fp8_cache_kept(mla_dir):
-        pytest.skip("this vLLM's CPU platform turns fp8 KV caches off (0.18: back to auto)")
+        pytest.skip("this vLLM's CPU platform turns fp8 KV caches off (0.15, 0.18: back "
+                    "to auto)")
     ctx, ql, rows = CASES[name]
     case = harness.make_case(ctx, ql, seed=len(name))
     out, md = harness.run(case, mla_dir, workspace_rows=rows, k_scale=0.02)
@@ -347,11 +350,11 @@ def test_vllms_cpu_rope_kernel_misreads_the_mla_views():
 
 # ------------------------------------------------------------------ the prefill slot
 
-#: vLLM 0.18 has no MLA prefill backends (its impl prefills itself): no slot to fill
+#: vLLM 0.15 and 0.18 have no MLA prefill backends (the impl prefills): no slot to fill
 needs_prefill_slot = pytest.mark.skipif(
     not hasattr(__import__("vllm.model_executor.layers.attention.mla_attention",
                            fromlist=["_"]), "get_mla_prefill_backend"),
-    reason="this vLLM has no MLA prefill-backend slot (0.18: the impl prefills itself)")
+    reason="this vLLM has no MLA prefill-backend slot (0.15, 0.18: the impl prefills)")
 
 
 def _config_with(backend, mla_prefill_backend=None):
