@@ -171,6 +171,12 @@ def _is_dev_env(venv: pathlib.Path) -> bool:
     return (venv / ".hygon-env-ok").exists()
 
 
+def _in_checkout_venv(python: pathlib.Path, repo: pathlib.Path) -> bool:
+    """Whether ``python`` is the checkout's .venv's (where ``make test`` runs the slow
+    engine tests the ``mla-engine`` and ``server`` checks would repeat)."""
+    return python.parent.parent == repo / ".venv"
+
+
 def _needs_sgl_kernel_stub(python: pathlib.Path) -> bool:
     """True when this SGLang, with its CPU switch on (as the engine check runs it), cannot
     import its radix cache or its CPU KV-move ops for want of ``sgl_kernel`` (0.5.10:
@@ -371,7 +377,7 @@ def check_engine(version, python, repo) -> Dict[str, str]:
 
 
 def check_mla_engine(version, python, repo) -> Dict[str, str]:
-    if python.parent.parent == repo / ".venv":
+    if _in_checkout_venv(python, repo):
         return _row(version, "mla-engine", "n/a", "the checkout's .venv: make test runs it "
                     "(tests/integrations/sglang/test_sglang_mla_engine.py)")
     return _example_row(version, "mla-engine", python, repo,
@@ -382,7 +388,7 @@ def check_mla_engine(version, python, repo) -> Dict[str, str]:
 
 
 def check_server(version, python, repo) -> Dict[str, str]:
-    if python.parent.parent == repo / ".venv":
+    if _in_checkout_venv(python, repo):
         return _row(version, "server", "n/a", "the checkout's .venv: make test runs it "
                     "(tests/integrations/sglang/test_sglang_server.py)")
     return _example_row(version, "server", python, repo, [],
@@ -406,7 +412,7 @@ def run_checks(version: str, python: pathlib.Path, repo: pathlib.Path,
     python, repo = pathlib.Path(python), pathlib.Path(repo)
     only = only or DEFAULT_CHECKS
     global _EXTRA_PATH
-    dev_env = python.parent.parent == repo / ".venv"
+    dev_env = _in_checkout_venv(python, repo)
     try:
         # the checkout's .venv is left as setup_cpu_env.sh made it (PYTHONPATH puts this
         # checkout first in every check anyway)
