@@ -177,7 +177,7 @@ def native_preferred(*, rows: int) -> bool:
     cached byte at 128 rows), which the native kernel runs on wgmma with a producer
     warpgroup loading the tiles; below 64 the Triton decode's 16- and 32-row tiles read
     the cache at up to 86% of the copy, and a native 64-row program would multiply padding.
-    Measurement (H200, bf16, Hq 128, page 64, 2026-12-04; ``docs/benchmarks.md``, "MLA
+    Measurement (H200, bf16, Hq 128, page 64, 2026-12-04; ``docs/benchmarks-mla.md``, "MLA
     decode, native"): native / Triton 0.093 / 0.177 ms at (32, 4k), 0.268 / 0.595 at
     (128, 4k), 2.08 / 4.62 at (128, 32k); at Hq 16 the Triton 16-row tile reads 59-88% of
     the copy.

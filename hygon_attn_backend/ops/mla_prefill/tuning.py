@@ -3,7 +3,7 @@ batch into its configuration (the implementation, the head split, the tile).
 
 The tiles are chosen from the register and shared-memory budget (reasoning beside each
 rule); they were not yet timed on a GPU: ``hygon-attn bench mla-prefill --tiles`` sweeps
-them (``docs/benchmarks.md`` keeps what it measured).
+them (``docs/benchmarks-mla.md`` keeps what it measured).
 """
 
 from __future__ import annotations
