@@ -30,6 +30,7 @@ Checks (``run_checks``), each a row ``{engine, version, check, result, reason}``
   SGLang-structure tests (tests/integrations/sglang/test_sglang_backend.py, the serving
   loop of tests/support/sglang_harness.py on SGLang's RadixCache and pools, and its
   target-verify batches in test_sglang_verify_harness.py) instead, and the reason says so;
+  on every version also test_sglang_draft_factory.py (the draft-backend factory's form);
 * ``unit`` (only when asked for): the rest of tests/integrations/sglang (not slow) on
   that version;
 * ``engine``: SGLang's offline Engine on a tiny random-weight Llama, greedy tokens of
@@ -301,6 +302,8 @@ KIT_TESTS = ["tests/integrations/sglang/test_sglang_kit.py"]
 HARNESS_TESTS = ["tests/integrations/sglang/test_sglang_backend.py",
                  "tests/integrations/sglang/test_sglang_radix.py",
                  "tests/integrations/sglang/test_sglang_verify_harness.py"]
+#: the draft-backend factory's form on every version (kit or not)
+FACTORY_TESTS = ["tests/integrations/sglang/test_sglang_draft_factory.py"]
 
 
 def check_register(version, python, repo) -> Dict[str, str]:
@@ -340,9 +343,11 @@ def check_kit(version, python, repo) -> Dict[str, str]:
     else:
         tests, what = HARNESS_TESTS, ("no attention_unittest kit in this wheel: our tests on "
                                       "SGLang's RadixCache, pools and allocators instead")
-    proc = _run(python, ["-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], repo, 3000)
+    proc = _run(python, ["-m", "pytest", "-q", "-p", "no:cacheprovider", *tests,
+                         *FACTORY_TESTS], repo, 3000)
     result = "pass" if proc.returncode == 0 else "fail"
-    return _row(version, "kit", result, f"{what}: {_pytest_summary(proc)}")
+    return _row(version, "kit", result, f"{what}, and the draft-backend factory: "
+                f"{_pytest_summary(proc)}")
 
 
 def check_unit(version, python, repo) -> Dict[str, str]:

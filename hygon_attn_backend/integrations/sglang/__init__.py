@@ -53,9 +53,10 @@ def _create_backend(model_runner):
 
 
 def _register_draft_backend() -> None:
-    """``hygon`` among the draft backends (the choices SGLang's draft worker accepts, and
-    the factory's maps through ``draft_factory.install``); a version without them keeps
-    ``hygon`` for the target only."""
+    """``hygon`` among the draft backends: the choices SGLang's draft worker accepts (0.5.23;
+    0.5.10 and 0.5.17 take any name there) and the factory's maps through
+    ``draft_factory.install`` (a version whose factory it does not know keeps ``hygon`` for
+    the target only)."""
     try:
         from sglang.srt.arg_groups.choices import (
             DRAFT_ATTENTION_BACKEND_CHOICES,
@@ -63,9 +64,9 @@ def _register_draft_backend() -> None:
         )
     except ImportError as exc:
         logger.debug("hygon: SGLang draft attention-backend choices not found (%s)", exc)
-        return
-    if BACKEND_NAME not in DRAFT_ATTENTION_BACKEND_CHOICES:
-        add_draft_attention_backend_choices([BACKEND_NAME])
+    else:
+        if BACKEND_NAME not in DRAFT_ATTENTION_BACKEND_CHOICES:
+            add_draft_attention_backend_choices([BACKEND_NAME])
     from hygon_attn_backend.integrations.sglang import draft_factory
 
     draft_factory.install(draft_factory.installed_version())

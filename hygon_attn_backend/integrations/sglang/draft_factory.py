@@ -14,8 +14,19 @@ backend sees SGLang's own map and code. Recorded in
 ``patches/sglang-0.5-draft-backend-factory.md``. Building our draft-extend backend also
 installs ``draft_graphs`` (the EAGLE v2 worker's draft-extend CUDA graph).
 
+SGLang 0.5.10 and 0.5.17 have the older ``_create_backend(backend_name, backend_map,
+error_template)``, whose entries return the backend alone and which resolves the name from
+the server args (the runner's draft backend, else the named field, else
+``attention_backend``); there the wrapper tells the two maps apart by their Triton entry
+(the decode map's is ``_create_triton_decode_backend``). 0.5.17's draft workers call the
+container's ``init_forward_metadata_out_graph`` / ``_in_graph`` as 0.5.23's do. 0.5.10's
+call the older per-batch hooks and capture the EAGLE v1 draft extend in CUDA graphs for
+any backend, which ours does not serve; there choosing ``hygon`` for the draft raises a
+``ValueError`` that names the workaround (another draft backend; ``hygon`` still verifies).
+
 Gated to the SGLang versions whose factory was read (:data:`PATCHED_VERSIONS`) and to
-``_create_backend`` having the parameters named above; elsewhere nothing is installed.
+``_create_backend`` having one of the two parameter lists above; elsewhere nothing is
+installed.
 """
 
 from __future__ import annotations
@@ -31,6 +42,8 @@ logger = logging.getLogger(__name__)
 PATCHED_VERSIONS = ((0, 5),)
 _MARK = "_hygon_attn_backend_patched"
 _PARAMS = ("self", "backend_name", "backend_map", "error_template", "stamps_children")
+#: 0.5.10 and 0.5.17: no ``stamps_children``, the entries return the backend alone
+_LEGACY_PARAMS = ("self", "backend_name", "backend_map", "error_template")
 
 
 def _resolved_backend(factory, backend_name: str):
@@ -40,6 +53,35 @@ def _resolved_backend(factory, backend_name: str):
     prefill, decode = attention_backends()
     configured = decode if backend_name == "decode_attention_backend" else prefill
     return factory.draft_attn_backend or configured
+
+
+def _legacy_resolved_backend(factory, backend_name: str):
+    """The name 0.5.10's / 0.5.17's ``_create_backend`` looks up, read as it reads it."""
+    args = factory.server_args
+    return (factory.draft_attn_backend or getattr(args, backend_name, None)
+            or args.attention_backend)
+
+
+def _legacy_map_kind(factory, backend_map) -> "bool | None":
+    """Whether ``backend_map`` is the multi-step decode map (True) or the draft-extend map
+    (False) of a 0.5.10 / 0.5.17 factory, told by its Triton entry (both maps hold one);
+    None when neither matches (the entry is then not added)."""
+    entry = getattr(backend_map.get("triton"), "__func__", None)
+    cls = type(factory)
+    if entry is not None and entry is getattr(cls, "_create_triton_decode_backend", None):
+        return True
+    if entry is not None and entry is getattr(cls, "_create_triton_prefill_backend", None):
+        return False
+    return None
+
+
+def _legacy_graph_hooks() -> bool:
+    """SGLang 0.5.10: its backend base has no ``init_forward_metadata_out_graph`` (the
+    draft workers call the older per-batch graph hooks and capture the EAGLE v1 draft
+    extend, which ``hygon`` does not serve)."""
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+    return not hasattr(AttentionBackend, "init_forward_metadata_out_graph")
 
 
 def _hygon_entry(factory, *, multi_step: bool):
@@ -87,13 +129,24 @@ def install(version) -> bool:
     if getattr(DraftBackendFactory, _MARK, False):
         return True
     original = DraftBackendFactory.__dict__.get("_create_backend")
-    if original is None or tuple(inspect.signature(original).parameters) != _PARAMS:
-        logger.warning("SGLang %s: DraftBackendFactory._create_backend is not the method "
-                       "this patch expects (0.5.23's form); 'hygon' stays unavailable as a "
-                       "draft backend: name another for the draft model "
-                       "(--speculative-draft-attention-backend triton) and hygon still "
-                       "runs the target's verify.", version)
+    params = tuple(inspect.signature(original).parameters) if original is not None else ()
+    if params == _PARAMS:
+        wrapper = _wrapper(original)
+    elif params == _LEGACY_PARAMS:
+        wrapper = _legacy_wrapper(original, version)
+    else:
+        logger.warning("SGLang %s: DraftBackendFactory._create_backend is not a method "
+                       "this patch knows (0.5.10's, 0.5.17's or 0.5.23's form); 'hygon' "
+                       "stays unavailable as a draft backend: name another for the draft "
+                       "model (--speculative-draft-attention-backend triton) and hygon "
+                       "still runs the target's verify.", version)
         return False
+    wrap_method(DraftBackendFactory, "_create_backend", wrapper, _MARK)
+    return True
+
+
+def _wrapper(original):
+    """0.5.23's form: the entry returns ``(stamp, backend)``."""
 
     def _create_backend(self, backend_name, backend_map, error_template,
                         stamps_children=False):
@@ -106,8 +159,33 @@ def install(version) -> bool:
         return original(self, backend_name, backend_map, error_template,
                         stamps_children=stamps_children)
 
-    wrap_method(DraftBackendFactory, "_create_backend", _create_backend, _MARK)
-    return True
+    return _create_backend
+
+
+def _legacy_wrapper(original, version):
+    """0.5.10's and 0.5.17's form: the entry returns the backend alone."""
+
+    def _create_backend(self, backend_name, backend_map, error_template):
+        from hygon_attn_backend.integrations.sglang import BACKEND_NAME
+
+        if BACKEND_NAME in backend_map or \
+                _legacy_resolved_backend(self, backend_name) != BACKEND_NAME:
+            return original(self, backend_name, backend_map, error_template)
+        multi_step = _legacy_map_kind(self, backend_map)
+        if multi_step is None:
+            return original(self, backend_name, backend_map, error_template)
+        if _legacy_graph_hooks():
+            raise ValueError(
+                f"the hygon attention backend cannot be the EAGLE draft model's backend on "
+                f"SGLang {version}: name another for the draft "
+                f"(--speculative-draft-attention-backend triton); hygon still runs the "
+                f"target model and its verify")
+        create = _hygon_entry(self, multi_step=multi_step)
+        backend_map = dict(backend_map)
+        backend_map[BACKEND_NAME] = lambda: create()[1]
+        return original(self, backend_name, backend_map, error_template)
+
+    return _create_backend
 
 
 def uninstall() -> bool:

@@ -29,9 +29,10 @@ logger = logging.getLogger(__name__)
 #: SGLang (major, minor) versions whose EAGLE v2 draft worker this patch was written for.
 PATCHED_VERSIONS = ((0, 5),)
 _MARK = "_hygon_attn_backend_draft_extend_graph"
-#: the module names the wrapper reads (all present in SGLang 0.5.23)
+#: the module names the wrapper reads (present in SGLang 0.5.17 and 0.5.23; 0.5.23 also
+#: has ``current_platform``, whose out-of-tree platforms the wrapper leaves alone)
 _NEEDED = ("EagleDraftWorker", "EAGLEDraftExtendCudaGraphRunner", "check_cuda_graph_backend",
-           "Phase", "Backend", "envs", "current_platform")
+           "Phase", "Backend", "envs")
 
 
 def _captures_for_us(worker, module) -> bool:
@@ -43,7 +44,9 @@ def _captures_for_us(worker, module) -> bool:
         return False
     if not isinstance(getattr(worker, "draft_extend_attn_backend", None), HygonAttnBackend):
         return False
-    if not getattr(module, "_is_cuda", False) or module.current_platform.is_out_of_tree():
+    platform = getattr(module, "current_platform", None)  # none before 0.5.2x
+    if not getattr(module, "_is_cuda", False) or \
+            (platform is not None and platform.is_out_of_tree()):
         return False
     if module.check_cuda_graph_backend(module.Phase.DECODE, module.Backend.DISABLED):
         return False
