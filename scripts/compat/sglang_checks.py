@@ -30,7 +30,9 @@ Checks (``run_checks``), each a row ``{engine, version, check, result, reason}``
   SGLang-structure tests (tests/integrations/sglang/test_sglang_backend.py, the serving
   loop of tests/support/sglang_harness.py on SGLang's RadixCache and pools, and its
   target-verify batches in test_sglang_verify_harness.py) instead, and the reason says so;
-  on every version also test_sglang_draft_factory.py (the draft-backend factory's form);
+  on every version also test_sglang_draft_factory.py (the draft-backend factory's form),
+  and where the kit has its EAGLE draft runner, test_sglang_draft.py and
+  test_sglang_draft_graphs.py;
 * ``unit`` (only when asked for): the rest of tests/integrations/sglang (not slow) on
   that version;
 * ``engine``: SGLang's offline Engine on a tiny random-weight Llama, greedy tokens of
@@ -304,6 +306,9 @@ HARNESS_TESTS = ["tests/integrations/sglang/test_sglang_backend.py",
                  "tests/integrations/sglang/test_sglang_verify_harness.py"]
 #: the draft-backend factory's form on every version (kit or not)
 FACTORY_TESTS = ["tests/integrations/sglang/test_sglang_draft_factory.py"]
+#: hygon as the EAGLE draft backend on SGLang's draft-runner kit (where the wheel has it)
+DRAFT_KIT_TESTS = ["tests/integrations/sglang/test_sglang_draft.py",
+                   "tests/integrations/sglang/test_sglang_draft_graphs.py"]
 
 
 def check_register(version, python, repo) -> Dict[str, str]:
@@ -339,7 +344,8 @@ def check_plugin(version, python, repo) -> Dict[str, str]:
 
 def check_kit(version, python, repo) -> Dict[str, str]:
     if _has_module(python, KIT_MODULE):
-        tests, what = KIT_TESTS, "SGLang's attention_unittest kit, dense cases (CPU)"
+        tests, what = KIT_TESTS + DRAFT_KIT_TESTS, ("SGLang's attention_unittest kit, dense "
+                                                    "cases and the EAGLE draft runner (CPU)")
     else:
         tests, what = HARNESS_TESTS, ("no attention_unittest kit in this wheel: our tests on "
                                       "SGLang's RadixCache, pools and allocators instead")
