@@ -78,21 +78,24 @@ def tile_config(*, block_m: int, rank_pad: int, kv_elem_size: int,
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the Triton MLA decode.
 
     Reasoning: a KV tile of ``BLOCK_N`` latent rows (576 x 2 bytes each) is both K and V.
-    16 rows (one request's heads at Hq = 16): the loop is bound by reading the cache, 32
-    rows a tile on 4 warps with 3 stages keep ~108 KB in flight. 64 rows (Hq >= 64, or
-    T x Hq past 32): the two dots dominate (each row costs 2 x (576 + 512) FLOPs a key,
-    past the ridge point at Hq = 128), 64-key tiles on 8 warps give the matrix units the
-    larger N; 32 rows sit between. fp8 rows are half the bytes: the same tile.
+    16 query rows (one request's heads at Hq = 16): the loop is bound by reading the cache,
+    32-key tiles on 4 warps with 3 stages keep ~108 KB in flight; 32 query rows (Hq 32, or
+    MTP q_len 2 at Hq 16) are still bound by the cache and take the same tile. 64 rows
+    (Hq >= 64, or T x Hq past 32): the two dots dominate (each row costs 2 x (576 + 512)
+    FLOPs a key, past the ridge point at Hq = 128), 64-key tiles on 8 warps give the matrix
+    units the larger N. fp8 rows are half the bytes: the same tile.
     Measurement (H200, bf16, 512 + 64, page 64, (64, 8k), 2026-12-03): Hq 16: 16x32 4w 3s
     86.2% of the copy, 16x64 4w 2s 83.8%, 16x32 4w 2s 74.7%, 16x16 47.5%; Hq 128: 64x64
     8w 2s 24.6%, 64x32 8w 3s 20.0%, 64x32 8w 2s 16.3%, 32x32 4w 15.1%, 64x16 9.9%.
+    32 rows (H100, Hq 16 x MTP q_len 2, page 64, 2026-12-07; time over the q_len 1 row):
+    32x32 4w 3s 1.055x at (32, 8k) and 1.030x at (128, 8k), 32x32 4w 2s 1.181x / 1.187x,
+    32x64 8w 2s 1.277x / 1.294x, 64x64 8w 2s 1.344x / 1.373x, 32x64 4w 2s 1.348x / 1.394x;
+    16-row programs over the 32 rows (each re-reading the tiles) 1.295x / 1.428x.
     Override: ``tile=(BLOCK_M, BLOCK_N, num_warps, num_stages)`` (any entry None).
     """
     del kv_elem_size
-    if block_m <= 16:
+    if block_m <= 32:
         chosen = [block_m, 32, 4, 3]
-    elif block_m <= 32:
-        chosen = [block_m, 32, 4, 2]
     else:
         chosen = [block_m, 64, 8, 2]
     for i, value in enumerate(tile or ()):
