@@ -2,8 +2,8 @@
 
 GPU tests need an sm_90 GPU (H100/H200: the kernel is written for sm_90a's wgmma) and build
 the extension on first use. They cover what the kernel's structure adds to the Triton
-decode's cases: 64-row blocks of T x Hq rows (Hq 64 and 128, T 1 and 2, a padded block at
-T x Hq = 96), pages 1 / 16 / 64 read row by row, the split partitions merged by the Triton
+decode's cases: 64-row blocks of T x Hq rows (Hq 64 and 128, T 1 and 2, padded blocks at
+T x Hq = 96, 48 and 36), pages 1 / 16 / 64 read row by row, the split partitions merged by the Triton
 combine, tiles with absent keys (bad block ids, lengths past the table, seq_len 0 and
 seq_len < T), strided views (SGLang's pool inside a wider buffer), CUDA-graph replay, and
 the calls it does not take (misaligned rows). CPU tests: what a plan chooses, the errors it
@@ -41,7 +41,8 @@ def _plan(table, lens, *, heads, tokens=1, page, impl="native", dtype=BF16, **kw
 @gpu
 @pytest.mark.parametrize("num_partitions", [None, 1, 5])
 @pytest.mark.parametrize("page", [1, 16, 64])
-@pytest.mark.parametrize("heads,tokens", [(128, 1), (64, 2), (32, 3), (128, 2)])
+@pytest.mark.parametrize("heads,tokens", [(128, 1), (64, 2), (32, 3), (128, 2), (16, 3),
+                                          (12, 3)])
 def test_native_matches_reference(heads, tokens, page, num_partitions):
     _need_sm90()
     torch.manual_seed(heads + 7 * tokens + page)
@@ -173,6 +174,7 @@ def test_choice_and_refusals_without_the_gpu():
         kv_lora_rank=512, rope_dim=64, q_dtype=BF16, kv_dtype=torch.float8_e4m3fn)
     assert "sm_90" in _native.device_unsupported(torch.device("cpu"))
     assert tuning.native_preferred(rows=128) and tuning.native_preferred(rows=64)
+    assert tuning.native_preferred(rows=48)  # MTP q_len 3 at Hq 16: Triton pads to 64 too
     assert not tuning.native_preferred(rows=32)
     table = torch.zeros((2, 4), dtype=torch.int32)
     lens = torch.tensor([30, 7], dtype=torch.int32)

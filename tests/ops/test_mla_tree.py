@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hygon_attn_backend import reference
-from hygon_attn_backend.ops.mla import mla_decode_attention, plan_mla_decode
+from hygon_attn_backend.ops.mla import mla_decode_attention, plan_mla_decode, tuning
 from hygon_attn_backend.ops.tree_mask import tree_mask_from_parents, pack_tree_mask
 from tests.ops.test_mla_decode import DEV, check_against_reference, make_batch
 from tests.ops.test_tree_mask import random_parents
@@ -132,8 +132,9 @@ def test_tree_verify_gpu(heads, drafts, page, parts):
     ref_lp = reference.mla_decode_attention(q, kv, table, seq_lens, kv_lora_rank=512,
                                             tree_mask=tree, compute_dtype=q.dtype)
     assert_within_budget(out, ref64, ref_lp, mult=4.0)
-    if torch.cuda.get_device_capability()[0] == 9 and heads * drafts >= 64:  # else the
-        # native kernel's row minimum is the reason named
+    if torch.cuda.get_device_capability()[0] == 9 and \
+            heads * drafts >= tuning.MLA_NATIVE_MIN_ROWS:  # else the native kernel's row
+        # minimum is the reason named
         with pytest.raises(ValueError, match="tree mask"):
             plan_mla_decode(block_table=table, seq_lens=seq_lens, page_size=page,
                             num_q_heads=heads, kv_lora_rank=512, rope_dim=64,

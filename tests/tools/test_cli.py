@@ -48,7 +48,7 @@ def test_native_mla_status_names_the_rule(monkeypatch):
     assert "compute capability 8.0" in doctor._native_mla_status(True)
     monkeypatch.setattr(native, "device_unsupported", lambda device: None)
     line = doctor._native_mla_status(True)
-    assert "512 + 64" in line and ">= 64 query rows" in line, line
+    assert "512 + 64" in line and ">= 33 query rows" in line, line
 
 
 def test_entry_point_status_detects_a_missing_plugin():

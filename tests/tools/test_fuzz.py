@@ -9,6 +9,7 @@ import io
 import pytest
 import torch
 
+from hygon_attn_backend.ops.mla import tuning
 from hygon_attn_backend.tools import fuzz
 from hygon_attn_backend.tools.cli import build_parser
 
@@ -162,11 +163,11 @@ def _auto_cases_run_native(op: str, what: str, covers) -> None:
 @pytest.mark.gpu
 def test_mla_impl_auto_runs_the_native_kernel_on_sm90():
     """On an H100/H200 the auto cases of the MLA profiles the native decode covers (16-bit
-    512 + 64 caches, 64 query rows a request or more) run it and pass the reference."""
+    512 + 64 caches, 33 query rows a request or more) run it and pass the reference."""
     _auto_cases_run_native(
         "mla", "the native MLA decode",
         lambda p: (p["rank"], p["rope"]) == (512, 64) and not p["fp8"]
-        and p["tokens"] * p["heads"] >= 64)
+        and p["tokens"] * p["heads"] >= tuning.MLA_NATIVE_MIN_ROWS)
 
 
 @pytest.mark.gpu

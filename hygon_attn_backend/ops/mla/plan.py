@@ -252,7 +252,7 @@ def plan_mla_decode(*, block_table: torch.Tensor, seq_lens: torch.Tensor, page_s
        capacity ``max_blocks * page_size``); a longer sequence gets the same answer.
     return_lse: the calls also return each row's LSE (``[B, (T,) Hq]`` float32).
     impl: ``"auto"`` (the native sm_90a kernel where ``tuning.native_preferred`` takes it
-       and it covers the batch: H100/H200, 512 + 64 rows of q's 16-bit dtype, >= 64 query
+       and it covers the batch: H100/H200, 512 + 64 rows of q's 16-bit dtype, >= 33 query
        rows a request; else Triton on a GPU or under ``TRITON_INTERPRET=1``; else the
        reference) | ``"native"`` (raises where it does not cover the batch) | ``"triton"``
        | ``"reference"``. A call whose tensors the native kernel cannot take (rows not

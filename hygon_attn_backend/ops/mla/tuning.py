@@ -28,7 +28,9 @@ WHOLE_SEQUENCE = 1 << 30  # partition floor of the one-partition launch
 #: drafts a request of a verify under a tree mask: the kernel holds each row's first two
 #: mask words in registers (no mask load in the KV loop)
 MLA_MAX_TREE_DRAFTS = 64
-MLA_NATIVE_MIN_ROWS = 64  # query rows a request from which impl="auto" takes the native kernel
+#: query rows a request from which the native kernel serves a batch: past 32, where the
+#: Triton rule's tile is 64 rows too (native_preferred)
+MLA_NATIVE_MIN_ROWS = 33
 
 
 @dataclass
@@ -178,12 +180,15 @@ def native_preferred(*, rows: int) -> bool:
 
     Reasoning: from 64 rows a request the loop is bound by the two products (242 FLOP per
     cached byte at 128 rows), which the native kernel runs on wgmma with a producer
-    warpgroup loading the tiles; below 64 the Triton decode's 16- and 32-row tiles read
-    the cache at up to 86% of the copy, and a native 64-row program would multiply padding.
+    warpgroup loading the tiles. Past 32 rows the Triton rule pads to a 64-row tile too
+    (e.g. MTP q_len 3 at Hq 16: 48 rows), so the native 64-row program costs no more
+    padding; up to 32 the Triton decode's 16- and 32-row tiles read the cache at up to 90%
+    of the copy, where a 64-row program would multiply the padding.
     Measurement (H200, bf16, Hq 128, page 64, 2026-12-04; ``docs/benchmarks-mla.md``, "MLA
     decode, native"): native / Triton 0.093 / 0.177 ms at (32, 4k), 0.268 / 0.595 at
-    (128, 4k), 2.08 / 4.62 at (128, 32k); at Hq 16 the Triton 16-row tile reads 59-88% of
-    the copy.
+    (128, 4k), 2.08 / 4.62 at (128, 32k). H100, Hq 16, page 64, 2026-12-07: 48 rows (MTP
+    q_len 3) on the native kernel 0.127 / 0.405 ms at (32, 8k) / (128, 8k) (1.02x / 0.97x
+    the q_len 1 time), on the Triton 64-row tile 0.179 / 0.607 (1.39x / 1.38x).
     """
     return rows >= MLA_NATIVE_MIN_ROWS
 
@@ -210,8 +215,9 @@ def choose(*, device: torch.device, impl: str, num_seqs: int, max_blocks: int,
     if impl in ("auto", "native"):
         native_why = native.device_unsupported(device) or native.shape_unsupported(
             kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, q_dtype=q_dtype, kv_dtype=kv_dtype)
-        if native_why is None and rows < native.ROWS:
-            native_why = f"{rows} query rows a request (native MLA decode: >= {native.ROWS})"
+        if native_why is None and rows < MLA_NATIVE_MIN_ROWS:
+            native_why = (f"{rows} query rows a request (native MLA decode: >= "
+                          f"{MLA_NATIVE_MIN_ROWS})")
         if native_why is None and tree:
             native_why = "a draft tree mask (native MLA decode: causal drafts only)"
     preferred = native_preferred(rows=rows) and tile is None
