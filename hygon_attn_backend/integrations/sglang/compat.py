@@ -162,11 +162,16 @@ def write_loc(forward_batch, layer):
     return KVWriteLoc(forward_batch.out_cache_loc)  # 0.5.17
 
 
+def has_legacy_graph_hooks(attention_backend: type) -> bool:
+    """Whether SGLang's backend base ``attention_backend`` has the older CUDA-graph hooks
+    only (0.5.10: no ``init_forward_metadata_out_graph``)."""
+    return not hasattr(attention_backend, "init_forward_metadata_out_graph")
+
+
 def backend_bases(attention_backend: type) -> tuple:
     """The bases of our backend class: SGLang's ``AttentionBackend``, behind
-    :class:`LegacyGraphHooks` where that base has no ``init_forward_metadata_out_graph``
-    (0.5.10)."""
-    if hasattr(attention_backend, "init_forward_metadata_out_graph"):
+    :class:`LegacyGraphHooks` where that base has the older hooks only (0.5.10)."""
+    if not has_legacy_graph_hooks(attention_backend):
         return (attention_backend,)
     return (LegacyGraphHooks, attention_backend)
 

@@ -76,12 +76,14 @@ def _legacy_map_kind(factory, backend_map) -> "bool | None":
 
 
 def _legacy_graph_hooks() -> bool:
-    """SGLang 0.5.10: its backend base has no ``init_forward_metadata_out_graph`` (the
-    draft workers call the older per-batch graph hooks and capture the EAGLE v1 draft
-    extend, which ``hygon`` does not serve)."""
+    """SGLang 0.5.10 (:func:`compat.has_legacy_graph_hooks`): the draft workers call the
+    older per-batch graph hooks and capture the EAGLE v1 draft extend, which ``hygon`` does
+    not serve."""
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-    return not hasattr(AttentionBackend, "init_forward_metadata_out_graph")
+    from hygon_attn_backend.integrations.sglang import compat
+
+    return compat.has_legacy_graph_hooks(AttentionBackend)
 
 
 def _hygon_entry(factory, *, multi_step: bool):
