@@ -3,8 +3,8 @@
 GPU tests need an sm_90 GPU (H100/H200: the kernel is written for sm_90a's wgmma) and build
 the extension on first use. They cover what the kernel's structure adds to the Triton
 decode's cases: 64-row blocks of T x Hq rows (Hq 64 and 128, T 1 and 2, padded blocks at
-T x Hq = 96, 48 and 36), pages 1 / 16 / 64 read row by row, the split partitions merged by the Triton
-combine, tiles with absent keys (bad block ids, lengths past the table, seq_len 0 and
+T x Hq = 96, 48 and 36), pages 1 / 16 / 64 read row by row, the split partitions merged by
+the Triton combine, tiles with absent keys (bad block ids, lengths past the table, seq_len 0 and
 seq_len < T), strided views (SGLang's pool inside a wider buffer), CUDA-graph replay, and
 the calls it does not take (misaligned rows). CPU tests: what a plan chooses, the errors it
 raises and the split rule.

@@ -183,11 +183,11 @@ def mla_context_chunks(prefill) -> list:
 
     vLLM 0.28 and newer have a list of ``ContextChunk`` objects (``chunked_context.
     chunks``), each over a run of prefills, which pass as they are. Older ones (read in
-    0.21 and 0.25)
-    hold stacked rows (0.15 and 0.18 too): chunk ``i`` covers every prefill (``cu_seq_lens[i]`` ``[P + 1]``,
-    ``starts[i]`` ``[P]``, ``token_to_seq[i]`` padded to the longest chunk, ``seq_tot[i]``
-    its context rows), a prefill whose context ends earlier having none in it; each
-    becomes one :class:`~.mla_step.ContextChunk` over all the prefill rows."""
+    0.15, 0.18, 0.21 and 0.25) hold stacked rows: chunk ``i`` covers every prefill
+    (``cu_seq_lens[i]`` ``[P + 1]``, ``starts[i]`` ``[P]``, ``token_to_seq[i]`` padded to
+    the longest chunk, ``seq_tot[i]`` its context rows), a prefill whose context ends
+    earlier having none in it; each becomes one :class:`~.mla_step.ContextChunk` over all
+    the prefill rows."""
     chunked = None if prefill is None else prefill.chunked_context
     if chunked is None:
         return []
@@ -212,10 +212,11 @@ def init_mla_common_impl(init, impl, *args, **kwargs) -> None:
     FlashAttention, FlashInfer, cuDNN, TRT-LLM) and fail when there is none, as on a CPU
     (0.18: a RuntimeError naming FlashAttention; 0.15: a NameError for
     ``flash_attn_varlen_func``, which its CPU build never imports); every field the hygon
-    impl and vLLM's MLA layer read is set before that choice, and the hygon impl never runs that prefill. Where the class has
-    that choice and it raises so, the two fields after it are set as vLLM sets them
-    (``dcp_world_size`` -1, which the layer fills in; ``cp_kv_cache_interleave_size`` from
-    the config). 0.21 and newer choose no prefill kernel in the impl: ``init`` as it is."""
+    impl and vLLM's MLA layer read is set before that choice, and the hygon impl never
+    runs that prefill. Where the class has that choice and it raises so, the two fields
+    after it are set as vLLM sets them (``dcp_world_size`` -1, which the layer fills in;
+    ``cp_kv_cache_interleave_size`` from the config). 0.21 and newer choose no prefill
+    kernel in the impl: ``init`` as it is."""
     from vllm.model_executor.layers.attention.mla_attention import MLACommonImpl
 
     try:
