@@ -314,19 +314,21 @@ void prefix_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_ca
   check(hab_prefix_prefill(&p, stream_of(q)), "prefix_prefill");
 }
 
-// MLA decode (csrc/mla_decode_sm90.cu): q [B, T, Hq, 576], kv [N, P, 576], out
-// [B, T, Hq, 512] of q's dtype; lse [B, T, Hq] float32 (unsplit, optional); the scratch
-// (max_logits, exp_sums [slots, rows], partial_out [slots, rows, 512] float32) for
-// num_partitions > 1.
+// MLA decode (csrc/mla_decode_sm90.cu): q [B, T, Hq, 576], kv [N, P, 576] of q's dtype or
+// fp8 (kv_scale: a 1-element float32 tensor, or kv_scale_value), out [B, T, Hq, 512] of
+// q's dtype; lse [B, T, Hq] float32 (unsplit, optional); the scratch (max_logits, exp_sums
+// [slots, rows], partial_out [slots, rows, 512] float32) for num_partitions > 1.
 void mla_decode(at::Tensor& out, const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& max_logits,
                 const std::optional<at::Tensor>& exp_sums, const std::optional<at::Tensor>& partial_out,
                 const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_table,
-                const at::Tensor& seq_lens, double scale, int64_t num_partitions, int64_t partition_size) {
+                const at::Tensor& seq_lens, const std::optional<at::Tensor>& kv_scale, double kv_scale_value,
+                double scale, int64_t num_partitions, int64_t partition_size) {
   TORCH_CHECK(q.dim() == 4 && out.dim() == 4 && kv_cache.dim() == 3, "mla_decode: q, out must be [B, T, Hq, W], kv [N, P, W]");
   TORCH_CHECK(q.stride(3) == 1 && out.stride(3) == 1 && kv_cache.stride(2) == 1,
               "mla_decode: the innermost dimension must be contiguous");
-  TORCH_CHECK(out.scalar_type() == q.scalar_type() && kv_cache.scalar_type() == q.scalar_type(),
-              "mla_decode: q, kv_cache and out share one 16-bit dtype");
+  const bool fp8 = kv_cache.scalar_type() == at::kFloat8_e4m3fn || kv_cache.scalar_type() == at::kFloat8_e5m2;
+  TORCH_CHECK(out.scalar_type() == q.scalar_type() && (fp8 || kv_cache.scalar_type() == q.scalar_type()),
+              "mla_decode: q and out share one 16-bit dtype, kv_cache q's or an fp8 dtype");
   c10::OptionalDeviceGuard guard(q.device());
   HabMlaDecodeParams p{};
   p.out = out.data_ptr();
@@ -336,6 +338,9 @@ void mla_decode(at::Tensor& out, const std::optional<at::Tensor>& lse, const std
   p.seq_lens = seq_lens.data_ptr();
   p.scale = float(scale);
   p.dtype = dtype_code(q, "q");
+  p.kv_dtype = dtype_code(kv_cache, "kv_cache");
+  p.kv_scale_ptr = fp8 ? scale_ptr(kv_scale, "kv_scale") : nullptr;
+  p.kv_scale_value = float(kv_scale_value);
   p.table_is_int64 = index_is_int64(block_table, "block_table");
   p.lens_is_int64 = index_is_int64(seq_lens, "seq_lens");
   p.num_seqs = q.size(0);
@@ -401,8 +406,8 @@ TORCH_LIBRARY(hygon_attn, m) {
         "bool pingpong, bool overlap, Tensor? k_scale, Tensor? v_scale, float k_scale_value, "
         "float v_scale_value) -> ()");
   m.def("mla_decode(Tensor(a!) out, Tensor(b!)? lse, Tensor(c!)? max_logits, Tensor(d!)? exp_sums, "
-        "Tensor(e!)? partial_out, Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, float scale, "
-        "int num_partitions, int partition_size) -> ()");
+        "Tensor(e!)? partial_out, Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor? kv_scale, "
+        "float kv_scale_value, float scale, int num_partitions, int partition_size) -> ()");
   m.def("warp_size() -> int", &warp_size);
   m.def("decode_programs_per_sm(ScalarType q_dtype, ScalarType kv_dtype, int head_dim, int rows, int loop_stages, "
         "int loop_tile) -> int",

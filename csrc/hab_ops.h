@@ -163,8 +163,9 @@ const char* hab_prefix_prefill(const HabPrefillParams* p, void* stream);
 // MLA decode on sm_90a (wgmma) over a paged latent cache: one latent row of 576 values a
 // token (kv_lora_rank 512 + rope 64), the key the whole row, the value its first 512; the
 // query rows of a request (row = t * Hq + h of T tokens x Hq heads) share every key. q
-// [B, T, Hq, 576], kv [num_blocks, P, 576] views of q's 16-bit dtype, innermost stride 1,
-// rows 16-byte aligned (checked by the caller). Token t of a request sees keys
+// [B, T, Hq, 576] fp16/bf16, kv [num_blocks, P, 576] of q's dtype or fp8 (e4m3fn / e5m2
+// codes of value / kv_scale), views with innermost stride 1 and rows 16-byte aligned
+// (checked by the caller). Token t of a request sees keys
 // j <= seq_len - T + t. A block id outside [0, num_blocks) or a key past the table's
 // max_blocks * P is absent. Unsplit (num_partitions 1): out [B, T, Hq, 512] q's dtype and
 // lse (natural log, or null). Split: partition z of each sequence (the length over
@@ -181,8 +182,11 @@ typedef struct HabMlaDecodeParams {
   const void* kv;
   const void* block_table;  // [B, max_blocks] int32 / int64
   const void* seq_lens;     // [B] int32 / int64
+  const float* kv_scale_ptr;  // fp8 cache: its per-tensor scale, a 1-element device tensor, or null
+  float kv_scale_value;       // used when the pointer is null
   float scale;
-  int dtype;  // F16 / BF16: q, kv and out
+  int dtype;     // F16 / BF16: q and out
+  int kv_dtype;  // dtype, FP8_E4M3 or FP8_E5M2
   int table_is_int64, lens_is_int64;
   int64_t num_seqs, num_tokens, num_heads, width, rank;
   int64_t page_size, num_blocks, max_blocks, num_partitions, partition_size;

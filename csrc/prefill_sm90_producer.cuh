@@ -41,7 +41,10 @@ HAB_DEV KeyRows key_rows(const HabPrefillParams& p, const TileInfo& ti, const Ha
   return r;
 }
 
+using hab_sm90::fp8x2_to_f16x2;
+using hab_sm90::ld_shared_v4;
 using hab_sm90::shfl_ptr;
+using hab_sm90::st_shared_v4;
 
 // Producer warp `pw` copies rows 32 pw .. 32 pw + 31 of a 128-row 16-bit tile; row
 // 32 pw + l starts at `row` of lane l (null: zero fill). Into the swizzled panels at
@@ -92,24 +95,6 @@ HAB_DEV void load_rows8(Codes8& c, const uint8_t* row_ptr, int pw, int lane) {
     c.w[i][2] = v.z;
     c.w[i][3] = v.w;
   }
-}
-
-// two fp8 codes (low byte first) -> fp16x2, exact (every e4m3 / e5m2 value is an fp16)
-HAB_DEV uint32_t fp8x2_to_f16x2(uint32_t codes, bool e5m2) {
-  uint32_t r;
-  const uint16_t c = uint16_t(codes);
-  if (e5m2) asm("cvt.rn.f16x2.e5m2x2 %0, %1;\n" : "=r"(r) : "h"(c));
-  else asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(c));
-  return r;
-}
-
-HAB_DEV void ld_shared_v4(uint32_t addr, uint32_t (&w)[4]) {
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(addr) : "memory");
-}
-HAB_DEV void st_shared_v4(uint32_t addr, const uint32_t (&w)[4]) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-               : "memory");
 }
 
 // This lane's codes (load_rows8) -> fp16 into the swizzled 16-bit tile at `dst`: chunk

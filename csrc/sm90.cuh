@@ -2,7 +2,8 @@
 //
 //   - mbarriers: init, arrive, the cp.async arrive (the barrier completes when the thread's
 //     earlier cp.async copies have landed), parity wait
-//   - cp.async 16-byte copies with zero fill
+//   - cp.async 16-byte copies with zero fill, an L2 prefetch, 16-byte shared loads / stores
+//   - fp8 (e4m3 / e5m2) codes widened to fp16 (cvt, sm_89+)
 //   - wgmma: shared-memory matrix descriptors (128-byte swizzle), m64n256k16, m64n128k16, m64n64k16
 //     with fp32 accumulators, A from shared memory (SS) or from registers (RS), B from
 //     shared memory K-major (imm-trans-b 0) or MN-major (1); fence / commit / wait
@@ -103,6 +104,79 @@ HAB_DEV void cp_async16(uint32_t dst, const void* src, bool fill) {
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(fill ? 16 : 0)
                : "memory");
 #endif
+}
+
+// Hint: the 128-byte line holding `p` into the L2 (no register written, no fault).
+HAB_DEV void prefetch_l2(const void* p) {
+#if defined(HAB_SM90A)
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+#endif
+}
+
+// 16 bytes of shared memory to / from four registers
+HAB_DEV void ld_shared_v4(uint32_t addr, uint32_t (&w)[4]) {
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(addr) : "memory");
+}
+HAB_DEV void st_shared_v4(uint32_t addr, const uint32_t (&w)[4]) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+               : "memory");
+}
+
+// two fp8 codes (low byte first) -> fp16x2, exact (every e4m3 / e5m2 value is an fp16)
+HAB_DEV uint32_t fp8x2_to_f16x2(uint32_t codes, bool e5m2) {
+  uint32_t r = 0u;
+#if defined(HAB_SM90A)
+  const uint16_t c = uint16_t(codes);
+  if (e5m2) asm("cvt.rn.f16x2.e5m2x2 %0, %1;\n" : "=r"(r) : "h"(c));
+  else asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(c));
+#else
+  (void)codes;
+  (void)e5m2;
+#endif
+  return r;
+}
+
+// One row of a bf16 tile in swizzled panels -> fp16 in place, scaled by the power of two
+// 2^k that brings the row's largest finite |x| into [2^14, 2^15): exact for every element
+// in fp16's normal range (elements below 2^-28 of the row's largest lose bits). Called by
+// the 8 lanes of a row (all 32 lanes of the warp, 4 rows), each with its 16-byte chunk of
+// panel 0 at `addr` and of panel p at addr + p * panel_bytes (NP panels). Returns 1 / 2^k;
+// a zero or non-finite row keeps 2^k = 1 (its NaN / inf stay). The MLA decode's rows
+// (9 panels); the prefill's 2-panel rows have their own loop (prefill_sm90_producer.cuh:
+// widen_q, the same rule), which its register allocation prefers.
+template <int NP>
+HAB_DEV float widen_bf16_row(uint32_t addr, uint32_t panel_bytes) {
+  uint32_t w[NP][4];  // the row's chunks stay in registers between the two passes
+  float mx = 0.f;
+#pragma unroll
+  for (int p = 0; p < NP; ++p) {
+    ld_shared_v4(addr + p * panel_bytes, w[p]);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      mx = fmaxf(mx, fabsf(hab_bits_to_float(w[p][k] << 16)));
+      mx = fmaxf(mx, fabsf(hab_bits_to_float(w[p][k] & 0xffff0000u)));
+    }
+  }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+  // k = 14 - exponent(mx), kept within float's normal powers
+  const int e = int((hab_float_to_bits(mx) >> 23) & 0xff) - 127;
+  const int k = mx > 0.f && mx <= 3.4e38f ? min(126, max(-126, 14 - e)) : 0;
+  const float s = hab_bits_to_float(uint32_t(127 + k) << 23);
+#pragma unroll
+  for (int p = 0; p < NP; ++p) {
+    uint32_t o[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const __half2 v =
+          __floats2half2_rn(hab_bits_to_float(w[p][j] << 16) * s, hab_bits_to_float(w[p][j] & 0xffff0000u) * s);
+      o[j] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+    st_shared_v4(addr + p * panel_bytes, o);
+  }
+  return hab_bits_to_float(uint32_t(127 - k) << 23);
 }
 
 // Generic-proxy writes (cp.async, st.shared) seen by this thread become visible to its

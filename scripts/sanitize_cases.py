@@ -336,6 +336,20 @@ def native_cases() -> None:
         mla("native mla decode Hq 64 T=2 page 1, bad ids, unsplit", page=1, heads=64, tokens=2,
             num_blocks=200, impl="native", table=[list(range(100)), [150, -1] + list(range(2, 100))],
             lens=(100, 77))
+        mla("native mla decode Hq 16 T=3 (48 rows) page 16, bad ids, past the table", page=16, heads=16,
+            tokens=3, num_blocks=30, impl="native",
+            table=[[0, 1, -7, 3, 4, 5, 6, 7], [8, 9, 10, 2**31 - 1, 12, 13, 14, 15]],
+            lens=(120, 900))
+        mla("native mla decode Hq 12 T=3 (36 rows) page 1, unsplit", page=1, heads=12, tokens=3,
+            num_blocks=120, impl="native", table=[list(range(60)), list(range(60, 120))],
+            lens=(60, 41))
+        mla("native mla decode fp8 e4m3 Hq 128 page 64, bad ids, past the table, split",
+            page=64, heads=128, num_blocks=40, impl="native", kv_dtype=torch.float8_e4m3fn,
+            table=[[0, -5, 1000, 3, 4, 5], [6, 7, 8, 9, 10, 11], [12, 13, 2**31 - 1, 14, 15, 16]],
+            lens=(300, 0, 5000))
+        mla("native mla decode fp8 e5m2 Hq 16 T=4 page 1, bad ids, unsplit", page=1, heads=16,
+            tokens=4, num_blocks=200, impl="native", kv_dtype=torch.float8_e5m2,
+            table=[list(range(100)), [150, -1] + list(range(2, 100))], lens=(100, 77))
     print("sanitize_cases: native cases ran, outputs checked", flush=True)
 
 

@@ -5,8 +5,9 @@ the extension on first use. They cover what the kernel's structure adds to the T
 decode's cases: 64-row blocks of T x Hq rows (Hq 64 and 128, T 1 and 2, padded blocks at
 T x Hq = 96, 48 and 36), pages 1 / 16 / 64 read row by row, the split partitions merged by
 the Triton combine, tiles with absent keys (bad block ids, lengths past the table, seq_len 0 and
-seq_len < T), strided views (SGLang's pool inside a wider buffer), CUDA-graph replay, and
-the calls it does not take (misaligned rows). CPU tests: what a plan chooses, the errors it
+seq_len < T), strided views (SGLang's pool inside a wider buffer), CUDA-graph replay, fp8
+caches (e4m3 / e5m2 codes widened in place in shared memory, a bf16 query widened per row,
+the scale from a tensor or a float), and the calls it does not take (misaligned rows). CPU tests: what a plan chooses, the errors it
 raises and the split rule.
 """
 
@@ -21,6 +22,7 @@ from tests.ops.test_mla_decode import check_against_reference, make_batch, make_
 
 gpu = pytest.mark.gpu
 BF16 = torch.bfloat16
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
 def _need_sm90():
@@ -53,6 +55,69 @@ def test_native_matches_reference(heads, tokens, page, num_partitions):
                     impl="native")
     assert plan.impl == "native"
     assert plan.config.block_m == _native.ROWS and plan.config.block_n == _native.BLOCK_N
+
+
+@gpu
+@pytest.mark.parametrize("kv_dtype", [E4M3, E5M2])
+@pytest.mark.parametrize("num_partitions", [None, 5])
+@pytest.mark.parametrize("page", [1, 64])
+@pytest.mark.parametrize("heads,tokens", [(128, 1), (64, 2), (16, 3)])
+def test_native_fp8_matches_reference(heads, tokens, page, num_partitions, kv_dtype):
+    """fp8 latent caches: every 16-bit panel of a tile widened from the codes staged in the
+    same stage (panel 8 overlaps its own codes), absent keys' zero-filled codes, the scale
+    from a tensor (split) or a float (unsplit)."""
+    _need_sm90()
+    torch.manual_seed(heads + 7 * tokens + page + (kv_dtype == E5M2))
+    lens = torch.randint(1, 3000, (6,)).tolist()
+    lens[0], lens[1], lens[2] = 4097, 1, 65
+    plan = run_case(seq_lens=lens, page_size=page, rank=512, rope=64, heads=heads,
+                    tokens=tokens, dtype=BF16, kv_dtype=kv_dtype, return_lse=True,
+                    num_partitions=num_partitions, tensor_scale=num_partitions is not None,
+                    impl="native")
+    assert plan.impl == "native"
+
+
+@gpu
+@pytest.mark.parametrize("kv_dtype", [E4M3, E5M2])
+def test_native_fp8_auto_choice_fp16_query_and_bounds(kv_dtype):
+    """"auto" takes the native kernel for an fp8 cache at 128 rows; an fp16 query (used as
+    it is), bad block ids, a length past the table and seq_len 0 give the reference's
+    answer."""
+    _need_sm90()
+    torch.manual_seed(17)
+    plan = run_case(seq_lens=[2000, 333, 17], page_size=16, rank=512, rope=64, heads=128,
+                    dtype=torch.float16, kv_dtype=kv_dtype, impl="auto", return_lse=True)
+    assert plan.impl == "native"
+    q, kv, table, lens = make_batch(seq_lens=[300, 200, 0, 90], page_size=16, rank=512,
+                                    rope=64, heads=64, tokens=2, dtype=BF16, kv_dtype=kv_dtype)
+    table[0, 1] = -3
+    table[1, 2] = kv.shape[0] + 7
+    lens[3] = 10_000
+    bounded = plan_mla_decode(block_table=table, seq_lens=lens, page_size=16, num_q_heads=64,
+                              kv_lora_rank=512, rope_dim=64, q_dtype=BF16, kv_dtype=kv_dtype,
+                              num_tokens=2, impl="native", max_seq_len=400, return_lse=True)
+    out, lse = bounded.run(q, kv, kv_scale=0.5)
+    check_against_reference(q, kv, table, lens, rank=512, out=out, lse=lse, kv_scale=0.5)
+    assert torch.all(out[2] == 0) and torch.all(torch.isneginf(lse[2]))
+
+
+@gpu
+def test_native_fp8_query_rows_of_any_magnitude():
+    """A bf16 query is widened to fp16 row by row (a power of two per row, folded into the
+    logits): rows far past fp16's range (2^20) and far below it (2^-20) keep their
+    answer."""
+    _need_sm90()
+    torch.manual_seed(23)
+    q, kv, table, lens = make_batch(seq_lens=[1500, 700], page_size=64, rank=512, rope=64,
+                                    heads=64, dtype=BF16, kv_dtype=E4M3)
+    q[0, :32] *= 2.0 ** 20
+    q[1, 32:] *= 2.0 ** -20
+    plan = plan_mla_decode(block_table=table, seq_lens=lens, page_size=64, num_q_heads=64,
+                           kv_lora_rank=512, rope_dim=64, q_dtype=BF16, kv_dtype=E4M3,
+                           impl="native", scale=2.0 ** -20, return_lse=True)
+    out, lse = plan.run(q, kv, kv_scale=torch.tensor([0.5], device="cuda"))
+    check_against_reference(q, kv, table, lens, rank=512, out=out, lse=lse, kv_scale=0.5,
+                            scale=2.0 ** -20)
 
 
 @gpu
@@ -170,8 +235,11 @@ def test_choice_and_refusals_without_the_gpu():
                                      kv_dtype=BF16) is None
     assert "512 + 64" in _native.shape_unsupported(kv_lora_rank=256, rope_dim=64,
                                                    q_dtype=BF16, kv_dtype=BF16)
+    for fp8 in (E4M3, E5M2):
+        assert _native.shape_unsupported(kv_lora_rank=512, rope_dim=64, q_dtype=BF16,
+                                         kv_dtype=fp8) is None
     assert "cache of q's dtype" in _native.shape_unsupported(
-        kv_lora_rank=512, rope_dim=64, q_dtype=BF16, kv_dtype=torch.float8_e4m3fn)
+        kv_lora_rank=512, rope_dim=64, q_dtype=BF16, kv_dtype=torch.float16)
     assert "sm_90" in _native.device_unsupported(torch.device("cpu"))
     assert tuning.native_preferred(rows=128) and tuning.native_preferred(rows=64)
     assert tuning.native_preferred(rows=48)  # MTP q_len 3 at Hq 16: Triton pads to 64 too

@@ -17,6 +17,8 @@ ROPE = 64      # and rope channels: 576-wide latent rows
 ROWS = 64      # query rows of a program (T x Hq rows of a request in blocks of 64)
 BLOCK_N = 64   # keys a tile: the split's alignment, which the Triton combine must share
 DTYPES = (torch.float16, torch.bfloat16)
+#: the fp8 caches it widens to fp16 (a per-tensor scale)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def device_unsupported(device: torch.device) -> Optional[str]:
@@ -30,9 +32,9 @@ def shape_unsupported(*, kv_lora_rank: int, rope_dim: int, q_dtype: torch.dtype,
     reason it does not (the device is :func:`device_unsupported`'s question)."""
     if (kv_lora_rank, rope_dim) != (RANK, ROPE):
         return f"latent rows {kv_lora_rank} + {rope_dim} (native MLA decode: {RANK} + {ROPE})"
-    if q_dtype not in DTYPES or kv_dtype != q_dtype:
-        return (f"q {q_dtype} with a {kv_dtype} cache (native MLA decode: a float16/bfloat16 "
-                "cache of q's dtype)")
+    if q_dtype not in DTYPES or (kv_dtype != q_dtype and kv_dtype not in FP8_DTYPES):
+        return (f"q {q_dtype} with a {kv_dtype} cache (native MLA decode: float16/bfloat16 q "
+                "with a cache of q's dtype, float8_e4m3fn or float8_e5m2)")
     return None
 
 
@@ -41,17 +43,20 @@ def call_unsupported(q: torch.Tensor, kv_cache: torch.Tensor,
     """Why one call's tensors cannot run the native MLA decode (None: they can)."""
     if out.dtype != q.dtype:
         return f"out dtype {out.dtype} (the native kernel writes q's {q.dtype})"
-    for name, t, elems in (("q", q, 8), ("kv_cache", kv_cache, 8), ("out", out, 2)):
-        if not _checks.rows_aligned(t, elems):
-            return (f"{name} rows not {2 * elems}-byte aligned with a contiguous last dim "
+    for name, t, nbytes in (("q", q, 16), ("kv_cache", kv_cache, 16), ("out", out, 4)):
+        if not _checks.rows_aligned(t, nbytes // t.element_size()):
+            return (f"{name} rows not {nbytes}-byte aligned with a contiguous last dim "
                     f"(strides {tuple(t.stride())})")
     return None
 
 
 def launch(plan, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
-           lse: Optional[torch.Tensor]) -> None:
+           lse: Optional[torch.Tensor], kv_scale_ptr: Optional[torch.Tensor] = None,
+           kv_scale_value: float = 1.0) -> None:
     """The decode launch of ``plan`` (impl ``"native"``) for one layer, the tensors checked
-    (:func:`call_unsupported`); a split plan's combine follows (the caller's)."""
+    (:func:`call_unsupported`); a split plan's combine follows (the caller's). An fp8
+    cache's scale: ``kv_scale_ptr`` (a 1-element float32 tensor, read on the device) or
+    ``kv_scale_value``."""
     q4 = q if q.dim() == 4 else q.unsqueeze(1)
     out4 = out if out.dim() == 4 else out.unsqueeze(1)
     cfg, ws = plan.config, plan.workspace
@@ -62,8 +67,9 @@ def launch(plan, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
     native.load().mla_decode(
         out4, lse3, ws.max_logits if split else None, ws.exp_sums if split else None,
         ws.partial_out if split else None, q4, kv_cache, plan.block_table, plan.seq_lens,
-        float(plan.scale), int(cfg.num_partitions), int(cfg.kernel_partition_size))
+        kv_scale_ptr, float(kv_scale_value), float(plan.scale), int(cfg.num_partitions),
+        int(cfg.kernel_partition_size))
 
 
-__all__ = ["RANK", "ROPE", "ROWS", "BLOCK_N", "device_unsupported", "shape_unsupported",
+__all__ = ["RANK", "ROPE", "ROWS", "BLOCK_N", "DTYPES", "FP8_DTYPES", "device_unsupported", "shape_unsupported",
            "call_unsupported", "launch"]

@@ -210,17 +210,18 @@ class MLADecodePlan:
             launches = self._variants.get(from_ptr)
             if launches is None:
                 launches = self._variants[from_ptr] = triton.make_launches(self, from_ptr)
+            value = float(kv_scale) if fp8 and kv_scale is not None and not from_ptr else 1.0
             if self.impl == "native":
                 why = native.call_unsupported(q, kv_cache, out)
                 if why is None:
-                    native.launch(self, q, kv_cache, out, lse)
+                    native.launch(self, q, kv_cache, out, lse,
+                                  kv_scale if from_ptr else None, value)
                     triton.run_combine(launches, out, lse)
                     return (out, lse) if self.return_lse else out
                 if self.impl_requested == "native":
                     raise ValueError(f"impl='native' does not cover this call: {why}")
                 # "auto" chose native and this call's tensors need Triton: the same config
                 # and partitions
-            value = float(kv_scale) if fp8 and kv_scale is not None and not from_ptr else 1.0
             triton.run(launches, q, kv_cache, out, lse, kv_scale if from_ptr else None, value)
         return (out, lse) if self.return_lse else out
 
@@ -252,8 +253,8 @@ def plan_mla_decode(*, block_table: torch.Tensor, seq_lens: torch.Tensor, page_s
        capacity ``max_blocks * page_size``); a longer sequence gets the same answer.
     return_lse: the calls also return each row's LSE (``[B, (T,) Hq]`` float32).
     impl: ``"auto"`` (the native sm_90a kernel where ``tuning.native_preferred`` takes it
-       and it covers the batch: H100/H200, 512 + 64 rows of q's 16-bit dtype, >= 33 query
-       rows a request; else Triton on a GPU or under ``TRITON_INTERPRET=1``; else the
+       and it covers the batch: H100/H200, 512 + 64 rows of q's 16-bit dtype or fp8,
+       >= 33 query rows a request; else Triton on a GPU or under ``TRITON_INTERPRET=1``; else the
        reference) | ``"native"`` (raises where it does not cover the batch) | ``"triton"``
        | ``"reference"``. A call whose tensors the native kernel cannot take (rows not
        16-byte aligned, a float32 ``out``) runs Triton under ``"auto"``.
