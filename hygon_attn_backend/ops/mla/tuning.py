@@ -176,7 +176,7 @@ def workspace_partitions(*, num_seqs: int, num_q_heads: int, num_tokens: int,
 def native_preferred(*, rows: int) -> bool:
     """Whether ``impl="auto"`` takes the native MLA decode (``csrc/mla_decode_sm90.cu``)
     for a batch of ``rows = T x Hq`` query rows a request, where it covers the batch
-    (sm_90, 512 + 64 rows of q's 16-bit dtype: ``native.shape_unsupported``).
+    (sm_90, 512 + 64 rows of q's 16-bit dtype or fp8: ``native.shape_unsupported``).
 
     Reasoning: from 64 rows a request the loop is bound by the two products (242 FLOP per
     cached byte at 128 rows), which the native kernel runs on wgmma with a producer
@@ -188,7 +188,9 @@ def native_preferred(*, rows: int) -> bool:
     decode, native"): native / Triton 0.093 / 0.177 ms at (32, 4k), 0.268 / 0.595 at
     (128, 4k), 2.08 / 4.62 at (128, 32k). H100, Hq 16, page 64, 2026-12-07: 48 rows (MTP
     q_len 3) on the native kernel 0.127 / 0.405 ms at (32, 8k) / (128, 8k) (1.02x / 0.97x
-    the q_len 1 time), on the Triton 64-row tile 0.179 / 0.607 (1.39x / 1.38x).
+    the q_len 1 time), on the Triton 64-row tile 0.179 / 0.607 (1.39x / 1.38x). fp8 (e4m3)
+    caches, H100, page 64, 2026-12-07: native / Triton 0.338 / 0.960 ms at Hq 128 (32, 16k),
+    0.631 / 1.869 at Hq 64 (128, 16k): the rule is the same for both.
     """
     return rows >= MLA_NATIVE_MIN_ROWS
 
