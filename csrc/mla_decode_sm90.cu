@@ -24,7 +24,9 @@
 //   (warpgroup 1) warpgroup 0's factors.
 //
 // The value of a key is the first 512 channels of its row in the K tile itself: V is read
-// MN-major from the same shared memory (no second copy).
+// MN-major from the same shared memory (no second copy). Each warpgroup holds a 64 x 256
+// fp32 accumulator (128 registers a thread); warpgroup 0 takes the registers the
+// producers give up (setmaxnreg).
 //
 // fp8 caches (KVF = KV_E4M3 / KV_E5M2): the products run on fp16 operands. The producers
 // copy a tile's codes (64 x 576 bytes) into the upper half of its stage and widen them in
@@ -32,9 +34,7 @@
 // codes of panels 2c - 9 and 2c - 8 only, so four producer barriers order them:
 // widen_tile); the next tile's rows are prefetched into the L2 meanwhile. A bf16 query is
 // widened to fp16 in place, each row scaled by a power of two (sm90.cuh: widen_bf16_row)
-// that folds into its logits' scale; kv_scale multiplies the logits and the output. Each warpgroup holds a 64 x 256
-// fp32 accumulator (128 registers a thread); warpgroup 0 takes the registers the
-// producers give up (setmaxnreg).
+// that folds into its logits' scale; kv_scale multiplies the logits and the output.
 //
 // Barriers: full_q / full_k (mbarriers) complete when the producers' copies land (and the
 // mask words are written); empty_k when the 8 consumer warps are done with a stage. The two
@@ -269,6 +269,13 @@ HAB_DEV void widen_q(uint32_t q_tile, float* q_inv, int pw, int lane) {
   }
 }
 
+// Whether the producers widen Q to fp16 (a bf16 query beside an fp8 cache; q_inv holds
+// each row's factor), read by the producers and by warpgroup 0
+template <int KVF>
+HAB_DEV bool widens_query(const HabMlaDecodeParams& p) {
+  return KVF != KV_16BIT && p.dtype == HAB_BF16;
+}
+
 template <int KVF>
 HAB_DEV void producer(const HabMlaDecodeParams& p, const Work& w, const Barriers& b, uint32_t smem, int pw,
                       int lane) {
@@ -284,7 +291,7 @@ HAB_DEV void producer(const HabMlaDecodeParams& p, const Work& w, const Barriers
     q_row = static_cast<const uint8_t*>(p.q) + 2 * (w.seq * p.q_stride[0] + tok * p.q_stride[1] + head * p.q_stride[2]);
   }
   copy_tile(smem + Q_OFF, q_row, p.q, pw, lane);
-  if (FP8 && p.dtype == HAB_BF16) {
+  if (widens_query<KVF>(p)) {
     asm volatile("cp.async.wait_all;\n" ::: "memory");  // this lane's Q copies (nothing else is in flight)
     __syncwarp();                                       // and the warp's: its rows are its own
     widen_q(smem + Q_OFF, b.q_inv, pw, lane);
@@ -425,7 +432,7 @@ HAB_DEV void softmax_warpgroup(const HabMlaDecodeParams& p, const Work& w, const
   for (int i = 0; i < 16; ++i) pa[i] = 0u;
   const uint32_t q_tile = smem + Q_OFF;
   hab_sm90::mbar_wait(b.full_q, 0);
-  if (KVF != KV_16BIT && p.dtype == HAB_BF16) {
+  if (widens_query<KVF>(p)) {
     mult[0] *= b.q_inv[rs.r[0]];
     mult[1] *= b.q_inv[rs.r[1]];
   }
