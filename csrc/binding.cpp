@@ -300,6 +300,8 @@ void prefix_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_ca
   p.num_q_heads = q.size(1);
   p.num_kv_heads = k_cache.size(1);
   p.head_dim = q.size(2);
+  p.head_dim_v = v_cache.size(3);
+  p.total_q = q.size(0);
   p.page_size = k_cache.size(2);
   p.num_blocks = k_cache.size(0);
   p.max_blocks = block_table.size(1);
@@ -312,6 +314,77 @@ void prefix_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_ca
   p.cu_stride = cu_seqlens_q.stride(0);
   p.lens_stride = seq_lens_k.stride(0);
   check(hab_prefix_prefill(&p, stream_of(q)), "prefix_prefill");
+}
+
+// Ragged dense attention on the prefill kernel (MLA's up-projected prefill): q [Tq, Hq,
+// 128 or 192], k [Tk, Hkv, q's width], v [Tk, Hkv, 128], out [Tq, Hq, 128], one 16-bit
+// dtype, innermost contiguous; request b's queries rows cu_seqlens_q[b] .., its keys rows
+// cu_seqlens_k[b] ..; lse [Hq, Tq] float32 (optional).
+void ragged_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const std::optional<at::Tensor>& lse, const at::Tensor& cu_seqlens_q,
+                    const at::Tensor& cu_seqlens_k, const at::Tensor& tile_req, const at::Tensor& tile_mblock,
+                    const std::optional<at::Tensor>& sched, double scale, bool causal) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && out.dim() == 3, "ragged_prefill: q, k, v, out must be 3-d");
+  TORCH_CHECK(k.size(2) == q.size(2) && v.sizes().slice(0, 2) == k.sizes().slice(0, 2) && out.size(0) == q.size(0) &&
+                  out.size(1) == q.size(1) && out.size(2) == v.size(2),
+              "ragged_prefill: q [Tq, Hq, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv], out [Tq, Hq, Dv]");
+  TORCH_CHECK(q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1 && out.stride(2) == 1,
+              "ragged_prefill: the innermost dimension must be contiguous");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type() &&
+                  out.scalar_type() == q.scalar_type(),
+              "ragged_prefill: q, k, v and out share one 16-bit dtype");
+  TORCH_CHECK(tile_req.scalar_type() == at::kInt && tile_mblock.scalar_type() == at::kInt &&
+                  tile_req.is_contiguous() && tile_mblock.is_contiguous() && tile_mblock.numel() == tile_req.numel(),
+              "ragged_prefill: the tile map must be contiguous int32");
+  TORCH_CHECK(cu_seqlens_k.dim() == 1 && cu_seqlens_k.numel() == cu_seqlens_q.numel(),
+              "ragged_prefill: cu_seqlens_q and cu_seqlens_k must both be [B + 1]");
+  c10::OptionalDeviceGuard guard(q.device());
+  HabPrefillParams p{};
+  p.out = out.data_ptr();
+  p.q = q.data_ptr();
+  p.k_new = k.data_ptr();
+  p.v_new = v.data_ptr();
+  copy_strides(p.kn_stride, k);
+  copy_strides(p.vn_stride, v);
+  if (lse.has_value()) {
+    TORCH_CHECK(lse->scalar_type() == at::kFloat && lse->dim() == 2 && lse->size(0) == q.size(1) &&
+                    lse->size(1) == q.size(0),
+                "ragged_prefill: lse must be float32 [Hq, Tq]");
+    p.lse = lse->data_ptr<float>();
+    p.lse_stride[0] = lse->stride(1);  // (token, head)
+    p.lse_stride[1] = lse->stride(0);
+  }
+  p.cu_seqlens_q = cu_seqlens_q.data_ptr();
+  p.seq_lens_k = cu_seqlens_k.data_ptr();
+  p.tile_req = tile_req.data_ptr<int32_t>();
+  p.tile_mblock = tile_mblock.data_ptr<int32_t>();
+  if (sched.has_value()) {
+    TORCH_CHECK(sched->scalar_type() == at::kInt && sched->is_contiguous() && sched->numel() == 2,
+                "ragged_prefill: sched must be a contiguous int32 [2] (zeros)");
+    p.sched = sched->data_ptr<int32_t>();
+  }
+  p.scale = float(scale);
+  p.dtype = dtype_code(q, "q");
+  p.kv_dtype = p.dtype;
+  p.cu_is_int64 = index_is_int64(cu_seqlens_q, "cu_seqlens_q");
+  p.lens_is_int64 = index_is_int64(cu_seqlens_k, "cu_seqlens_k");
+  p.causal = causal ? 1 : 0;
+  p.pingpong = 1;
+  p.overlap = 1;
+  p.ragged = 1;
+  p.num_tiles = tile_req.numel();
+  p.num_q_heads = q.size(1);
+  p.num_kv_heads = k.size(1);
+  p.head_dim = q.size(2);
+  p.head_dim_v = v.size(2);
+  p.total_q = q.size(0);
+  p.total_k = k.size(0);
+  p.page_size = 1;
+  copy_strides(p.q_stride, q);
+  copy_strides(p.o_stride, out);
+  p.cu_stride = cu_seqlens_q.stride(0);
+  p.lens_stride = cu_seqlens_k.stride(0);
+  check(hab_prefix_prefill(&p, stream_of(q)), "ragged_prefill");
 }
 
 // MLA decode (csrc/mla_decode_sm90.cu): q [B, T, Hq, 576], kv [N, P, 576] of q's dtype or
@@ -405,6 +478,8 @@ TORCH_LIBRARY(hygon_attn, m) {
         "Tensor tile_req, Tensor tile_mblock, Tensor(c!)? sched, float scale, float soft_cap, bool causal, int sliding_window, "
         "bool pingpong, bool overlap, Tensor? k_scale, Tensor? v_scale, float k_scale_value, "
         "float v_scale_value) -> ()");
+  m.def("ragged_prefill(Tensor(a!) out, Tensor q, Tensor k, Tensor v, Tensor(b!)? lse, Tensor cu_seqlens_q, "
+        "Tensor cu_seqlens_k, Tensor tile_req, Tensor tile_mblock, Tensor(c!)? sched, float scale, bool causal) -> ()");
   m.def("mla_decode(Tensor(a!) out, Tensor(b!)? lse, Tensor(c!)? max_logits, Tensor(d!)? exp_sums, "
         "Tensor(e!)? partial_out, Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor? kv_scale, "
         "float kv_scale_value, float scale, int num_partitions, int partition_size) -> ()");
@@ -419,5 +494,6 @@ TORCH_LIBRARY_IMPL(hygon_attn, CUDA, m) {
   m.impl("copy_blocks", &copy_blocks);
   m.impl("paged_decode", &paged_decode);
   m.impl("prefix_prefill", &prefix_prefill);
+  m.impl("ragged_prefill", &ragged_prefill);
   m.impl("mla_decode", &mla_decode);
 }

@@ -112,11 +112,13 @@ const char* hab_paged_decode(const HabDecodeParams* p, void* stream);
 
 // prefix prefill ("extend") on sm_90a (wgmma): new tokens of each request attend to its
 // paged prefix and to themselves under j <= i + (Lk - Lq) (causal), head_dim 128, fp16 or
-// bf16 everywhere (no fp8 KV). q/out [total_q, Hq, 128], caches [N, Hkv, P, 128] views,
-// k_new/v_new [total_q, Hkv, 128] or null (then every key is in the cache), innermost
-// stride 1 and rows 16-byte aligned (checked by the caller). The tile map (tile_req,
-// tile_mblock: num_tiles int32, req < 0 unused) has blocks of 128 / group tokens. A block
-// id outside [0, num_blocks) or a table column past max_blocks is an absent key.
+// bf16 q (the caches q's dtype or fp8). q/out [total_q, Hq, 128], caches [N, Hkv, P, 128]
+// views, k_new/v_new [total_q, Hkv, 128] or null (then every key is in the cache),
+// innermost stride 1 and rows 16-byte aligned (checked by the caller). The tile map
+// (tile_req, tile_mblock: num_tiles int32, req < 0 unused) has blocks of 128 / group
+// tokens. A block id outside [0, num_blocks) or a table column past max_blocks is an
+// absent key. Ragged (the same kernel): dense K/V of their own lengths, q/k 128 or 192
+// wide, v 128, 16-bit (out [total_q, Hq, 128]).
 typedef struct HabPrefillParams {
   void* out;
   const void* q;
@@ -128,6 +130,8 @@ typedef struct HabPrefillParams {
   const float* sinks;  // [Hq] float32 or null
   const void* block_table;
   const void* cu_seqlens_q;
+  // [B] int32 / int64 every key of a request; ragged: cu_seqlens_k [B + 1], request b's
+  // keys rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] of k_new / v_new (no cache)
   const void* seq_lens_k;
   const int32_t* tile_req;
   const int32_t* tile_mblock;
@@ -149,7 +153,15 @@ typedef struct HabPrefillParams {
   // 1: a warpgroup issues S of the next tile with P V of this one (intra-warpgroup
   // overlap); 0: one tile at a time
   int overlap;
-  int64_t num_tiles, num_q_heads, num_kv_heads, head_dim;
+  // 1: ragged dense attention (MLA's up-projected prefill): every key from k_new / v_new,
+  // request b's at rows cu_seqlens_k[b] (seq_lens_k holds cu_seqlens_k), no cache, no
+  // block table; the mask bottom-right causal as for a prefix of Lk - Lq keys
+  int ragged;
+  int64_t num_tiles, num_q_heads, num_kv_heads;
+  int64_t head_dim, head_dim_v;  // q / k and v heads: 128 / 128, or 192 / 128 (16-bit only)
+  // rows of q / out and (ragged) of k_new / v_new: a row outside them is never read or
+  // written, whatever the offsets say
+  int64_t total_q, total_k;
   int64_t page_size, num_blocks, max_blocks, sliding_window;  // sliding_window <= 0: off
   int64_t q_stride[2], o_stride[2];    // (token, head)
   int64_t k_stride[3], v_stride[3];    // (block, head, slot)

@@ -34,6 +34,13 @@
 // Keys walked by an item: [key_lo, key_end) with key_end = min(Lk, last row's diagonal +
 // 1) (causal: tiles above the diagonal never loaded) and key_lo from the sliding window.
 // Rows that see no key give out = 0 and lse = -inf (with a sink: the sink alone).
+//
+// Ragged (p.ragged; MLA's up-projected prefill and dense varlen attention): every key of
+// request b comes from the dense k_new / v_new rows cu_seqlens_k[b] .., under the same
+// bottom-right mask (Lk < Lq: the first Lq - Lk rows see no key). The q/k head may be 192
+// (MLA: 128 nope + 64 rope) with a 128-wide v: Q and K tiles of three 64-channel panels,
+// S in 12 k-steps, a 2-stage ring (D_QK, Layout). A row index outside q / out or k / v
+// (wild offsets) is never read or written.
 #include <algorithm>
 
 #include "compat.h"
@@ -57,9 +64,9 @@ HAB_DEV float tanh_approx(float x) {
 // IS_BF16: q and out are bf16 (else fp16). FP8: fp8 caches, whose tiles the producers
 // widen to fp16 (with a bf16 Q rescaled per row into fp16): the products run in fp16,
 // the K scale and Q's row scales fold into the logit multiplier, the V scale into 1 / l.
-template <bool IS_BF16, bool FP8, bool SOFT_CAP>
+template <bool IS_BF16, bool FP8, bool SOFT_CAP, int D_QK>
 struct Consumer {
-  using L = Layout<FP8>;
+  using L = Layout<FP8, D_QK>;
   static constexpr bool MMA_BF16 = IS_BF16 && !FP8;
   const HabPrefillParams& p;
   const TileInfo& ti;
@@ -89,7 +96,8 @@ struct Consumer {
       const int r = r_base + 8 * h;
       tok[h] = ti.m_tok0 + r / ti.group;
       head[h] = ti.kv_head * ti.group + r % ti.group;
-      row_ok[h] = r < ti.tok_m * ti.group && tok[h] < ti.len_q;
+      row_ok[h] = r < ti.tok_m * ti.group && tok[h] < ti.len_q && ti.q_start + tok[h] >= 0 &&
+                  ti.q_start + tok[h] < p.total_q;  // wild offsets write nothing
       diag[h] = ti.len_p + tok[h];
       // a sink is one more key of value 0: l starts at 1 (on one lane of the row)
       m[h] = p.sinks != nullptr && row_ok[h] ? p.sinks[head[h]] * LOG2E : -INFINITY;
@@ -114,17 +122,18 @@ struct Consumer {
   HAB_DEV void pass_turn() { if (pingpong) hab_sm90::named_arrive(1 + (wg ^ 1), 256); }
 
   // Wait for K tile j, keep its key mask (the producer rewrites it once the stage is
-  // released) and issue S = Q K^T ([64 x 128] fp32) into sc; committed, not waited.
+  // released) and issue S = Q K^T ([64 x 128] fp32, D_QK / 16 k-steps) into sc; committed,
+  // not waited.
   HAB_DEV void issue_s(float (&sc)[64], uint32_t (&bits)[4], int j) {
     const int s = stage(j);
     hab_sm90::mbar_wait(b.full_k + s, parity(j));
 #pragma unroll
     for (int w = 0; w < 4; ++w) bits[w] = b.mask[4 * s + w];
     hab_sm90::fence_proxy_async();
-    const uint32_t k_tile = smem + L::K_OFF + s * TILE_BYTES;
+    const uint32_t k_tile = smem + L::K_OFF + s * L::QK_TILE_BYTES;
     hab_sm90::wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+    for (int ks = 0; ks < D_QK / 16; ++ks) {
       const uint32_t off = (ks / 4) * PANEL_BYTES + (ks % 4) * 32;
       hab_sm90::wgmma_ss_m64n128k16<MMA_BF16>(sc, hab_sm90::desc_sw128(q_tile + off, 16, 1024),
                                               hab_sm90::desc_sw128(k_tile + off, 16, 1024), ks > 0);
@@ -331,10 +340,10 @@ struct Consumer {
   }
 };
 
-template <bool IS_BF16, bool FP8, bool SOFT_CAP>
+template <bool IS_BF16, bool FP8, bool SOFT_CAP, int D_QK>
 __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_constant__ HabPrefillParams p) {
 #if defined(HAB_SM90A)
-  using L = Layout<FP8>;
+  using L = Layout<FP8, D_QK>;
   constexpr int STAGES = L::STAGES;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t raw = hab_sm90::smem_addr(smem_raw);
@@ -380,7 +389,7 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
                 "setmaxnreg: more registers than the launch allocates");
   if (warp >= CONSUMER_WARPS) {
     hab_sm90::setmaxnreg_dec<L::PRODUCER_REGS>();
-    producer<FP8>(p, b, smem, warp - CONSUMER_WARPS, lane);
+    producer<FP8, D_QK>(p, b, smem, warp - CONSUMER_WARPS, lane);
   } else {
     hab_sm90::setmaxnreg_inc<CONSUMER_REGS>();
     if (p.pingpong && warp >= 4) hab_sm90::named_arrive(1, 256);  // warpgroup 0 takes the first turn
@@ -390,7 +399,7 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
       TileInfo ti;
       if (*reinterpret_cast<volatile int32_t*>(b.work) < 0) break;
       load_info(p, b.info, ti);
-      Consumer<IS_BF16, FP8, SOFT_CAP> c(p, ti, b, smem, warp, lane, jg);
+      Consumer<IS_BF16, FP8, SOFT_CAP, D_QK> c(p, ti, b, smem, warp, lane, jg);
       if (p.overlap) c.run_overlap();
       else c.run_serial();
       c.finish();
@@ -402,10 +411,10 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
 #endif
 }
 
-template <bool IS_BF16, bool FP8, bool SOFT_CAP>
+template <bool IS_BF16, bool FP8, bool SOFT_CAP, int D_QK = HEAD_DIM>
 const char* launch(const HabPrefillParams& p, cudaStream_t stream) {
-  auto kernel = prefill_kernel<IS_BF16, FP8, SOFT_CAP>;
-  constexpr int SMEM_BYTES = Layout<FP8>::SMEM_BYTES;
+  auto kernel = prefill_kernel<IS_BF16, FP8, SOFT_CAP, D_QK>;
+  constexpr int SMEM_BYTES = Layout<FP8, D_QK>::SMEM_BYTES;
   static uint64_t configured = 0;  // one bit per device
   int dev = 0;
   if (const char* err = hab_sm90::opt_in_smem(kernel, SMEM_BYTES, configured, dev)) return err;
@@ -426,9 +435,13 @@ const char* launch(const HabPrefillParams& p, cudaStream_t stream) {
 extern "C" const char* hab_prefix_prefill(const HabPrefillParams* p, void* stream) {
 #if defined(HAB_CUDA)
   using namespace hab_prefill;
-  if (p->head_dim != HEAD_DIM) return "prefix_prefill: the native kernel takes head_dim 128";
+  const bool mla = p->head_dim == MLA_HEAD_DIM && p->head_dim_v == HEAD_DIM;
+  if (!mla && (p->head_dim != HEAD_DIM || p->head_dim_v != HEAD_DIM))
+    return "prefix_prefill: the native kernel takes q/k and v heads 128 / 128 or 192 / 128";
   if (p->dtype != HAB_F16 && p->dtype != HAB_BF16) return "prefix_prefill: dtype must be fp16 or bf16";
   const bool fp8 = p->kv_dtype == HAB_FP8_E4M3 || p->kv_dtype == HAB_FP8_E5M2;
+  if (p->ragged && (fp8 || p->k_new == nullptr)) return "prefix_prefill: ragged attention takes dense 16-bit K / V";
+  if (mla && (fp8 || p->soft_cap > 0.f)) return "prefix_prefill: a 192-wide q/k head takes 16-bit K / V, no soft cap";
   if (p->kv_dtype != p->dtype && !fp8) return "prefix_prefill: the caches must have q's dtype or be fp8";
   if (fp8 && p->k_new != nullptr) return "prefix_prefill: fp8 caches take no dense k_new / v_new";
   if (p->num_kv_heads <= 0 || p->num_q_heads % p->num_kv_heads) return "prefix_prefill: bad head counts";
@@ -440,6 +453,7 @@ extern "C" const char* hab_prefix_prefill(const HabPrefillParams* p, void* strea
   if (p->num_tiles * p->num_kv_heads >= (int64_t(1) << 31)) return "prefix_prefill: more than 2^31 work items";
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool bf16 = p->dtype == HAB_BF16, cap = p->soft_cap > 0.f;
+  if (mla) return bf16 ? launch<true, false, false, MLA_HEAD_DIM>(*p, s) : launch<false, false, false, MLA_HEAD_DIM>(*p, s);
   if (fp8) {
     if (bf16) return cap ? launch<true, true, true>(*p, s) : launch<true, true, false>(*p, s);
     return cap ? launch<false, true, true>(*p, s) : launch<false, true, false>(*p, s);

@@ -15,7 +15,8 @@ namespace hab_prefill {
 
 constexpr int BLOCK_M = 128;  // query rows of a program: two consumer warpgroups x 64
 constexpr int BLOCK_N = 128;  // keys per K/V tile
-constexpr int HEAD_DIM = 128;
+constexpr int HEAD_DIM = 128;  // the value head, and the query/key head of a cache
+constexpr int MLA_HEAD_DIM = 192;  // the query/key head of MLA's up-projected prefill (ragged)
 // K/V ring stages of 16-bit caches (3 x 64 KB + Q fit in 227 KB) and the registers a
 // producer thread keeps (setmaxnreg), so 216 a consumer: the measured best (3 stages
 // +1-6% over 2; 64 producer registers +2-7% over 56 / 224, 80 / 208 and beyond lose 1-4%;
@@ -32,14 +33,19 @@ constexpr int INFO_WORDS = 8;
 // registers a producer keeps. FP8 (fp8 caches): the producers hold the next K and V
 // tiles' codes in registers (104 a thread, 200 left to a consumer: measured 1.24 ms
 // where 96 spills, 1.42, and 112 / 192 is level) and widen them into the 16-bit ring;
-// Q's row scales (QSCALE, [BLOCK_M] float) come with Q.
-template <bool FP8>
+// Q's row scales (QSCALE, [BLOCK_M] float) come with Q. D_QK: the query/key head; at 192
+// (MLA, 16-bit) a Q or K tile is three 64-channel panels (48 KB) and the ring two stages
+// (Q + 2 x 80 KB = 208 KB).
+template <bool FP8, int D_QK = HEAD_DIM>
 struct Layout {
-  static constexpr int STAGES = 3;
+  static_assert(D_QK == HEAD_DIM || (D_QK == MLA_HEAD_DIM && !FP8), "q/k head 128, or 192 with 16-bit K/V");
+  static constexpr int QK_PANELS = D_QK / 64;
+  static constexpr int QK_TILE_BYTES = QK_PANELS * PANEL_BYTES;  // [128 rows x D_QK] a Q or K tile
+  static constexpr int STAGES = D_QK == HEAD_DIM ? 3 : 2;
   static constexpr int PRODUCER_REGS = FP8 ? 104 : 64;
   static constexpr int Q_OFF = 0;
-  static constexpr int K_OFF = TILE_BYTES;
-  static constexpr int V_OFF = K_OFF + STAGES * TILE_BYTES;
+  static constexpr int K_OFF = QK_TILE_BYTES;
+  static constexpr int V_OFF = K_OFF + STAGES * QK_TILE_BYTES;
   static constexpr int QSCALE_OFF = V_OFF + STAGES * TILE_BYTES;
   static constexpr int BAR_OFF = QSCALE_OFF + (FP8 ? 4 * BLOCK_M : 0);  // mbarriers, key masks, work words
   static constexpr int MASK_OFF = BAR_OFF + 8 * (2 + 4 * STAGES);
@@ -54,6 +60,7 @@ struct Layout {
 // tokens and the key range walked.
 struct TileInfo {
   int64_t req, q_start;
+  int64_t k_start;  // ragged: the request's first row of k_new / v_new (producers only)
   int kv_head;
   int len_q, len_k, len_p;  // new tokens, all keys, prefix keys
   int group, tok_m, m_tok0;
@@ -96,7 +103,19 @@ HAB_DEV bool tile_info(const HabPrefillParams& p, int64_t w, TileInfo& ti) {
   ti.kv_head = int(w % p.num_kv_heads);
   ti.q_start = hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req) * p.cu_stride);
   ti.len_q = int(hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req + 1) * p.cu_stride) - ti.q_start);
-  ti.len_k = int(hab_load_index(p.seq_lens_k, p.lens_is_int64, int64_t(req) * p.lens_stride));
+  ti.k_start = 0;
+  if (p.ragged) {
+    // seq_lens_k holds cu_seqlens_k. Wild offsets (unchecked) answer as for offsets
+    // clipped to q's and k's rows, as the Triton ragged kernel does
+    const int64_t q_end = hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req + 1) * p.cu_stride);
+    ti.len_q = ti.q_start >= 0 ? int(max(int64_t(0), min(q_end, p.total_q) - ti.q_start)) : 0;
+    const int64_t k0 = hab_load_index(p.seq_lens_k, p.lens_is_int64, int64_t(req) * p.lens_stride);
+    const int64_t k_end = hab_load_index(p.seq_lens_k, p.lens_is_int64, int64_t(req + 1) * p.lens_stride);
+    ti.len_k = k0 >= 0 ? int(max(int64_t(0), min(k_end, p.total_k) - k0)) : 0;
+    ti.k_start = max(k0, int64_t(0));
+  } else {
+    ti.len_k = int(hab_load_index(p.seq_lens_k, p.lens_is_int64, int64_t(req) * p.lens_stride));
+  }
   derive_tile(p, p.tile_mblock[tile], ti);
   return true;
 }

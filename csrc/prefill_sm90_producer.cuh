@@ -5,6 +5,8 @@
 // Included by prefill_sm90.cu.
 #pragma once
 
+#include <type_traits>
+
 #include "fastdiv.h"
 #include "prefill_sm90_items.cuh"
 
@@ -24,6 +26,13 @@ HAB_DEV KeyRows key_rows(const HabPrefillParams& p, const TileInfo& ti, const Ha
   const int64_t req = ti.req, kv_head = ti.kv_head;
   KeyRows r{nullptr, nullptr};
   if (pos < 0 || pos >= ti.key_end) return r;
+  if (KV_BYTES == 2 && p.ragged) {  // every key dense: row k_start + pos, bounded by the rows there are
+    const int64_t t = ti.k_start + pos;
+    if (t < 0 || t >= p.total_k) return r;
+    r.k = static_cast<const uint8_t*>(p.k_new) + 2 * (t * p.kn_stride[0] + kv_head * p.kn_stride[1]);
+    r.v = static_cast<const uint8_t*>(p.v_new) + 2 * (t * p.vn_stride[0] + kv_head * p.vn_stride[1]);
+    return r;
+  }
   if (p.k_new != nullptr && pos >= ti.len_p) {
     const int64_t t = ti.q_start + (pos - ti.len_p);
     r.k = static_cast<const uint8_t*>(p.k_new) + 2 * (t * p.kn_stride[0] + kv_head * p.kn_stride[1]);
@@ -46,9 +55,11 @@ using hab_sm90::ld_shared_v4;
 using hab_sm90::shfl_ptr;
 using hab_sm90::st_shared_v4;
 
-// Producer warp `pw` copies rows 32 pw .. 32 pw + 31 of a 128-row 16-bit tile; row
-// 32 pw + l starts at `row` of lane l (null: zero fill). Into the swizzled panels at
-// `dst` (sm90.cuh): per instruction 4 rows x one 128-byte half, 8 lanes a half-row.
+// Producer warp `pw` copies rows 32 pw .. 32 pw + 31 of a 128-row 16-bit tile of PANELS
+// 64-channel panels; row 32 pw + l starts at `row` of lane l (null: zero fill). Into the
+// swizzled panels at `dst` (sm90.cuh): per instruction 4 rows x one 128-byte panel row,
+// 8 lanes a panel row.
+template <int PANELS>
 HAB_DEV void copy_rows(uint32_t dst, const uint8_t* row_ptr, const void* fallback, int pw, int lane) {
   const int sub = lane >> 3, chunk = lane & 7;
 #pragma unroll
@@ -57,7 +68,7 @@ HAB_DEV void copy_rows(uint32_t dst, const uint8_t* row_ptr, const void* fallbac
     const uint8_t* src = shfl_ptr(row_ptr, 4 * i + sub);
     const bool fill = src != nullptr;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < PANELS; ++h) {
       const uint32_t d = dst + h * PANEL_BYTES + row * 128 + ((chunk ^ (row & 7)) << 4);
       hab_sm90::cp_async16(d, fill ? src + h * 128 + chunk * 16 : fallback, fill);
     }
@@ -170,9 +181,10 @@ HAB_DEV void widen_q(uint32_t q_tile, float* q_inv, int pw, int lane) {
 // consumers finish the last one. FP8: a tile's codes are loaded into registers while
 // the tile before is widened (K of tile j + 1 once K of tile j is in its slot, V the
 // same); the loads' latency is hidden by the ring, the widening reads no shared memory.
-template <bool FP8>
+template <bool FP8, int D_QK>
 HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t smem, int pw, int lane) {
-  using L = Layout<FP8>;
+  using L = Layout<FP8, D_QK>;
+  constexpr int QK = L::QK_PANELS, VP = HEAD_DIM / 64;  // panels of a Q / K and of a V tile
   constexpr int KV_BYTES = FP8 ? 1 : 2;
   const int r = 32 * pw + lane;  // the row this lane addresses
   const HabFastDiv page_div(int(p.page_size));
@@ -189,6 +201,7 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
     auto q_row_of = [&]() -> const uint8_t* {
       const int tok = ti.m_tok0 + r / ti.group;
       if (!has || r >= ti.tok_m * ti.group || tok >= ti.len_q) return nullptr;
+      if (ti.q_start + tok < 0 || ti.q_start + tok >= p.total_q) return nullptr;  // wild offsets
       return static_cast<const uint8_t*>(p.q) +
              2 * ((ti.q_start + tok) * p.q_stride[0] + (int64_t(ti.kv_head) * ti.group + r % ti.group) * p.q_stride[1]);
     };
@@ -201,13 +214,14 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
     Codes8 kc, vc;  // FP8: the codes of the tile to be widened next
     // a K or V tile into its ring slot `tile`, completing `full`: FP8 widens this lane's
     // codes, else the rows are copied from `rows` (null: zeros, `fallback` never read)
-    auto fill = [&](uint32_t tile, const Codes8& codes, const uint8_t* rows, const void* fallback,
-                    uint64_t* full) {
+    // (panels: the tile's 64-channel panels, a std::integral_constant)
+    auto fill = [&](auto panels, uint32_t tile, const Codes8& codes, const uint8_t* rows,
+                    const void* fallback, uint64_t* full) {
       if (FP8) {
         widen_rows8(tile, codes, pw, lane, e5m2);
         hab_sm90::mbar_arrive(full);
       } else {
-        copy_rows(tile, rows, fallback, pw, lane);
+        copy_rows<decltype(panels)::value>(tile, rows, fallback, pw, lane);
         hab_sm90::mbar_arrive_cp_async(full);
       }
     };
@@ -216,13 +230,15 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
       const int s = at % L::STAGES;
       wait_empty(b.empty_k, at);
       if (lane == 0) b.mask[4 * s + pw] = bits;
-      fill(smem + L::K_OFF + s * TILE_BYTES, kc, kr.k, p.k_cache, b.full_k + s);
+      fill(std::integral_constant<int, QK>{}, smem + L::K_OFF + s * L::QK_TILE_BYTES, kc, kr.k,
+           p.k_new != nullptr ? p.k_new : p.k_cache, b.full_k + s);
       if (lane == 0) hab_sm90::mbar_arrive(b.full_k + s);  // releases the mask word
     };
     auto load_v = [&](int at, const KeyRows& kr) {
       const int s = at % L::STAGES;
       wait_empty(b.empty_v, at);
-      fill(smem + L::V_OFF + s * TILE_BYTES, vc, kr.v, p.v_cache, b.full_v + s);
+      fill(std::integral_constant<int, VP>{}, smem + L::V_OFF + s * TILE_BYTES, vc, kr.v,
+           p.v_new != nullptr ? p.v_new : p.v_cache, b.full_v + s);
     };
     hab_sm90::mbar_wait(b.empty_q, (round & 1) ^ 1);
     if (pw == 0 && lane == 0) {
@@ -234,7 +250,7 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
       hab_sm90::mbar_arrive(b.full_q);  // no copies: the barrier completes at once
       break;
     }
-    copy_rows(smem + L::Q_OFF, q_row_of(), p.q, pw, lane);
+    copy_rows<QK>(smem + L::Q_OFF, q_row_of(), p.q, pw, lane);
     if (widen_query) {
       asm volatile("cp.async.wait_all;\n" ::: "memory");  // this lane's Q copies (nothing else is in flight)
       widen_q(smem + L::Q_OFF, b.q_inv, pw, lane);

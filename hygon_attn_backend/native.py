@@ -18,8 +18,8 @@ from typing import Optional
 
 from hygon_attn_backend import envs
 
-OPS = ("write_kv", "copy_blocks", "paged_decode", "prefix_prefill", "mla_decode", "warp_size",
-       "decode_programs_per_sm")
+OPS = ("write_kv", "copy_blocks", "paged_decode", "prefix_prefill", "ragged_prefill", "mla_decode",
+       "warp_size", "decode_programs_per_sm")
 _EXT_NAME = "hygon_attn_native"
 _SOURCES = ("cache_kernels.cu", "decode.cu", "decode_d64.cu", "decode_d128.cu", "decode_d256.cu",
             "prefill_sm90.cu", "mla_decode_sm90.cu", "binding.cpp")

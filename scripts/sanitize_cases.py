@@ -11,8 +11,8 @@ D = 80 / 96 / 256, fp8 caches.
 ``--native``: the native kernels (csrc/) instead: every decode staging path (16-byte
 vectors, fp8, strided V-transposed and split-x K), both decode loops, split and unsplit
 launches, row chunks, options, hostile block ids and slots, write_kv and copy_blocks; the
-sm_90 prefill (paged and dense keys, masks, options, hostile block ids) where the GPU has
-it.
+sm_90 prefill (paged and dense keys, masks, options, hostile block ids; its ragged mode at
+192 / 128 and 128 / 128 with wild offsets) and MLA decode where the GPU has them.
 
 Run with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` (sanitize.sh sets it) so every tensor is its
 own allocation and an out-of-bounds access cannot land silently in a neighbour's memory.
@@ -407,6 +407,40 @@ def native_prefill_cases() -> None:
     native_prefill("fp8 e5m2 G8 page 1, window sinks soft cap", prefix=(257, 3), extend=(60, 131),
                    group=8, page=1, kv_dtype=torch.float8_e5m2, sliding_window=70,
                    soft_cap=15.0, sinks=torch.linspace(-1, 1, 16, device=DEV))
+    native_ragged("ragged MLA 192/128 causal, Lk < Lq, empty request", len_q=(300, 9, 0, 140),
+                  len_k=(500, 4, 7, 140), heads=4, d_qk=192)
+    native_ragged("ragged MLA 192/128 chunk, wild offsets past q and k", len_q=(130, 60),
+                  len_k=(200, 90), heads=4, d_qk=192, causal=False, wild=True)
+    native_ragged("ragged 128/128 G4, causal", len_q=(257, 1), len_k=(600, 1), heads=8, kv_heads=2,
+                  d_qk=128)
+
+
+def native_ragged(name, *, len_q, len_k, heads, kv_heads=None, d_qk, d_v=128, causal=True,
+                  wild=False):
+    """One native ragged-attention call (the prefill kernel's dense mode) checked against
+    the reference; ``wild``: unchecked cu_seqlens past q's and k's rows (the kernel answers
+    as for offsets clipped to them and touches nothing outside)."""
+    from hygon_attn_backend.ops.mla_prefill import ragged_attention
+
+    kv_heads = kv_heads or heads
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    cu_q, cu_k = [0], [0]
+    for a, b in zip(len_q, len_k):
+        cu_q.append(cu_q[-1] + a)
+        cu_k.append(cu_k[-1] + b)
+    tq, tk = cu_q[-1], cu_k[-1]
+    q = torch.randn(tq, heads, d_qk, generator=gen, device=DEV).bfloat16()
+    k = torch.randn(tk, kv_heads, d_qk, generator=gen, device=DEV).bfloat16()
+    v = torch.randn(tk, kv_heads, d_v, generator=gen, device=DEV).bfloat16()
+    clip_q, clip_k = list(cu_q), list(cu_k)
+    if wild:  # the last request runs past both tensors
+        cu_q[-1], cu_k[-1] = tq + 50, tk + 77
+    out, lse = ragged_attention(q, k, v, _i32(cu_q), _i32(cu_k), causal=causal,
+                                return_lse=True, validate=False, impl="native")
+    args = _cpu((q, k, v, _i32(clip_q), _i32(clip_k)))
+    ref64 = reference.ragged_attention(*args, causal=causal, compute_dtype=torch.float64)
+    ref_lp = reference.ragged_attention(*args, causal=causal, compute_dtype=torch.bfloat16)
+    _check(name, out.cpu(), ref64, ref_lp)
 
 
 def main() -> None:

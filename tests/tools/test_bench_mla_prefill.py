@@ -37,8 +37,8 @@ def test_bench_mla_prefill_tiny_shape_runs_and_checks(tmp_path):
 def test_bench_mla_prefill_refuses_bad_options():
     res = run_cli("bench", "mla-prefill", "--compare", "xyz")
     assert res.returncode != 0 and "--compare: unknown peer(s) ['xyz']" in res.stderr
-    res = run_cli("bench", "mla-prefill", "--impl", "native")
-    assert res.returncode != 0 and "--impl: a comma list of auto, triton" in res.stderr
+    res = run_cli("bench", "mla-prefill", "--impl", "native,sdpa")
+    assert res.returncode != 0 and "--impl: a comma list of auto, triton, native" in res.stderr
     res = run_cli("bench", "mla-prefill", "--tiles", "16,16")
     assert res.returncode == 2 and "--tiles" in res.stderr
     res = run_cli("bench", "mla-prefill", "--shapes", "1,2")

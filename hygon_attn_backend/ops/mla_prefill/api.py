@@ -106,7 +106,8 @@ def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
        being captured, off with a plan (the planner checks host copies) unless
        ``HYGON_ATTN_DEBUG=1``. Unchecked wild offsets give an undefined answer but never
        a read or write outside q, k, v, out and lse. impl: ``"auto"`` | ``"triton"`` |
-       ``"native"`` (no native kernel: Triton) | ``"reference"``.
+       ``"native"`` (the sm_90 kernel at q/k / v heads 128 / 128 and 192 / 128:
+       :func:`plan_ragged_attention`) | ``"reference"``.
 
     Returns ``out`` or ``(out, lse)``. Rows that see no key give 0 (never NaN).
     """

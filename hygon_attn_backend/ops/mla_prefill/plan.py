@@ -10,6 +10,7 @@ the device with no host sync (safe before capturing a CUDA graph; nothing checke
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence
 
@@ -18,7 +19,7 @@ import torch
 from hygon_attn_backend import reference
 from hygon_attn_backend.ops import _checks
 from hygon_attn_backend.ops._interpreter import triton_computes
-from hygon_attn_backend.ops.mla_prefill import triton, tuning
+from hygon_attn_backend.ops.mla_prefill import native, triton, tuning
 from hygon_attn_backend.ops.prefill.plan import tile_map, tile_map_host, check_host_lengths
 
 __all__ = ["RaggedPlan", "plan_ragged_attention", "plan_mla_extend", "check_ragged_lengths"]
@@ -77,6 +78,12 @@ class RaggedPlan:
     #: cache of ``page_size`` slots a block, ``cu_seqlens_k`` holding ``seq_lens_k [B]``
     paged: bool = False
     page_size: int = 1
+    #: what the caller asked for: a plan of ``"auto"`` that chose native runs a call the
+    #: native kernel does not take (unaligned rows) on Triton; one of ``"native"`` raises
+    impl_requested: str = "auto"
+    #: impl "native": the persistent launch's int32 ``[2]`` work counter (zeros between
+    #: launches; a plan's launches run one after another on one stream)
+    sched: Optional[torch.Tensor] = None
     _launches: Dict[tuple, object] = field(default_factory=dict, repr=False)
 
     @property
@@ -105,9 +112,14 @@ class RaggedPlan:
         launch = self._launches.get(key)
         if launch is None:
             _checks.check_softmax_scale(scale)
+            config = self.config
+            if config.impl == "native":  # a call it does not take: Triton on the same map
+                config = config._replace(impl="triton", block_n=native.FALLBACK_TILE[1],
+                                         num_warps=native.FALLBACK_TILE[2],
+                                         num_stages=native.FALLBACK_TILE[3])
             launch = self._launches[key] = triton.make_ragged_launch(
                 self, causal=causal, scale=scale, return_lse=return_lse,
-                scale_from_ptr=scale_from_ptr)
+                scale_from_ptr=scale_from_ptr, config=config)
         return launch
 
     def run_extend(self, q, kv_cache, block_table, *, scale=None, out=None,
@@ -145,8 +157,19 @@ class RaggedPlan:
                if return_lse else None)
         if self.paged:
             raise ValueError("a plan_mla_extend plan runs through run_extend")
-        if self.total_q and self.tile_req.shape[0]:
-            triton.run_ragged(self._launch(scale, causal, return_lse), q, k, v, out, lse)
+        if not (self.total_q and self.tile_req.shape[0]):
+            return (out, lse) if return_lse else out
+        if self.impl == "native":
+            why = native.call_unsupported(q, k, v, out)
+            if why is None:
+                native.launch(out, q, k, v, lse, self.cu_seqlens_q, self.cu_seqlens_k,
+                              self.tile_req, self.tile_mblock, self.sched,
+                              scale=scale if scale is not None
+                              else 1.0 / math.sqrt(self.head_dim_qk), causal=causal)
+                return (out, lse) if return_lse else out
+            if self.impl_requested == "native":
+                raise ValueError(f"impl='native' does not cover this call: {why}")
+        triton.run_ragged(self._launch(scale, causal, return_lse), q, k, v, out, lse)
         return (out, lse) if return_lse else out
 
 
@@ -168,8 +191,12 @@ def plan_ragged_attention(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor
     on the host and copied once; otherwise it is built on the device, no sync, unchecked.
     q_dtype: the queries' dtype, if known (float32 runs the reference). tile: force
     ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` (else :func:`tuning.tile_config`).
-    impl: ``"auto"`` | ``"triton"`` | ``"native"`` (runs Triton: there is no native
-    kernel) | ``"reference"``.
+    impl: ``"auto"`` | ``"triton"`` | ``"native"`` | ``"reference"``. ``"native"`` is the
+    prefill's sm_90a wgmma kernel in its ragged mode (``native.py``: q/k / v heads 128 /
+    128 or 192 / 128, float16/bfloat16, GQA groups up to 64); on a GPU without it (HIP,
+    not sm_90) it runs Triton, as the engines pass one ``HYGON_ATTN_IMPL`` to every op; on
+    an sm_90 GPU a batch or call it does not cover raises. ``"auto"`` takes it where
+    :func:`tuning.native_preferred` says so, unless ``tile`` forces a Triton tile.
     """
     num_seqs = _checks.check_cu_seqlens(cu_seqlens_q)
     _checks.check_tensor("cu_seqlens_k", cu_seqlens_k, ndim=1, dtypes=_checks.INDEX_DTYPES,
@@ -187,7 +214,7 @@ def plan_ragged_attention(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor
     device = cu_seqlens_q.device
     cfg = tuning.choose(device=device, impl=impl, total_q=total_q, num_kv_heads=num_kv_heads,
                         group=group, head_dim_qk=head_dim_qk, head_dim_v=head_dim_v,
-                        q_dtype=q_dtype, tile=tile)
+                        q_dtype=q_dtype, tile=tile, ragged=True)
     tok_m = cfg.block_m // cfg.heads
     max_tiles = -(-total_q // tok_m) + num_seqs
     if host_cu_seqlens_q is not None and host_cu_seqlens_k is not None:
@@ -206,7 +233,9 @@ def plan_ragged_attention(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor
                       cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                       total_q=int(total_q), total_k=int(total_k), num_seqs=num_seqs,
                       num_kv_heads=num_kv_heads, group=group, head_dim_qk=int(head_dim_qk),
-                      head_dim_v=int(head_dim_v))
+                      head_dim_v=int(head_dim_v), impl_requested=impl,
+                      sched=torch.zeros(2, dtype=torch.int32, device=device)
+                      if cfg.impl == "native" else None)
 
 
 def plan_mla_extend(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *, total_q: int,

@@ -22,12 +22,13 @@ PER_CALL = (
 
 
 def make_ragged_launch(plan, *, causal: bool, scale, return_lse: bool,
-                       scale_from_ptr: bool = False) -> Launch:
+                       scale_from_ptr: bool = False, config=None) -> Launch:
     """The launch of ``ragged_attention_kernel`` for ``plan`` and one layer's options
-    (``scale_from_ptr``: an fp8 cache's scale comes as a 1-element tensor)."""
+    (``scale_from_ptr``: an fp8 cache's scale comes as a 1-element tensor; ``config``: the
+    Triton config, default the plan's)."""
     from hygon_attn_backend.kernels.mla_prefill import ragged_attention_kernel
 
-    cfg = plan.config
+    cfg = plan.config if config is None else config
     fixed = dict(
         cu_seqlens_q_ptr=plan.cu_seqlens_q, cu_seqlens_k_ptr=plan.cu_seqlens_k,
         tile_req_ptr=plan.tile_req, tile_mblock_ptr=plan.tile_mblock,

@@ -14,6 +14,7 @@ import torch
 
 from hygon_attn_backend.ops import _device
 from hygon_attn_backend.ops._dispatch import select_impl, triton_interpreter_on
+from hygon_attn_backend.ops.mla_prefill import native
 
 MLA_Q_DTYPES = (torch.float16, torch.bfloat16)
 #: the widest query/key and value head the ragged kernel takes (registers: the output
@@ -117,14 +118,42 @@ def heads_per_tile(group: int) -> int:
     return heads
 
 
+def native_preferred(*, is_hip: bool) -> bool:
+    """Whether ``impl="auto"`` runs the native ragged attention where it covers the batch.
+
+    Reasoning: it is the prefix prefill's sm_90a wgmma kernel in its ragged mode (no other
+    GPU has it: ``native.device_unsupported`` keeps them on Triton; HIP has none), and
+    that kernel leads the Triton tile at the prefill's shapes (``docs/benchmarks.md``).
+    Measurement at MLA's 192 / 128: ``docs/benchmarks-mla.md`` ("MLA prefill, native").
+    """
+    return not is_hip
+
+
 def choose(*, device: torch.device, impl: str, total_q: int, num_kv_heads: int, group: int,
            head_dim_qk: int, head_dim_v: int, q_dtype: Optional[torch.dtype],
-           tile: Optional[tuple] = None) -> Config:
+           tile: Optional[tuple] = None, ragged: bool = False) -> Config:
     """The :class:`Config` of one batch. ``impl``: ``"auto"`` | ``"triton"`` |
-    ``"native"`` (no native kernel: runs Triton, as the engines pass one
-    ``HYGON_ATTN_IMPL`` to every op) | ``"reference"``; float32 queries run the reference.
-    ``tile`` forces ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``."""
-    chosen = select_impl(impl, device, native_preferred=None, q_dtype=q_dtype)
+    ``"native"`` | ``"reference"``; float32 queries run the reference. ``tile`` forces
+    ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` (a Triton tile).
+
+    ragged: a :func:`~ops.mla_prefill.ragged_attention` batch, which the native kernel
+    (``native.py``) may cover: ``"auto"`` takes it where :func:`native_preferred` says so
+    and it covers the shapes (unless ``tile`` forces a Triton tile); ``"native"`` on an
+    sm_90 GPU that it does not cover raises. Elsewhere (a GPU without it, the absorbed
+    extend, which has no native kernel) ``"native"`` runs Triton, as the engines pass one
+    ``HYGON_ATTN_IMPL`` to every op."""
+    native_why = "the absorbed MLA extend (no native kernel)" if not ragged else None
+    if impl in ("native", "auto") and device.type == "cuda" and ragged:
+        native_why = native.device_unsupported(device)
+        if native_why is not None and impl == "native":
+            impl = "triton"  # no native kernel on this GPU
+        native_why = native_why or native.shape_unsupported(
+            head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, q_dtype=q_dtype, group=group)
+        if native_why is None and impl == "auto" and tile is not None:
+            native_why = f"tile {tuple(tile)} (a Triton tile)"
+    chosen = select_impl(impl, device, q_dtype=q_dtype, native_unsupported=native_why,
+                         native_preferred=native_preferred(is_hip=_device.gpu_is_hip())
+                         if ragged and device.type == "cuda" else None)
     if q_dtype is not None and q_dtype not in MLA_Q_DTYPES:
         if chosen == "triton" and impl == "triton":
             raise ValueError(f"impl='triton' takes float16/bfloat16 queries, got {q_dtype}")
@@ -132,6 +161,14 @@ def choose(*, device: torch.device, impl: str, total_q: int, num_kv_heads: int, 
     d1, d2 = head_split(head_dim_qk)
     dv = _device.head_tile(head_dim_v, device=device)
     heads = heads_per_tile(group)
+    if chosen == "native":
+        if tile is not None:
+            raise ValueError(f"tile {tuple(tile)}: the native ragged attention has its own "
+                             f"{native.BLOCK_M}-row tile")
+        # the tile map's blocks hold 128 // group tokens, as the Triton fallback's
+        # (native.FALLBACK_TILE) with the whole group a tile (group <= 64)
+        return Config("native", d1, d2, dv, native.BLOCK_M, 128, 12,
+                      2 if head_dim_qk > 128 else 3, group)
     if tile is None:
         tile = tile_config(
             qk_width=d1 + d2, dv=dv, heads=heads, total_q=total_q,

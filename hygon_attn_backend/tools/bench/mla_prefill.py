@@ -54,7 +54,8 @@ def add_mla_prefill_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--tiles", default="", type=_tiles_text,
                    help="';'-separated BLOCK_M,BLOCK_N,warps,stages configs to sweep "
                         "(passed to plan_ragged_attention), 'default' for the heuristic")
-    p.add_argument("--impl", default="auto", help="our implementations: auto, triton")
+    p.add_argument("--impl", default="auto",
+                   help="our implementations: a comma list of auto, triton, native")
     p.add_argument("--op", default="ragged", choices=["ragged", "extend"],
                    help="ragged: the up-projected prefill; extend: the absorbed extend over "
                         "a paged latent cache (causal)")
@@ -162,6 +163,8 @@ def ours(prob: Problem, *, tile, impl: str, label: str) -> Runner:
 
 def _note(plan) -> str:
     cfg = plan.config
+    if cfg.impl == "native":
+        return f"native sm_90 kernel, {cfg.block_m} rows, {cfg.num_stages} stages"
     return (f"tile {cfg.block_m},{cfg.block_n},{cfg.num_warps},{cfg.num_stages}, "
             f"QK {cfg.d1}+{cfg.d2}, {cfg.heads} heads a tile"
             + (" [reference]" if plan.impl == "reference" else ""))
@@ -265,10 +268,10 @@ def _start(args):
     """``(impls, peers, device)``, or None without a device (after saying so); bad
     ``--impl`` / ``--compare`` lists stop here, before the run."""
     impls = [x.strip() for x in str(args.impl).split(",") if x.strip()]
-    if not impls or any(x not in ("auto", "triton") for x in impls) or \
+    if not impls or any(x not in ("auto", "triton", "native") for x in impls) or \
             len(set(impls)) != len(impls):
         raise SystemExit(f"hygon-attn bench mla-prefill: --impl: a comma list of auto, "
-                         f"triton without repeats, got {args.impl!r}")
+                         f"triton, native without repeats, got {args.impl!r}")
     peers = [x.strip().lower() for x in (args.compare or "").split(",") if x.strip()]
     peers = list(PEERS) if peers == ["all"] else peers
     bad = [x for x in peers if x not in PEERS]
