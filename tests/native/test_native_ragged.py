@@ -38,6 +38,16 @@ def _covered(case: Case) -> bool:
         case.heads // case.kv_heads <= _native.MAX_GROUP
 
 
+def _plan(q, k, v, cu_q, cu_k, *, host=True):
+    """The batch's plan (host offsets given: checked and the map built on the host)."""
+    return plan_ragged_attention(cu_q, cu_k, total_q=q.shape[0], total_k=k.shape[0],
+                                 num_q_heads=q.shape[1], num_kv_heads=k.shape[1],
+                                 head_dim_qk=q.shape[2], head_dim_v=v.shape[2],
+                                 host_cu_seqlens_q=cu_q.cpu() if host else None,
+                                 host_cu_seqlens_k=cu_k.cpu() if host else None,
+                                 q_dtype=q.dtype)
+
+
 NATIVE_CASES = [c for c in GPU_CASES if _covered(c)] + [
     Case("n_mla_fewer_keys", (300, 129, 5), (200, 129, 0), heads=4, kv_heads=4, d_qk=192,
          d_v=128, dtype=torch.bfloat16),
@@ -58,11 +68,7 @@ def test_native_ragged_matches_reference(case):
     _need_sm90()
     dev = torch.device("cuda")
     q, k, v, cu_q, cu_k = inputs = make_inputs(case, dev)
-    plan = plan_ragged_attention(cu_q, cu_k, total_q=q.shape[0], total_k=k.shape[0],
-                                 num_q_heads=case.heads, num_kv_heads=case.kv_heads,
-                                 head_dim_qk=case.d_qk, head_dim_v=case.d_v,
-                                 host_cu_seqlens_q=cu_q.cpu(), host_cu_seqlens_k=cu_k.cpu(),
-                                 q_dtype=case.dtype)
+    plan = _plan(q, k, v, cu_q, cu_k)
     assert plan.impl == "native", plan.config
     check_case(case, dev, plan=plan, inputs=inputs)
     # the plan again (the persistent launch's counter is back at zero), a second seed
@@ -80,9 +86,7 @@ def test_native_ragged_unaligned_rows_run_triton_under_auto_and_native_refuses()
     v_buf = torch.randn(v.shape[0], 4, 129, device=dev).bfloat16()
     v_odd = v_buf[..., 1:]  # rows start 2 bytes past a 16-byte boundary
     v_odd.copy_(v)
-    plan = plan_ragged_attention(cu_q, cu_k, total_q=q.shape[0], total_k=k.shape[0],
-                                 num_q_heads=4, num_kv_heads=4, head_dim_qk=192,
-                                 head_dim_v=128, q_dtype=q.dtype)
+    plan = _plan(q, k, v, cu_q, cu_k, host=False)
     assert plan.impl == "native"
     check_case(case, dev, plan=plan, inputs=(q, k, v_odd, cu_q, cu_k))
     with pytest.raises(ValueError, match="v rows not 16-byte aligned"):
@@ -121,10 +125,7 @@ def test_native_ragged_cuda_graph_replay():
     case = Case("graph", (300, 40), (500, 40), heads=8, kv_heads=8, d_qk=192, d_v=128,
                 dtype=torch.bfloat16)
     q, k, v, cu_q, cu_k = make_inputs(case, dev)
-    plan = plan_ragged_attention(cu_q, cu_k, total_q=q.shape[0], total_k=k.shape[0],
-                                 num_q_heads=8, num_kv_heads=8, head_dim_qk=192,
-                                 head_dim_v=128, host_cu_seqlens_q=cu_q.cpu(),
-                                 host_cu_seqlens_k=cu_k.cpu(), q_dtype=q.dtype)
+    plan = _plan(q, k, v, cu_q, cu_k)
     out = torch.empty(q.shape[0], 8, 128, dtype=q.dtype, device=dev)
     run = lambda: ragged_attention(q, k, v, cu_q, cu_k, out=out, plan=plan)  # noqa: E731
     run()
