@@ -14,7 +14,8 @@ from hygon_attn_backend.tools import fuzz
 from hygon_attn_backend.tools.cli import build_parser
 
 CPU = torch.device("cpu")
-SLICE = {"decode": 24, "prefill": 24, "mla": 24, "write_kv": 32, "copy_blocks": 24}
+SLICE = {"decode": 24, "prefill": 24, "mla": 24, "mla_prefill": 24, "write_kv": 32,
+         "copy_blocks": 24}
 
 
 @pytest.mark.parametrize("op", fuzz.OPS)
@@ -168,6 +169,16 @@ def test_mla_impl_auto_runs_the_native_kernel_on_sm90():
         "mla", "the native MLA decode",
         lambda p: (p["rank"], p["rope"]) == (512, 64) and not p["fp8"]
         and p["tokens"] * p["heads"] >= tuning.MLA_NATIVE_MIN_ROWS)
+
+
+@pytest.mark.gpu
+def test_mla_prefill_impl_auto_runs_the_native_kernel_on_sm90():
+    """On an H100/H200 the auto cases of the ragged profiles the native kernel covers (q/k
+    / v heads 192 / 128 and 128 / 128, GQA groups up to 64) run it and pass the
+    reference."""
+    _auto_cases_run_native(
+        "mla_prefill", "the native ragged attention",
+        lambda p: (p["d_qk"], p["d_v"]) in ((192, 128), (128, 128)))
 
 
 @pytest.mark.gpu

@@ -1,6 +1,6 @@
 """Seeded, reproducible fuzzer of the public ops against ``reference.py``.
 
-    hygon-attn fuzz --op decode|prefill|mla|write_kv|copy_blocks --cases N --seed S
+    hygon-attn fuzz --op decode|prefill|mla|mla_prefill|write_kv|copy_blocks --cases N --seed S
                     [--device cuda|cpu] [--case K] [--shard I/N] [--skip M]
 
 Case ``K`` of seed ``S`` is a pure function of ``(op, S, K, device kind)``: its host
@@ -29,19 +29,21 @@ import traceback
 
 from hygon_attn_backend.tools.argtypes import count
 
-OPS = ("decode", "prefill", "mla", "write_kv", "copy_blocks")
-IMPL_OPS = ("prefill", "decode", "mla")  # the ops whose cases take --impl
+OPS = ("decode", "prefill", "mla", "mla_prefill", "write_kv", "copy_blocks")
+IMPL_OPS = ("prefill", "decode", "mla", "mla_prefill")  # the ops whose cases take --impl
 # profiles per seed: each value of every stratified set (12 layouts, 12 page sizes, 12
 # groups, 6 head_dims, ...) appears in at least NUM // len(set) of them; each profile costs
 # its kernels' compiles (decode <= 3: one-partition, split, combine; prefill 1), so a run
 # compiles <= 96 decode and 32 prefill kernels, 12 and 4 per shard of 8 (fuzz/speckeys.py)
-NUM_PROFILES = {"decode": 32, "prefill": 32, "mla": 24, "write_kv": 24, "copy_blocks": 24}
+NUM_PROFILES = {"decode": 32, "prefill": 32, "mla": 24, "mla_prefill": 24, "write_kv": 24,
+                "copy_blocks": 24}
 
 
 def _op_functions(op: str):
-    from hygon_attn_backend.tools.fuzz import attention, cache, mla
+    from hygon_attn_backend.tools.fuzz import attention, cache, mla, mla_prefill
     return {
         "mla": (mla.mla_profile, mla.mla_case),
+        "mla_prefill": (mla_prefill.ragged_profile, mla_prefill.ragged_case),
         "decode": (attention.decode_profile, attention.decode_case),
         "prefill": (attention.prefill_profile, attention.prefill_case),
         "write_kv": (cache.write_kv_profile, cache.write_kv_case),
@@ -94,7 +96,7 @@ def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
          max_failures: int = 20, impl: str = "triton", kv_dtype: str = "any") -> int:
     """Run the cases; print each failure and a summary line. Returns the failure count.
     ``skip``: leave out this shard's first ``skip`` cases (resume a run that was stopped
-    after them). ``impl`` (prefill, decode and mla): the implementation the cases plan with;
+    after them). ``impl`` (prefill, decode, mla and mla_prefill): the implementation the cases plan with;
     "auto" takes the plan's choice, "native" the native kernel on the cases it covers (the
     summary counts the native cases). ``kv_dtype`` (prefill and decode, one of
     ``KV_DTYPE_FILTERS``): run only the seed's profiles with that cache dtype (case ``k``
@@ -102,7 +104,7 @@ def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
     import torch
 
     if impl != "triton" and op not in IMPL_OPS:
-        raise ValueError(f"impl={impl!r}: only the prefill, decode and mla cases take an impl "
+        raise ValueError(f"impl={impl!r}: only the prefill, decode, mla and mla_prefill cases take an impl "
                          f"(op={op!r})")
     if kv_dtype not in KV_DTYPE_FILTERS:
         raise ValueError(f"kv_dtype must be one of {KV_DTYPE_FILTERS}, got {kv_dtype!r}")
@@ -176,9 +178,9 @@ def add_fuzz_parser(sub) -> None:
     p.add_argument("--skip", type=count(0), default=0,
                    help="leave out the shard's first SKIP cases (resume a stopped run)")
     p.add_argument("--impl", choices=("triton", "auto", "native"), default="triton",
-                   help="prefill, decode and mla: the implementation the cases plan with (auto: "
-                        "the plan's rule; native: the native kernel on the cases it covers "
-                        "on this GPU, Triton on the rest)")
+                   help="prefill, decode, mla, mla_prefill: the implementation the cases plan "
+                        "with (auto: the plan's rule; native: the native kernel on the cases "
+                        "it covers on this GPU, Triton on the rest)")
     p.add_argument("--kv-dtype", choices=KV_DTYPE_FILTERS, default="any",
                    help="prefill and decode: only the profiles with this cache dtype (fp8: "
                         "e4m3 and e5m2; 16bit: the query's dtype)")
@@ -194,8 +196,8 @@ def _interrupt(signum, frame):
 
 def cmd_fuzz(args) -> int:
     if args.impl != "triton" and args.op not in IMPL_OPS:
-        print(f"hygon-attn fuzz: --impl {args.impl}: only --op prefill, decode and mla take "
-              f"an impl (got --op {args.op})", file=sys.stderr)
+        print(f"hygon-attn fuzz: --impl {args.impl}: only --op prefill, decode, mla and "
+              f"mla_prefill take an impl (got --op {args.op})", file=sys.stderr)
         return 2
     if args.kv_dtype != "any" and args.op not in ("prefill", "decode"):
         print(f"hygon-attn fuzz: --kv-dtype {args.kv_dtype}: only --op prefill and decode "

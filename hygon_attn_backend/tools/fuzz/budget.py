@@ -60,3 +60,18 @@ def budget_error(out: torch.Tensor, ref64: torch.Tensor, ref_lowp: torch.Tensor,
         return err, budget, (f"{what}: max abs error {err:.3e} exceeds budget {budget:.3e} "
                              f"(reference's own {out.dtype} error {ref_err:.3e})")
     return err, budget, None
+
+
+def lse_error(lse: torch.Tensor, ref: torch.Tensor, *, what: str) -> "str | None":
+    """What is wrong with a kernel's LSE against the fp64 reference's (None: nothing):
+    the rows without a key (``-inf``) must be the same, the rest within ``2e-3`` of
+    ``1 + |lse|`` (fp32 sums of at most 64k exps)."""
+    lse, ref = lse.double(), ref.to(lse.device, torch.float64)
+    finite = torch.isfinite(ref)
+    if not torch.equal(torch.isfinite(lse), finite):
+        return f"{what} lse: -inf rows differ from the reference's (or NaN)"
+    if finite.any():
+        err = ((lse - ref).abs() / (1.0 + ref.abs()))[finite].max().item()
+        if err > 2e-3:
+            return f"{what} lse: max error {err:.3e} > 2e-3 (relative to 1 + |lse|)"
+    return None
