@@ -441,6 +441,7 @@ def native_ragged(name, *, len_q, len_k, heads, kv_heads=None, d_qk, d_v=128, ca
     ref64 = reference.ragged_attention(*args, causal=causal, compute_dtype=torch.float64)
     ref_lp = reference.ragged_attention(*args, causal=causal, compute_dtype=torch.bfloat16)
     _check(name, out.cpu(), ref64, ref_lp)
+    print(f"ragged {name}: ok", flush=True)
 
 
 def main() -> None:
