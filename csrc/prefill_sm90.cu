@@ -64,7 +64,7 @@ HAB_DEV float tanh_approx(float x) {
 // IS_BF16: q and out are bf16 (else fp16). FP8: fp8 caches, whose tiles the producers
 // widen to fp16 (with a bf16 Q rescaled per row into fp16): the products run in fp16,
 // the K scale and Q's row scales fold into the logit multiplier, the V scale into 1 / l.
-template <bool IS_BF16, bool FP8, bool SOFT_CAP, int D_QK>
+template <bool IS_BF16, bool FP8, bool SOFT_CAP, int D_QK, bool RAGGED>
 struct Consumer {
   using L = Layout<FP8, D_QK>;
   static constexpr bool MMA_BF16 = IS_BF16 && !FP8;
@@ -96,8 +96,8 @@ struct Consumer {
       const int r = r_base + 8 * h;
       tok[h] = ti.m_tok0 + r / ti.group;
       head[h] = ti.kv_head * ti.group + r % ti.group;
-      row_ok[h] = r < ti.tok_m * ti.group && tok[h] < ti.len_q && ti.q_start + tok[h] >= 0 &&
-                  ti.q_start + tok[h] < p.total_q;  // wild offsets write nothing
+      row_ok[h] = r < ti.tok_m * ti.group && tok[h] < ti.len_q;
+      if (RAGGED) row_ok[h] = row_ok[h] && ti.q_start + tok[h] >= 0 && ti.q_start + tok[h] < p.total_q;
       diag[h] = ti.len_p + tok[h];
       // a sink is one more key of value 0: l starts at 1 (on one lane of the row)
       m[h] = p.sinks != nullptr && row_ok[h] ? p.sinks[head[h]] * LOG2E : -INFINITY;
@@ -340,7 +340,9 @@ struct Consumer {
   }
 };
 
-template <bool IS_BF16, bool FP8, bool SOFT_CAP, int D_QK>
+// RAGGED: the keys dense at cu_seqlens_k (a compile-time mode: the paged kernel keeps
+// none of its checks)
+template <bool IS_BF16, bool FP8, bool SOFT_CAP, int D_QK, bool RAGGED>
 __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_constant__ HabPrefillParams p) {
 #if defined(HAB_SM90A)
   using L = Layout<FP8, D_QK>;
@@ -389,7 +391,7 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
                 "setmaxnreg: more registers than the launch allocates");
   if (warp >= CONSUMER_WARPS) {
     hab_sm90::setmaxnreg_dec<L::PRODUCER_REGS>();
-    producer<FP8, D_QK>(p, b, smem, warp - CONSUMER_WARPS, lane);
+    producer<FP8, D_QK, RAGGED>(p, b, smem, warp - CONSUMER_WARPS, lane);
   } else {
     hab_sm90::setmaxnreg_inc<CONSUMER_REGS>();
     if (p.pingpong && warp >= 4) hab_sm90::named_arrive(1, 256);  // warpgroup 0 takes the first turn
@@ -399,7 +401,7 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
       TileInfo ti;
       if (*reinterpret_cast<volatile int32_t*>(b.work) < 0) break;
       load_info(p, b.info, ti);
-      Consumer<IS_BF16, FP8, SOFT_CAP, D_QK> c(p, ti, b, smem, warp, lane, jg);
+      Consumer<IS_BF16, FP8, SOFT_CAP, D_QK, RAGGED> c(p, ti, b, smem, warp, lane, jg);
       if (p.overlap) c.run_overlap();
       else c.run_serial();
       c.finish();
@@ -411,9 +413,10 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_kernel(const __grid_consta
 #endif
 }
 
-template <bool IS_BF16, bool FP8, bool SOFT_CAP, int D_QK = HEAD_DIM>
+template <bool IS_BF16, bool FP8, bool SOFT_CAP, int D_QK = HEAD_DIM, bool RAGGED = false>
 const char* launch(const HabPrefillParams& p, cudaStream_t stream) {
-  auto kernel = prefill_kernel<IS_BF16, FP8, SOFT_CAP, D_QK>;
+  static_assert(D_QK == HEAD_DIM || RAGGED, "a 192-wide head is the ragged mode's");
+  auto kernel = prefill_kernel<IS_BF16, FP8, SOFT_CAP, D_QK, RAGGED>;
   constexpr int SMEM_BYTES = Layout<FP8, D_QK>::SMEM_BYTES;
   static uint64_t configured = 0;  // one bit per device
   int dev = 0;
@@ -441,7 +444,9 @@ extern "C" const char* hab_prefix_prefill(const HabPrefillParams* p, void* strea
   if (p->dtype != HAB_F16 && p->dtype != HAB_BF16) return "prefix_prefill: dtype must be fp16 or bf16";
   const bool fp8 = p->kv_dtype == HAB_FP8_E4M3 || p->kv_dtype == HAB_FP8_E5M2;
   if (p->ragged && (fp8 || p->k_new == nullptr)) return "prefix_prefill: ragged attention takes dense 16-bit K / V";
-  if (mla && (fp8 || p->soft_cap > 0.f)) return "prefix_prefill: a 192-wide q/k head takes 16-bit K / V, no soft cap";
+  if (mla && !p->ragged) return "prefix_prefill: a 192-wide q/k head is ragged attention's";
+  if (p->ragged && (p->soft_cap > 0.f || p->sinks != nullptr || p->sliding_window > 0))
+    return "prefix_prefill: ragged attention takes no soft cap, sinks or window";
   if (p->kv_dtype != p->dtype && !fp8) return "prefix_prefill: the caches must have q's dtype or be fp8";
   if (fp8 && p->k_new != nullptr) return "prefix_prefill: fp8 caches take no dense k_new / v_new";
   if (p->num_kv_heads <= 0 || p->num_q_heads % p->num_kv_heads) return "prefix_prefill: bad head counts";
@@ -453,7 +458,10 @@ extern "C" const char* hab_prefix_prefill(const HabPrefillParams* p, void* strea
   if (p->num_tiles * p->num_kv_heads >= (int64_t(1) << 31)) return "prefix_prefill: more than 2^31 work items";
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool bf16 = p->dtype == HAB_BF16, cap = p->soft_cap > 0.f;
-  if (mla) return bf16 ? launch<true, false, false, MLA_HEAD_DIM>(*p, s) : launch<false, false, false, MLA_HEAD_DIM>(*p, s);
+  if (p->ragged) {
+    if (mla) return bf16 ? launch<true, false, false, MLA_HEAD_DIM, true>(*p, s) : launch<false, false, false, MLA_HEAD_DIM, true>(*p, s);
+    return bf16 ? launch<true, false, false, HEAD_DIM, true>(*p, s) : launch<false, false, false, HEAD_DIM, true>(*p, s);
+  }
   if (fp8) {
     if (bf16) return cap ? launch<true, true, true>(*p, s) : launch<true, true, false>(*p, s);
     return cap ? launch<false, true, true>(*p, s) : launch<false, true, false>(*p, s);

@@ -93,6 +93,7 @@ HAB_DEV void derive_tile(const HabPrefillParams& p, int m_block, TileInfo& ti) {
   ti.n_tiles = max(0, int(hab_cdiv(ti.key_end, BLOCK_N)) - ti.tile_lo);
 }
 
+template <bool RAGGED>
 HAB_DEV bool tile_info(const HabPrefillParams& p, int64_t w, TileInfo& ti) {
   if (w < 0 || w >= p.num_tiles * p.num_kv_heads) return false;
   ti.item = int32_t(w);
@@ -104,7 +105,7 @@ HAB_DEV bool tile_info(const HabPrefillParams& p, int64_t w, TileInfo& ti) {
   ti.q_start = hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req) * p.cu_stride);
   ti.len_q = int(hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req + 1) * p.cu_stride) - ti.q_start);
   ti.k_start = 0;
-  if (p.ragged) {
+  if (RAGGED) {
     // seq_lens_k holds cu_seqlens_k. Wild offsets (unchecked) answer as for offsets
     // clipped to q's and k's rows, as the Triton ragged kernel does
     const int64_t q_end = hab_load_index(p.cu_seqlens_q, p.cu_is_int64, int64_t(req + 1) * p.cu_stride);

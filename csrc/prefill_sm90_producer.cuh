@@ -21,12 +21,12 @@ struct KeyRows {
   const uint8_t* v;
 };
 
-template <int KV_BYTES>
+template <int KV_BYTES, bool RAGGED>
 HAB_DEV KeyRows key_rows(const HabPrefillParams& p, const TileInfo& ti, const HabFastDiv& page_div, int pos) {
   const int64_t req = ti.req, kv_head = ti.kv_head;
   KeyRows r{nullptr, nullptr};
   if (pos < 0 || pos >= ti.key_end) return r;
-  if (KV_BYTES == 2 && p.ragged) {  // every key dense: row k_start + pos, bounded by the rows there are
+  if (RAGGED) {  // every key dense: row k_start + pos, bounded by the rows there are
     const int64_t t = ti.k_start + pos;
     if (t < 0 || t >= p.total_k) return r;
     r.k = static_cast<const uint8_t*>(p.k_new) + 2 * (t * p.kn_stride[0] + kv_head * p.kn_stride[1]);
@@ -181,7 +181,7 @@ HAB_DEV void widen_q(uint32_t q_tile, float* q_inv, int pw, int lane) {
 // consumers finish the last one. FP8: a tile's codes are loaded into registers while
 // the tile before is widened (K of tile j + 1 once K of tile j is in its slot, V the
 // same); the loads' latency is hidden by the ring, the widening reads no shared memory.
-template <bool FP8, int D_QK>
+template <bool FP8, int D_QK, bool RAGGED>
 HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t smem, int pw, int lane) {
   using L = Layout<FP8, D_QK>;
   constexpr int QK = L::QK_PANELS, VP = HEAD_DIM / 64;  // panels of a Q / K and of a V tile
@@ -196,17 +196,17 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
     hab_sm90::named_sync(3, 32 * PRODUCER_WARPS);  // the fetched item is visible to the warpgroup
     const int32_t w = b.fetch[round & 1];
     TileInfo ti;
-    const bool has = tile_info(p, w, ti);
+    const bool has = tile_info<RAGGED>(p, w, ti);
     // Q row r = (token m_tok0 + r / G, head kv_head * G + r % G), null: past the item
     auto q_row_of = [&]() -> const uint8_t* {
       const int tok = ti.m_tok0 + r / ti.group;
       if (!has || r >= ti.tok_m * ti.group || tok >= ti.len_q) return nullptr;
-      if (ti.q_start + tok < 0 || ti.q_start + tok >= p.total_q) return nullptr;  // wild offsets
+      if (RAGGED && (ti.q_start + tok < 0 || ti.q_start + tok >= p.total_q)) return nullptr;  // wild offsets
       return static_cast<const uint8_t*>(p.q) +
              2 * ((ti.q_start + tok) * p.q_stride[0] + (int64_t(ti.kv_head) * ti.group + r % ti.group) * p.q_stride[1]);
     };
     auto rows_of = [&](int j) {
-      return key_rows<KV_BYTES>(p, ti, page_div, (ti.tile_lo + j) * BLOCK_N + r);
+      return key_rows<KV_BYTES, RAGGED>(p, ti, page_div, (ti.tile_lo + j) * BLOCK_N + r);
     };
     auto wait_empty = [&](uint64_t* empty, int at) {
       hab_sm90::mbar_wait(empty + at % L::STAGES, ((at / L::STAGES) & 1) ^ 1);
@@ -231,14 +231,14 @@ HAB_DEV void producer(const HabPrefillParams& p, const Barriers& b, uint32_t sme
       wait_empty(b.empty_k, at);
       if (lane == 0) b.mask[4 * s + pw] = bits;
       fill(std::integral_constant<int, QK>{}, smem + L::K_OFF + s * L::QK_TILE_BYTES, kc, kr.k,
-           p.k_new != nullptr ? p.k_new : p.k_cache, b.full_k + s);
+           RAGGED ? p.k_new : p.k_cache, b.full_k + s);
       if (lane == 0) hab_sm90::mbar_arrive(b.full_k + s);  // releases the mask word
     };
     auto load_v = [&](int at, const KeyRows& kr) {
       const int s = at % L::STAGES;
       wait_empty(b.empty_v, at);
       fill(std::integral_constant<int, VP>{}, smem + L::V_OFF + s * TILE_BYTES, vc, kr.v,
-           p.v_new != nullptr ? p.v_new : p.v_cache, b.full_v + s);
+           RAGGED ? p.v_new : p.v_cache, b.full_v + s);
     };
     hab_sm90::mbar_wait(b.empty_q, (round & 1) ^ 1);
     if (pw == 0 && lane == 0) {
