@@ -12,7 +12,7 @@ queries where Triton's CPU interpreter computes bf16 wrong run the reference,
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -20,7 +20,8 @@ from hygon_attn_backend import envs
 from hygon_attn_backend.ops._interpreter import triton_computes, triton_interpreter_on
 
 IMPLS = envs.IMPLS
-__all__ = ["IMPLS", "select_impl", "triton_interpreter_on", "triton_runs_on"]
+__all__ = ["IMPLS", "native_coverage", "select_impl", "triton_interpreter_on",
+           "triton_runs_on"]
 
 
 def triton_runs_on(device: torch.device) -> bool:
@@ -48,6 +49,22 @@ def select_impl(impl: str, device: torch.device, *, native_preferred: "bool | No
     if chosen == "triton" and q_dtype is not None and not triton_computes(q_dtype):
         return "reference"
     return chosen
+
+
+def native_coverage(impl: str, device: torch.device, device_unsupported: Callable,
+                    shape_unsupported: Callable) -> "tuple[str, str | None]":
+    """``(impl, why)`` for :func:`select_impl`'s ``native_unsupported``: on a CUDA device
+    with ``impl`` ``"native"`` or ``"auto"``, why the op's native kernel does not cover the
+    batch, the device's reason (``device_unsupported(device)``) before the shapes'
+    (``shape_unsupported()``); ``impl="native"`` on a GPU without the kernel becomes
+    ``"triton"`` (the engines pass one ``HYGON_ATTN_IMPL`` to every op). Elsewhere
+    ``(impl, None)``."""
+    if impl not in ("native", "auto") or device.type != "cuda":
+        return impl, None
+    why = device_unsupported(device)
+    if why is not None:
+        return ("triton" if impl == "native" else impl), why
+    return impl, shape_unsupported()
 
 
 def _select(impl, device, native_preferred, native_unsupported) -> str:

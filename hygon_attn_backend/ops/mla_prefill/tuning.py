@@ -13,7 +13,8 @@ from typing import NamedTuple, Optional
 import torch
 
 from hygon_attn_backend.ops import _device
-from hygon_attn_backend.ops._dispatch import select_impl, triton_interpreter_on
+from hygon_attn_backend.ops._dispatch import (native_coverage, select_impl,
+                                              triton_interpreter_on)
 from hygon_attn_backend.ops.mla_prefill import native
 
 MLA_Q_DTYPES = (torch.float16, torch.bfloat16)
@@ -142,13 +143,11 @@ def choose(*, device: torch.device, impl: str, total_q: int, num_kv_heads: int, 
     sm_90 GPU that it does not cover raises. Elsewhere (a GPU without it, the absorbed
     extend, which has no native kernel) ``"native"`` runs Triton, as the engines pass one
     ``HYGON_ATTN_IMPL`` to every op."""
-    native_why = "the absorbed MLA extend (no native kernel)" if not ragged else None
-    if impl in ("native", "auto") and device.type == "cuda" and ragged:
-        native_why = native.device_unsupported(device)
-        if native_why is not None and impl == "native":
-            impl = "triton"  # no native kernel on this GPU
-        native_why = native_why or native.shape_unsupported(
-            head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, q_dtype=q_dtype, group=group)
+    native_why = "the absorbed MLA extend (no native kernel)"
+    if ragged:
+        impl, native_why = native_coverage(
+            impl, device, native.device_unsupported, lambda: native.shape_unsupported(
+                head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, q_dtype=q_dtype, group=group))
         if native_why is None and impl == "auto" and tile is not None:
             native_why = f"tile {tuple(tile)} (a Triton tile)"
     chosen = select_impl(impl, device, q_dtype=q_dtype, native_unsupported=native_why,

@@ -12,7 +12,8 @@ from typing import Optional
 import torch
 
 from hygon_attn_backend.ops import _checks, _device
-from hygon_attn_backend.ops._dispatch import select_impl, triton_interpreter_on
+from hygon_attn_backend.ops._dispatch import (native_coverage, select_impl,
+                                              triton_interpreter_on)
 from hygon_attn_backend.ops.prefill import native
 
 PREFILL_Q_DTYPES = (torch.float16, torch.bfloat16)
@@ -120,13 +121,10 @@ def choose(*, device: torch.device, impl: str, total_q: int, num_seqs: int,
     engines pass one ``HYGON_ATTN_IMPL`` to every op. ``tree``: the batch has a tree mask,
     which only the Triton kernel reads. ``dense_new_keys``: the layers pass the new tokens'
     K/V dense, which the native prefill does not read beside an fp8 cache."""
-    native_why = None
+    impl, native_why = native_coverage(
+        impl, device, native.device_unsupported, lambda: native.shape_unsupported(
+            head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype, group=group))
     if impl in ("native", "auto") and device.type == "cuda":
-        native_why = native.device_unsupported(device)
-        if native_why is not None and impl == "native":
-            impl = "triton"  # no native prefill on this GPU
-        native_why = native_why or native.shape_unsupported(
-            head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype, group=group)
         if native_why is None and dense_new_keys and kv_dtype in _checks.FP8_DTYPES:
             native_why = ("dense k_new / v_new with an fp8 KV cache (the native kernel reads "
                           "fp8 only)")

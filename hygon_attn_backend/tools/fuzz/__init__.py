@@ -96,16 +96,16 @@ def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
          max_failures: int = 20, impl: str = "triton", kv_dtype: str = "any") -> int:
     """Run the cases; print each failure and a summary line. Returns the failure count.
     ``skip``: leave out this shard's first ``skip`` cases (resume a run that was stopped
-    after them). ``impl`` (prefill, decode, mla and mla_prefill): the implementation the cases plan with;
-    "auto" takes the plan's choice, "native" the native kernel on the cases it covers (the
-    summary counts the native cases). ``kv_dtype`` (prefill and decode, one of
-    ``KV_DTYPE_FILTERS``): run only the seed's profiles with that cache dtype (case ``k``
-    is then case ``k`` of those profiles; its rerun names the filter)."""
+    after them). ``impl`` (prefill, decode, mla and mla_prefill): the implementation the
+    cases plan with; "auto" takes the plan's choice, "native" the native kernel on the
+    cases it covers (the summary counts the native cases). ``kv_dtype`` (prefill and
+    decode, one of ``KV_DTYPE_FILTERS``): run only the seed's profiles with that cache
+    dtype (case ``k`` is then case ``k`` of those profiles; its rerun names the filter)."""
     import torch
 
     if impl != "triton" and op not in IMPL_OPS:
-        raise ValueError(f"impl={impl!r}: only the prefill, decode, mla and mla_prefill cases take an impl "
-                         f"(op={op!r})")
+        raise ValueError(f"impl={impl!r}: only the prefill, decode, mla and mla_prefill cases "
+                         f"take an impl (op={op!r})")
     if kv_dtype not in KV_DTYPE_FILTERS:
         raise ValueError(f"kv_dtype must be one of {KV_DTYPE_FILTERS}, got {kv_dtype!r}")
     if kv_dtype != "any" and op not in ("prefill", "decode"):
