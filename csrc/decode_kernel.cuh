@@ -21,6 +21,7 @@
 #include "compat.h"
 #include "fastdiv.h"
 #include "fp8.cuh"
+#include "fp8_widen.h"
 #include "hab_ops.h"
 #include "tile_mma.cuh"
 
@@ -114,18 +115,15 @@ HAB_DEV void store_out4(const HabDecodeParams& p, int64_t off, const float (&v)[
   *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + off) = w;
 }
 
-// 8 KV elements (one chunk) as compute-dtype bits, from fp8 codes held in a uint2
+// 8 KV elements (one chunk) as compute-dtype bits, from fp8 codes held in a uint2 (exact:
+// every fp8 value is a 16-bit float of either kind; fp8_widen.h)
 template <typename KIND, typename FMT>
 HAB_DEV uint4 fp8x8_to(uint2 codes) {
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t src = i < 2 ? codes.x : codes.y;
-    const int sh = 16 * (i & 1);
-    // exact: every fp8 value is a 16-bit float of either kind
-    w[i] = hab_pack2f<KIND>(hab_fp8_decode<FMT>(uint8_t(src >> sh)), hab_fp8_decode<FMT>(uint8_t(src >> (sh + 8))));
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
+  constexpr bool E4M3 = FMT::kMant == 3, BF16 = KIND::kCode == HabBf16::kCode;
+  uint4 w;
+  hab_fp8x4_widen<E4M3, BF16>(codes.x, w.x, w.y);
+  hab_fp8x4_widen<E4M3, BF16>(codes.y, w.z, w.w);
+  return w;
 }
 
 // One 8-element chunk of a cache row, element by element (layouts whose channels are not

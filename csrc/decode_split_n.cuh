@@ -78,9 +78,7 @@ HAB_DEV void fp8x4_to_f16x2(uint32_t x, uint32_t& lo, uint32_t& hi) {
     asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e5m2x2 %0, l; cvt.rn.f16x2.e5m2x2 %1, h; }\n"
         : "=r"(lo), "=r"(hi) : "r"(x));
 #else
-  typedef typename std::conditional<KVF == KV_E4M3, HabE4M3, HabE5M2>::type F;
-  lo = hab_pack2f<HabHalf>(hab_fp8_decode<F>(uint8_t(x)), hab_fp8_decode<F>(uint8_t(x >> 8)));
-  hi = hab_pack2f<HabHalf>(hab_fp8_decode<F>(uint8_t(x >> 16)), hab_fp8_decode<F>(uint8_t(x >> 24)));
+  hab_fp8x4_widen<KVF == KV_E4M3, false>(x, lo, hi);
 #endif
 }
 

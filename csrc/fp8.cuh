@@ -1,6 +1,7 @@
-// fp8 e4m3fn / e5m2 codes from and to float, with integer bit arithmetic (exact on every
-// target, no hardware fp8 conversion needed). Same results as torch's
-// x.div(scale).clamp(-max, max).to(float8_*): IEEE division, round to nearest even.
+// fp8 e4m3fn / e5m2 codes from float, with integer bit arithmetic (exact on every target,
+// no hardware fp8 conversion needed). Same results as torch's
+// x.div(scale).clamp(-max, max).to(float8_*): IEEE division, round to nearest even. The
+// other way (codes to 16-bit floats, two at a time): fp8_widen.h.
 #pragma once
 
 #include "compat.h"
@@ -43,19 +44,4 @@ HAB_DEV uint8_t hab_fp8_encode(float x, float scale) {
   int32_t code = expo >= 128 - BIAS ? normal : sub;
   if (is_nan) code = 0x7f;
   return uint8_t(uint32_t(code) | sign);
-}
-
-// float value of a code (finite codes exact; e4m3fn's NaN code is not special-cased: a
-// NaN never enters the cache through hab_fp8_encode's saturation)
-template <typename F>
-HAB_DEV float hab_fp8_decode(uint8_t b) {
-  constexpr int MANT = F::kMant, BIAS = F::kBias;
-  const uint32_t sign = uint32_t(b & 0x80u) << 24;
-  const uint32_t mag = b & 0x7fu;
-  // normals: exponent|mantissa under the float's, rescaled by 2^(127 - BIAS) (exact);
-  // subnormals: mantissa * 2^(1 - BIAS - MANT), no float denormal involved
-  const float v = (mag >> MANT) == 0
-      ? float(mag) * hab_bits_to_float(uint32_t(127 + 1 - BIAS - MANT) << 23)
-      : hab_bits_to_float(mag << (23 - MANT)) * hab_bits_to_float(uint32_t(127 + 127 - BIAS) << 23);
-  return hab_bits_to_float(hab_float_to_bits(v) | sign);
 }

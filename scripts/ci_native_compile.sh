@@ -6,7 +6,8 @@
 #     gfx90a (MFMA path), -Wall -Werror
 #   - binding.cpp with g++ against the CPU torch, -Wall -Werror; one .so per vendor linked
 #     and loaded into torch (torch.ops.hygon_attn must hold every op)
-#   - check_fastdiv.cpp built and run on the host (the page-size division of the kernels)
+#   - check_fastdiv.cpp and check_fp8.cpp built and run on the host (the page-size division
+#     and the fp8 widening of the kernels)
 #
 # The tools install themselves: Debian's hipcc if missing (apt), the pinned CUDA 13.0 pip
 # wheels into a venv under /tmp (the cu12 wheels hold no nvcc; the five must be pinned
@@ -61,6 +62,9 @@ done
 job binding g++ -O1 -std=c++17 -fPIC -Wall -Werror $TORCH_INC -c binding.cpp -o "$OUT/binding.o"
 # host check of the kernels' division by a multiplier (csrc/fastdiv.h), exhaustive per divisor
 job fastdiv sh -c "g++ -O2 -std=c++17 -Wall -Werror check_fastdiv.cpp -o '$OUT/check_fastdiv' && '$OUT/check_fastdiv'"
+# host check of the fp8 widening (csrc/fp8_widen.h): every code pair, both formats, both
+# 16-bit types, and the device passes' byte-permute selectors
+job fp8_widen sh -c "g++ -O2 -std=c++17 -Wall -Werror check_fp8.cpp -o '$OUT/check_fp8' && '$OUT/check_fp8'"
 
 failed=0
 for i in "${!pids[@]}"; do

@@ -455,6 +455,20 @@ def test_native_decode_fp8(kv_dtype, tensor_scales):
                  partition_size=256)
 
 
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("head_dim,layout", [(64, "bshd"), (256, "vllm"), (128, "bhds")])
+def test_native_fp8_shared_softmax_loop(head_dim, layout, kv_dtype, dtype):
+    """fp8 caches the split-N loop does not take (head_dim 64 and 256, channels strided) run
+    the shared-softmax loop, which widens the codes to q's dtype two at a time
+    (csrc/fp8_widen.h, checked exhaustively on the host by check_fp8.cpp): both formats into
+    fp16 and bf16 against the reference."""
+    _native_case(num_kv_heads=2, group=4, head_dim=head_dim, page_size=16,
+                 seq_lens=[700, 9, 130], layout=layout, dtype=dtype, kv_dtype=kv_dtype,
+                 scales=(0.02, 0.05), partition_size=256)
+
+
 # (head_dim, group, tokens, layout, page, seq_lens, partition_size, options): rows G * T <= 16
 FP8_SPLIT_N_CASES = [
     (128, 8, 1, "vllm", 16, [1000, 1, 77, 0], None, ("sinks", "window")),
