@@ -62,10 +62,16 @@ void copy_strides(int64_t (&dst)[N], const at::Tensor& t, int n = N) {
   for (int i = 0; i < n; ++i) dst[i] = t.stride(i);
 }
 
-const float* scale_ptr(const std::optional<at::Tensor>& s, const char* name) {
+// an fp8 scale tensor: 1 element (per tensor: *stride 0), or with heads > 1 one element
+// per KV head (*stride 1, contiguous)
+const float* scale_ptr(const std::optional<at::Tensor>& s, const char* name, int64_t heads = 1,
+                       int32_t* stride = nullptr) {
+  if (stride != nullptr) *stride = 0;
   if (!s.has_value()) return nullptr;
-  TORCH_CHECK(s->scalar_type() == at::kFloat && s->numel() == 1, "hygon_attn native: ", name,
-              " must be a 1-element float32 tensor");
+  const bool per_head = heads > 1 && s->dim() == 1 && s->numel() == heads && s->is_contiguous();
+  TORCH_CHECK(s->scalar_type() == at::kFloat && (s->numel() == 1 || per_head), "hygon_attn native: ", name,
+              heads > 1 ? " must be a float32 tensor of 1 element or one per KV head" : " must be a 1-element float32 tensor");
+  if (stride != nullptr) *stride = per_head ? 1 : 0;
   return s->data_ptr<float>();
 }
 
@@ -85,8 +91,8 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at:
   p.k_cache = k_cache.data_ptr();
   p.v_cache = v_cache.data_ptr();
   p.slot_mapping = slot_mapping.data_ptr();
-  p.k_scale_ptr = scale_ptr(k_scale, "k_scale");
-  p.v_scale_ptr = scale_ptr(v_scale, "v_scale");
+  p.k_scale_ptr = scale_ptr(k_scale, "k_scale", k.size(1), &p.k_scale_stride);
+  p.v_scale_ptr = scale_ptr(v_scale, "v_scale", k.size(1), &p.v_scale_stride);
   p.k_scale_value = float(k_scale_value);
   p.v_scale_value = float(v_scale_value);
   p.src_dtype = dtype_code(k, "k");
@@ -166,8 +172,8 @@ void paged_decode(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
                 "paged_decode: sinks must be contiguous float32 [Hq]");
     p.sinks = sinks->data_ptr<float>();
   }
-  p.k_scale_ptr = scale_ptr(k_scale, "k_scale");
-  p.v_scale_ptr = scale_ptr(v_scale, "v_scale");
+  p.k_scale_ptr = scale_ptr(k_scale, "k_scale", k_cache.size(1), &p.k_scale_stride);
+  p.v_scale_ptr = scale_ptr(v_scale, "v_scale", k_cache.size(1), &p.v_scale_stride);
   const bool split = num_partitions > 1;
   TORCH_CHECK(!split || (max_logits.scalar_type() == at::kFloat && exp_sums.scalar_type() == at::kFloat &&
                          partial_out.scalar_type() == at::kFloat && max_logits.dim() == 2 &&
@@ -286,8 +292,8 @@ void prefix_prefill(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_ca
   TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type() && out.scalar_type() == q.scalar_type() &&
                   (fp8 || k_cache.scalar_type() == q.scalar_type()),
               "prefix_prefill: q and out share one 16-bit dtype, the caches q's or one fp8 dtype");
-  p.k_scale_ptr = fp8 ? scale_ptr(k_scale, "k_scale") : nullptr;
-  p.v_scale_ptr = fp8 ? scale_ptr(v_scale, "v_scale") : nullptr;
+  p.k_scale_ptr = fp8 ? scale_ptr(k_scale, "k_scale", k_cache.size(1), &p.k_scale_stride) : nullptr;
+  p.v_scale_ptr = fp8 ? scale_ptr(v_scale, "v_scale", k_cache.size(1), &p.v_scale_stride) : nullptr;
   p.k_scale_value = float(k_scale_value);
   p.v_scale_value = float(v_scale_value);
   p.table_is_int64 = index_is_int64(block_table, "block_table");

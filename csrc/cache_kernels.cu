@@ -51,8 +51,6 @@ __global__ void __launch_bounds__(kWriteThreads) write_kv_kernel(HabWriteKvParam
   const int64_t slot = hab_load_index(p.slot_mapping, p.slot_is_int64, tok * p.slot_stride);
   if (slot < 0 || slot >= p.num_blocks * p.page_size) return;  // padding (-1) or out of range
   const int64_t blk = slot / p.page_size, off = slot % p.page_size;
-  const float k_scale = p.k_scale_ptr ? *p.k_scale_ptr : p.k_scale_value;
-  const float v_scale = p.v_scale_ptr ? *p.v_scale_ptr : p.v_scale_value;
   const int64_t total = p.num_kv_heads * p.head_dim;
   const int64_t e0 = int64_t(blockIdx.y) * kWriteThreads * kWriteElems;
   const S* k = static_cast<const S*>(p.k);
@@ -73,6 +71,9 @@ __global__ void __launch_bounds__(kWriteThreads) write_kv_kernel(HabWriteKvParam
       k_dst += d * p.kc_stride_d;
     }
     const int64_t v_dst = blk * p.vc_stride_b + h * p.vc_stride_h + off * p.vc_stride_s + d * p.vc_stride_d;
+    // per tensor (stride 0) or per KV head (stride 1)
+    const float k_scale = p.k_scale_ptr ? p.k_scale_ptr[h * p.k_scale_stride] : p.k_scale_value;
+    const float v_scale = p.v_scale_ptr ? p.v_scale_ptr[h * p.v_scale_stride] : p.v_scale_value;
     Codec<DST>::store(kc, k_dst, kx, k_scale);
     Codec<DST>::store(vc, v_dst, vx, v_scale);
   }

@@ -283,8 +283,8 @@ HAB_DEV void decode_body(const HabDecodeParams& p, Flags flags, int row_chunks) 
                            ? key_end
                            : int(min(int64_t(part_start) + p.partition_size, int64_t(key_end)));
 
-  const float k_scale = p.k_scale_ptr ? *p.k_scale_ptr : p.k_scale_value;
-  const float v_scale = p.v_scale_ptr ? *p.v_scale_ptr : p.v_scale_value;
+  const float k_scale = p.k_scale_ptr ? p.k_scale_ptr[kv_head * p.k_scale_stride] : p.k_scale_value;
+  const float v_scale = p.v_scale_ptr ? p.v_scale_ptr[kv_head * p.v_scale_stride] : p.v_scale_value;
   const float sm_scale = p.scale * k_scale;  // natural units, K's dequant scale folded in
   const float qk_scale = sm_scale * LOG2E;   // log2 units, for exp2
   const bool use_cap = p.soft_cap > 0.f;

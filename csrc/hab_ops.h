@@ -31,10 +31,11 @@ typedef struct HabWriteKvParams {
   void* k_cache;
   void* v_cache;
   const void* slot_mapping;  // int32 or int64
-  const float* k_scale_ptr;  // fp8 scales as 1-element device tensors, or null
+  const float* k_scale_ptr;  // fp8 scales as device tensors (1 element, or one per KV head), or null
   const float* v_scale_ptr;
   float k_scale_value;  // used when the pointer is null
   float v_scale_value;
+  int32_t k_scale_stride, v_scale_stride;  // per KV head 1, per tensor 0
   int src_dtype;    // HabDtype: F16 / BF16 / F32
   int cache_dtype;  // HabDtype: any
   int slot_is_int64;
@@ -81,6 +82,7 @@ typedef struct HabDecodeParams {
   float* exp_sums;     // [slots, rows] float32
   float* partial_out;  // [slots, rows, D] float32
   float scale, k_scale_value, v_scale_value, soft_cap;
+  int32_t k_scale_stride, v_scale_stride;  // the scale tensors: per KV head 1, per tensor 0
   int q_dtype;    // F16 / BF16
   int out_dtype;  // F16 / BF16 / F32
   int kv_dtype;   // = q_dtype, or FP8_E4M3 / FP8_E5M2
@@ -142,9 +144,10 @@ typedef struct HabPrefillParams {
   float scale, soft_cap;  // soft_cap <= 0: off
   int dtype;              // F16 / BF16 (q, out; the caches and k_new / v_new when 16-bit)
   int kv_dtype;           // = dtype, or FP8_E4M3 / FP8_E5M2 (then no k_new / v_new)
-  const float* k_scale_ptr;  // fp8: the caches' scales as 1-element device tensors, or null
+  const float* k_scale_ptr;  // fp8: the caches' scales as device tensors (1 element, or one per KV head), or null
   const float* v_scale_ptr;
   float k_scale_value, v_scale_value;  // fp8: used when the pointer is null
+  int32_t k_scale_stride, v_scale_stride;  // per KV head 1, per tensor 0
   int table_is_int64, cu_is_int64, lens_is_int64;
   int causal;
   // 1: the two consumer warpgroups take turns issuing S = Q K^T (named barriers), so one's

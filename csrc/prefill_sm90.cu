@@ -88,8 +88,8 @@ struct Consumer {
                    int lane_, int jg0_)
       : p(p_), ti(ti_), b(b_), smem(smem_), wg(warp >> 2), lane(lane_), t(lane_ & 3), jg0(jg0_) {
     q_tile = smem + L::Q_OFF + wg * 64 * 128;
-    const float k_scale = FP8 ? (p.k_scale_ptr ? *p.k_scale_ptr : p.k_scale_value) : 1.f;
-    out_mult = FP8 ? (p.v_scale_ptr ? *p.v_scale_ptr : p.v_scale_value) : 1.f;
+    const float k_scale = FP8 ? (p.k_scale_ptr ? p.k_scale_ptr[ti.kv_head * p.k_scale_stride] : p.k_scale_value) : 1.f;
+    out_mult = FP8 ? (p.v_scale_ptr ? p.v_scale_ptr[ti.kv_head * p.v_scale_stride] : p.v_scale_value) : 1.f;
     const int r_base = 64 * wg + 16 * (warp & 3) + (lane >> 2);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

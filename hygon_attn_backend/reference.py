@@ -58,24 +58,37 @@ def _scale_value(scale: ScaleLike) -> float:
     return float(scale)
 
 
+def _scale_tensor(scale: ScaleLike, x: torch.Tensor) -> torch.Tensor:
+    """The scale as a float32 tensor that broadcasts over ``x`` (``[..., H, D]``): one
+    element (per tensor), or ``H`` elements, one per head (axis -2)."""
+    if isinstance(scale, torch.Tensor) and scale.numel() > 1:
+        heads = x.shape[-2] if x.dim() >= 2 else -1
+        if scale.dim() != 1 or scale.numel() != heads:
+            raise ValueError(f"a per-head scale must be 1-D with one element per head ({heads}), "
+                             f"got shape {tuple(scale.shape)}")
+        return scale.to(device=x.device, dtype=torch.float32).view(-1, 1)
+    return torch.tensor(_scale_value(scale), dtype=torch.float32, device=x.device)
+
+
 def quantize_fp8(x: torch.Tensor, dtype: torch.dtype, scale: ScaleLike = None) -> torch.Tensor:
     """Quantize ``x`` to ``dtype`` (float8 e4m3fn / e5m2) as ``x / scale``, saturating
-    at the format's finite range (no inf/NaN from out-of-range values)."""
+    at the format's finite range (no inf/NaN from out-of-range values). ``scale``: per
+    tensor (a float or one element) or per head (``[H]`` for ``x`` of ``[..., H, D]``)."""
     if dtype not in FP8_DTYPES:
         raise ValueError(f"dtype must be one of {FP8_DTYPES}, got {dtype}")
     limit = torch.finfo(dtype).max
     # Divide by a float32 tensor on x's device, not a Python scalar: CUDA torch turns
     # division by a host scalar into multiplication by its reciprocal, which rounds
     # differently from the IEEE division the kernels (and CPU torch) perform.
-    divisor = torch.tensor(_scale_value(scale), dtype=torch.float32, device=x.device)
-    y = x.to(torch.float32) / divisor
+    y = x.to(torch.float32) / _scale_tensor(scale, x)
     return y.clamp(-limit, limit).to(dtype)
 
 
 def dequantize_fp8(x: torch.Tensor, scale: ScaleLike = None,
                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Inverse of :func:`quantize_fp8`: ``x.float() * scale`` cast to ``dtype``."""
-    return (x.to(torch.float32) * _scale_value(scale)).to(dtype)
+    """Inverse of :func:`quantize_fp8`: ``x.float() * scale`` cast to ``dtype`` (``scale``
+    per tensor, or per head for ``x`` of ``[..., H, D]``)."""
+    return (x.to(torch.float32) * _scale_tensor(scale, x)).to(dtype)
 
 
 def _load_cache(cache_rows: torch.Tensor, scale: ScaleLike, dtype: torch.dtype) -> torch.Tensor:

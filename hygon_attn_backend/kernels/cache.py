@@ -52,7 +52,7 @@ def quantize_fp8_bits(x, scale, FP8_MAX: tl.constexpr, MANT: tl.constexpr,
 @triton.jit
 def write_kv_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-    k_scale_ptr, v_scale_ptr, k_scale_value, v_scale_value,
+    k_scale_ptr, v_scale_ptr, k_scale_value, v_scale_value, k_scale_stride, v_scale_stride,
     num_slots, num_kv_heads,
     stride_slot,
     stride_k_t, stride_k_h, stride_k_d,
@@ -97,8 +97,10 @@ def write_kv_kernel(
 
     if QUANT:
         if SCALE_FROM_PTR:
-            k_scale = tl.load(k_scale_ptr)
-            v_scale = tl.load(v_scale_ptr)
+            # per tensor (stride 0) or per KV head (stride 1): [BLOCK_H, 1]
+            h_ok = offs_h[:, None] < num_kv_heads
+            k_scale = tl.load(k_scale_ptr + h64 * k_scale_stride, mask=h_ok, other=1.0)
+            v_scale = tl.load(v_scale_ptr + h64 * v_scale_stride, mask=h_ok, other=1.0)
         else:
             k_scale = k_scale_value
             v_scale = v_scale_value

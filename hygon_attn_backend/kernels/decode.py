@@ -50,7 +50,8 @@ from hygon_attn_backend.kernels.tree_mask import tree_visibility
 def paged_decode_kernel(
     out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, sinks_ptr,
     k_scale_ptr, v_scale_ptr, max_logits_ptr, exp_sums_ptr, partial_out_ptr, counters_ptr,
-    tree_ptr, scale, k_scale_value, v_scale_value, soft_cap, sliding_window,
+    tree_ptr, scale, k_scale_value, v_scale_value, k_scale_stride, v_scale_stride, soft_cap,
+    sliding_window,
     num_blocks, max_blocks_per_seq, partition_size, num_partitions, num_q_heads,
     stride_q_seq, stride_q_tok, stride_q_head, stride_q_dim,
     stride_o_seq, stride_o_tok, stride_o_head, stride_o_dim,
@@ -125,8 +126,9 @@ def paged_decode_kernel(
     # q: [BLOCK_M, HEAD_DIM_PAD]
 
     if SCALES_FROM_PTR:
-        k_scale = tl.load(k_scale_ptr).to(tl.float32)
-        v_scale = tl.load(v_scale_ptr).to(tl.float32)
+        # per tensor (stride 0) or per KV head (stride 1)
+        k_scale = tl.load(k_scale_ptr + kv_head * k_scale_stride).to(tl.float32)
+        v_scale = tl.load(v_scale_ptr + kv_head * v_scale_stride).to(tl.float32)
     else:
         k_scale = k_scale_value
         v_scale = v_scale_value

@@ -200,7 +200,8 @@ def prefix_prefill_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, k_new_ptr, v_new_ptr, out_ptr, lse_ptr, sinks_ptr,
         tree_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_k_ptr, tile_req_ptr, tile_mblock_ptr,
         k_scale_ptr, v_scale_ptr,
-        sm_scale, k_scale_val, v_scale_val, soft_cap, window, head_dim, num_blocks, max_blocks,
+        sm_scale, k_scale_val, v_scale_val, k_scale_stride, v_scale_stride, soft_cap, window,
+        head_dim, num_blocks, max_blocks,
         stride_qt, stride_qh, stride_qd,
         stride_kb, stride_kh, stride_ks, stride_kd,
         stride_vb, stride_vh, stride_vs, stride_vd,
@@ -257,8 +258,9 @@ def prefix_prefill_kernel(
                 other=0.0)  # q: [BLOCK_M, HEAD_DIM]
 
     if SCALE_FROM_PTR:
-        k_scale = tl.load(k_scale_ptr)
-        v_scale = tl.load(v_scale_ptr)
+        # per tensor (stride 0) or per KV head (stride 1)
+        k_scale = tl.load(k_scale_ptr + kv_head * k_scale_stride)
+        v_scale = tl.load(v_scale_ptr + kv_head * v_scale_stride)
     else:
         k_scale = k_scale_val
         v_scale = v_scale_val

@@ -21,7 +21,8 @@ Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32) + FP8_DTYPES
 INDEX_DTYPES = (torch.int32, torch.int64)
 
-#: a per-tensor fp8 scale: a float, or a 1-element float32 tensor read on the device
+#: an fp8 scale: a float, or a float32 tensor read on the device (1 element, or one per
+#: KV head where the op takes per-head scales)
 ScaleLike = Union[None, float, torch.Tensor]
 
 
@@ -53,9 +54,10 @@ def scale_launch_args(k_scale: ScaleLike, v_scale: ScaleLike, device, *, used: b
 
 def native_scale_pair(scale):
     """``(tensor or None, float)`` for a native op's ``Tensor? scale, float scale_value``
-    (``scale``: a float or a 1-element tensor, as :func:`check_scale` returns)."""
+    (``scale``: a float, or a tensor of 1 or num_kv_heads elements, as :func:`check_scale`
+    returns; the native op reads a tensor of more than one element per KV head)."""
     if isinstance(scale, torch.Tensor):
-        return scale.reshape(1).to(torch.float32).contiguous(), 1.0
+        return scale.reshape(-1).to(torch.float32).contiguous(), 1.0
     return None, float(scale)
 
 
@@ -188,19 +190,34 @@ def check_softmax_scale(scale) -> None:
         raise ValueError(f"scale must be a finite float > 0 or None, got {scale!r}")
 
 
-def check_scale(name: str, scale, cache_dtype: torch.dtype, device: torch.device):
-    """fp8 caches need a per-tensor scale (float or 1-element fp32 tensor); others
-    accept None or a scale of 1. Returns the scale as a 1-element float32 tensor or
-    a float (kernels take either)."""
+def check_scale(name: str, scale, cache_dtype: torch.dtype, device: torch.device, *,
+                num_kv_heads: Optional[int] = None):
+    """fp8 caches need a scale: per tensor (a float or a 1-element tensor) or, where the op
+    passes ``num_kv_heads``, per KV head (a 1-D tensor of ``num_kv_heads`` elements);
+    others accept None or a scale of 1. Returns the scale as a float32 tensor of 1 or
+    ``num_kv_heads`` elements, or a float (kernels take either)."""
     if scale is None:
         return 1.0
     if isinstance(scale, torch.Tensor):
-        if scale.numel() != 1:
-            raise ValueError(f"{name} must be a float or a 1-element tensor, got {describe(scale)}")
+        per_head = (num_kv_heads is not None and num_kv_heads > 1 and scale.dim() == 1
+                    and scale.numel() == num_kv_heads)
+        if scale.numel() != 1 and not per_head:
+            what = ("a float, a 1-element tensor or a 1-D tensor of num_kv_heads = "
+                    f"{num_kv_heads} elements" if num_kv_heads is not None
+                    else "a float or a 1-element tensor")
+            raise ValueError(f"{name} must be {what}, got {describe(scale)}")
         if scale.device != device:
             raise ValueError(f"{name} must be on {device}, got {describe(scale)}")
-        return scale.reshape(1).to(torch.float32)
+        if not scale.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a floating-point tensor, got {describe(scale)}")
+        return scale.reshape(-1).to(torch.float32).contiguous()
     return float(scale)
+
+
+def scale_head_stride(scale: ScaleLike) -> int:
+    """The element stride a kernel steps a scale by per KV head: 1 for a per-head tensor
+    (more than one element), 0 for a per-tensor scale."""
+    return 1 if isinstance(scale, torch.Tensor) and scale.numel() > 1 else 0
 
 
 def check_block_ids(name: str, table: torch.Tensor, num_blocks: int, used: Optional[torch.Tensor] = None):

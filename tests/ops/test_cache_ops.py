@@ -310,7 +310,9 @@ def _to(t, device):
     ("k_cache", torch.randn(4, 2, 16, 4, 16).half(), "split-x"),
     ("k_cache", torch.randn(1, 2, 16, 64).half().expand(4, 2, 16, 64), "k_cache has stride 0"),
     ("v_cache", torch.randn(4, 2, 1, 64).half().expand(4, 2, 16, 64), "v_cache has stride 0"),
-    ("k_scale", torch.tensor([1.0, 2.0]), "k_scale must be a float or a 1-element tensor"),
+    ("k_scale", torch.tensor([1.0, 2.0, 3.0]),
+     "k_scale must be a float, a 1-element tensor or a 1-D tensor of num_kv_heads = 2"),
+    ("k_scale", torch.tensor([[1.0, 2.0]]), "k_scale must be a float, a 1-element tensor"),
 ])
 def test_write_kv_rejects_bad_arguments(name, bad, match, device):
     args = {key: _to(t, device) for key, t in _valid_write_args().items()}

@@ -84,8 +84,10 @@ class Case:
 
 def make_case(seq_lens, query_lens, *, num_q_heads=8, num_kv_heads=2, head_size=64,
               block_size=16, dtype=torch.float16, kv_cache_dtype="auto", layout="LBHNC",
-              device="cpu", seed=0) -> Case:
-    """Random inputs and a prepopulated paged cache for one batch (see module doc)."""
+              device="cpu", seed=0, per_head_scales=False) -> Case:
+    """Random inputs and a prepopulated paged cache for one batch (see module doc).
+    ``per_head_scales``: fp8 scales of ``[num_kv_heads]`` elements (vLLM's ``attn_head``
+    KV-cache scheme), a different one a head."""
     gen = torch.Generator().manual_seed(seed)
     device = torch.device(device)
     batch = len(seq_lens)
@@ -93,6 +95,9 @@ def make_case(seq_lens, query_lens, *, num_q_heads=8, num_kv_heads=2, head_size=
     cache_dtype = torch.float8_e4m3fn if fp8 else dtype
     k_scale = torch.tensor([0.75 if fp8 else 1.0], dtype=torch.float32)
     v_scale = torch.tensor([1.25 if fp8 else 1.0], dtype=torch.float32)
+    if fp8 and per_head_scales:
+        k_scale = torch.tensor([0.75 / 4 ** h for h in range(num_kv_heads)])
+        v_scale = torch.tensor([1.25 * 2 ** h for h in range(num_kv_heads)])
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float32).to(dtype)

@@ -70,8 +70,8 @@ class Layer:
     def __init__(self, case):
         self._k_scale = case.k_scale
         self._v_scale = case.v_scale
-        self._k_scale_float = float(case.k_scale)
-        self._v_scale_float = float(case.v_scale)
+        self._k_scale_float = float(case.k_scale.max())  # vLLM: the largest of per-head scales
+        self._v_scale_float = float(case.v_scale.max())
 
 
 def common_metadata(case) -> CommonAttentionMetadata:

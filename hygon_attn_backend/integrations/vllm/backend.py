@@ -125,6 +125,10 @@ class HygonAttentionBackend(AttentionBackend):
         return False
 
     @classmethod
+    def supports_per_head_quant_scales(cls) -> bool:
+        return True  # fp8 scales of [num_kv_heads] (the attn_head scheme): every kernel
+
+    @classmethod
     def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla,
                              has_sink, use_sparse, *rest):
         # rest: (use_mm_prefix, device_capability), or (device_capability,) on vLLM

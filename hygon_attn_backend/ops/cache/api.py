@@ -61,9 +61,10 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
        is skipped (nothing is written). The kernel never writes outside the cache: any slot
        outside ``[0, num_blocks * P)`` is skipped; with ``HYGON_ATTN_DEBUG=1`` such slots
        (other than ``-1``) raise ``ValueError`` before launch.
-    k_scale, v_scale: per-tensor scales of fp8 caches (float or 1-element float32 tensor
-       on the cache's device; default 1): the cache stores ``k / k_scale`` saturated to the
-       format's finite range. Ignored for other cache dtypes (plain cast).
+    k_scale, v_scale: scales of fp8 caches on the cache's device (default 1): per tensor
+       (a float or a 1-element float32 tensor) or per KV head (``[num_kv_heads]`` float32):
+       the cache stores ``k / k_scale`` (head ``h``: ``k[:, h] / k_scale[h]``) saturated to
+       the format's finite range. Ignored for other cache dtypes (plain cast).
     plan: a :func:`plan_write_kv` result for this batch's ``slot_mapping`` (built once per
        step, reused by every layer): only the shapes a layer can change are checked.
     impl: ``"auto"`` | ``"triton"`` | ``"native"`` | ``"reference"``.
@@ -88,8 +89,10 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         k_cache, v_cache, device=device, num_kv_heads=num_kv_heads, head_dim=head_dim)
     _check_no_zero_strides("k_cache", k_cache)
     _check_no_zero_strides("v_cache", v_cache)
-    _checks.check_scale("k_scale", k_scale, k_cache.dtype, device)
-    _checks.check_scale("v_scale", v_scale, v_cache.dtype, device)
+    k_scale = _checks.check_scale("k_scale", k_scale, k_cache.dtype, device,
+                                  num_kv_heads=num_kv_heads)
+    v_scale = _checks.check_scale("v_scale", v_scale, v_cache.dtype, device,
+                                  num_kv_heads=num_kv_heads)
     if _checks.debug_enabled() and num_tokens:
         lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
         if lo < -1 or hi >= num_blocks * page_size:

@@ -14,7 +14,7 @@ from hygon_attn_backend.ops._checks import FP8_DTYPES, native_scale_pair
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, *, k_scale, v_scale) -> None:
     """k, v: ``[T, H, D]``; k_cache 4-D view or 5-D split-x; v_cache 4-D view; any strides;
-    scales a float or a 1-element tensor (read for fp8 caches only)."""
+    scales a float or a tensor of 1 or H elements (read for fp8 caches only)."""
     fp8 = k_cache.dtype in FP8_DTYPES
     k_t, k_val = native_scale_pair(k_scale if fp8 else 1.0)
     v_t, v_val = native_scale_pair(v_scale if fp8 else 1.0)

@@ -29,7 +29,7 @@ FP8_FORMAT = {torch.float8_e4m3fn: (3, 7), torch.float8_e5m2: (2, 15)}
 # Arguments of write_kv_kernel that change per layer, in the order WritePlan passes them.
 _PER_CALL = (
     "k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr", "k_scale_ptr", "v_scale_ptr",
-    "k_scale_value", "v_scale_value", "num_slots",
+    "k_scale_value", "v_scale_value", "k_scale_stride", "v_scale_stride", "num_slots",
     "stride_k_t", "stride_k_h", "stride_k_d", "stride_v_t", "stride_v_h", "stride_v_d",
     "stride_kc_b", "stride_kc_h", "stride_kc_s", "stride_kc_d", "stride_kc_x",
     "stride_vc_b", "stride_vc_h", "stride_vc_s", "stride_vc_d")
@@ -95,7 +95,10 @@ class WritePlan:
         if quant:
             # The kernel computes the fp8 codes itself (exact rounding on every backend).
             k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-        launch(NO_LAYER, k, v, k_cache, v_cache, ksp, vsp, ksv, vsv, v_cache.shape[0] * self.page_size,
+        launch(NO_LAYER, k, v, k_cache, v_cache, ksp, vsp, ksv, vsv,
+               _checks.scale_head_stride(ksp) if from_ptr else 0,
+               _checks.scale_head_stride(vsp) if from_ptr else 0,
+               v_cache.shape[0] * self.page_size,
                *k.stride(), *v.stride(), *kcs, *v_cache.stride())
 
     def _make_launch(self, k_ndim, kv_dtype, k_dtype, from_ptr):

@@ -51,7 +51,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
        sequence costs at most its table's capacity, whatever its ``seq_len``.
     scale: softmax scale, a finite float > 0 (else ``ValueError``), default ``1 / sqrt(D)``.
     out: optional ``q``-shaped output (fp16/bf16/fp32), written in place and returned.
-    k_scale, v_scale: float or 1-element float32 tensor (read on the device: no sync).
+    k_scale, v_scale: fp8 caches' scales, read on the device (no sync): per tensor (a
+       float or a 1-element float32 tensor) or per KV head (``[Hkv]`` float32): a cached
+       code ``c`` of head ``h`` stands for ``c * k_scale[h]``.
     partition_size: tokens per split-KV partition, a multiple of 16; default
        :func:`tuning.triton_partition_size` (env ``HYGON_ATTN_PARTITION_SIZE`` /
        ``PA_PARTITION_SIZE`` override it). One partition writes ``out`` directly; several
@@ -124,8 +126,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                              shape=tuple(q.shape))
     check_layer_options(num_q_heads=num_q_heads, device=device,
                         sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks)
-    k_scale = _checks.check_scale("k_scale", k_scale, k_cache.dtype, device)
-    v_scale = _checks.check_scale("v_scale", v_scale, v_cache.dtype, device)
+    k_scale = _checks.check_scale("k_scale", k_scale, k_cache.dtype, device,
+                                  num_kv_heads=num_kv_heads)
+    v_scale = _checks.check_scale("v_scale", v_scale, v_cache.dtype, device,
+                                  num_kv_heads=num_kv_heads)
     if _checks.debug_enabled():
         _debug_checks(block_table, seq_lens, num_blocks, page_size, num_tokens)
     plan = plan_paged_decode(

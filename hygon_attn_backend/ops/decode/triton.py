@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from hygon_attn_backend.ops import tree_mask
+from hygon_attn_backend.ops import _checks, tree_mask
 from hygon_attn_backend.ops._device import next_pow2
 from hygon_attn_backend.ops._launch import NO_LAYER, LayerArgs, Launch
 from hygon_attn_backend.ops.decode import tuning
@@ -19,7 +19,7 @@ from hygon_attn_backend.ops.decode import tuning
 #: what a layer binding supplies (its ``args``), in order
 DECODE_PER_LAYER = (
     "k_ptr", "v_ptr", "sinks_ptr", "k_scale_ptr", "v_scale_ptr",
-    "k_scale_value", "v_scale_value", "num_blocks",
+    "k_scale_value", "v_scale_value", "k_scale_stride", "v_scale_stride", "num_blocks",
     "stride_k_block", "stride_k_head", "stride_k_slot", "stride_k_dim", "stride_k_chunk",
     "stride_v_block", "stride_v_head", "stride_v_slot", "stride_v_dim")
 #: what each call supplies
@@ -43,7 +43,8 @@ def _with_lse(per_call):
 def layer_args(k_cache: torch.Tensor, v_cache: torch.Tensor, sinks, k_scale_ptr, v_scale_ptr,
                k_scale_value: float, v_scale_value: float) -> LayerArgs:
     """One layer's launch arguments (``DECODE_PER_LAYER``); absent sinks / scale pointers:
-    the K cache stands in (never read)."""
+    the K cache stands in (never read). A scale tensor of more than one element is read
+    per KV head."""
     ks_ = k_cache.stride()
     if len(ks_) == 4:  # [N, H, P, D]; the split-x 5-D K is [N, H, D // x, P, x]
         ks_ = (ks_[0], ks_[1], ks_[2], ks_[3], 0)
@@ -53,7 +54,8 @@ def layer_args(k_cache: torch.Tensor, v_cache: torch.Tensor, sinks, k_scale_ptr,
         (k_cache, v_cache, k_cache if sinks is None else sinks,
          k_cache if k_scale_ptr is None else k_scale_ptr,
          k_cache if v_scale_ptr is None else v_scale_ptr),
-        (k_scale_value, v_scale_value, v_cache.shape[0], *ks_, *v_cache.stride()))
+        (k_scale_value, v_scale_value, _checks.scale_head_stride(k_scale_ptr),
+         _checks.scale_head_stride(v_scale_ptr), v_cache.shape[0], *ks_, *v_cache.stride()))
 
 
 def make_launches(plan, k_ndim, scales_from_ptr, use_sinks, sliding_window, soft_cap, scale):

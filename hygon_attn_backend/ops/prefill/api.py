@@ -74,6 +74,8 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
        prefix and new token ``j`` iff bit ``j % 32`` of word ``j // 32`` of its row is set
        (the causal rule of the new keys replaced; causal, no sliding window). With a plan,
        it is the plan's (``plan_prefix_prefill(tree_mask=)``).
+    k_scale, v_scale: fp8 caches' scales, read on the device: per tensor (a float or a
+       1-element float32 tensor) or per KV head (``[num_kv_heads]`` float32).
     out: optional ``[total_q, num_q_heads, D]`` q's dtype output (any strides).
     return_lse: also return ``lse [total_q, num_q_heads]`` float32, natural log of each
        row's softmax normaliser (``-inf`` for a row that sees no key).
@@ -141,8 +143,10 @@ def prefix_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     check_prefill_options(scale=scale, sliding_window=sliding_window, soft_cap=soft_cap)
     quant = k_cache.dtype in _checks.FP8_DTYPES
     if quant:
-        k_scale = _checks.check_scale("k_scale", k_scale, k_cache.dtype, device)
-        v_scale = _checks.check_scale("v_scale", v_scale, v_cache.dtype, device)
+        k_scale = _checks.check_scale("k_scale", k_scale, k_cache.dtype, device,
+                                      num_kv_heads=k_cache.shape[1])
+        v_scale = _checks.check_scale("v_scale", v_scale, v_cache.dtype, device,
+                                      num_kv_heads=k_cache.shape[1])
     else:
         k_scale = v_scale = None
     host_cu = None

@@ -107,7 +107,7 @@ def launch(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def fp8_scales(k_scale, v_scale) -> tuple:
     """``(k tensor or None, v tensor or None, k value, v value)`` of the native launch for
-    checked fp8 scales (a float, a 1-element tensor or None: 1)."""
+    checked fp8 scales (a float, a tensor of 1 or num_kv_heads elements, or None: 1)."""
     k_t, k_v = _checks.native_scale_pair(1.0 if k_scale is None else k_scale)
     v_t, v_v = _checks.native_scale_pair(1.0 if v_scale is None else v_scale)
     return k_t, v_t, k_v, v_v

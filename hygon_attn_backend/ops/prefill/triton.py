@@ -18,7 +18,7 @@ from hygon_attn_backend.ops.prefill import tuning
 #: what a :class:`PrefillLayer` supplies (its ``args``), in order
 PER_LAYER = (
     "k_cache_ptr", "v_cache_ptr", "sinks_ptr", "k_scale_ptr", "v_scale_ptr",
-    "k_scale_val", "v_scale_val",
+    "k_scale_val", "v_scale_val", "k_scale_stride", "v_scale_stride",
     "stride_kb", "stride_kh", "stride_ks", "stride_kd",
     "stride_vb", "stride_vh", "stride_vs", "stride_vd", "num_blocks")
 #: what each call supplies
@@ -34,12 +34,15 @@ PER_CALL = (
 def layer_args(k_cache: torch.Tensor, v_cache: torch.Tensor, sinks, k_scale_ptr, v_scale_ptr,
                k_scale_value: float, v_scale_value: float) -> LayerArgs:
     """One layer's launch arguments (``PER_LAYER``); absent sinks / scale pointers: the K
-    cache stands in (never read)."""
+    cache stands in (never read). A scale tensor of more than one element is read per KV
+    head."""
     return LayerArgs(
         (k_cache, v_cache, k_cache if sinks is None else sinks,
          k_cache if k_scale_ptr is None else k_scale_ptr,
          k_cache if v_scale_ptr is None else v_scale_ptr),
-        (k_scale_value, v_scale_value, *k_cache.stride(), *v_cache.stride(), k_cache.shape[0]))
+        (k_scale_value, v_scale_value, _checks.scale_head_stride(k_scale_ptr),
+         _checks.scale_head_stride(v_scale_ptr), *k_cache.stride(), *v_cache.stride(),
+         k_cache.shape[0]))
 
 
 def make_launch(plan, q_dtype, head_dim, has_new, return_lse, kv_dtype, page_size, causal,

@@ -129,6 +129,20 @@ def test_fp8_kv_cache(name, impl, model_dirs):
     check(case, out)
 
 
+def test_fp8_kv_cache_per_head_scales(impl, model_dirs):
+    """vLLM's ``attn_head`` KV-cache scheme: ``layer._k_scale`` / ``_v_scale`` hold one
+    scale a KV head (4x apart here); the cache write, the decode and the prefill read each
+    head's own (the oracle dequantizes per head)."""
+    seq_lens, query_lens = BATCH_SPECS["mixed_small"]
+    case = make_case(seq_lens, query_lens, kv_cache_dtype="fp8", layout="LBNHC", seed=6,
+                     per_head_scales=True)
+    assert case.k_scale.shape == (case.num_kv_heads,)
+    assert HygonAttentionBackend.supports_per_head_quant_scales()
+    cfg = vllm_config_for(model_dirs(8, 2, 64), block_size=16, dtype="float16")
+    out, _ = run_backend(case, cfg)
+    check(case, out)
+
+
 @pytest.mark.parametrize("option", ["sliding_window", "soft_cap", "sinks"])
 def test_window_softcap_sinks(option, impl, model_dirs):
     seq_lens, query_lens = BATCH_SPECS["mixed_mid_page"]
@@ -163,7 +177,7 @@ def test_capabilities():
     reasons = b.validate_configuration(
         head_size=64, dtype=torch.float16, kv_cache_dtype="auto", block_size=16,
         use_mla=False, has_sink=True, use_sparse=False, use_mm_prefix=False,
-        use_per_head_quant_scales=False, device_capability=None, attn_type="decoder",
+        use_per_head_quant_scales=True, device_capability=None, attn_type="decoder",
         has_sliding_window=True)
     assert reasons == []
     reasons = b.validate_configuration(
