@@ -26,10 +26,7 @@ MAGNITUDES = (2.0 ** -6, 1.0, 2.0 ** 4)  # per KV head
 
 
 def _impls():
-    impls = ["triton"]
-    if HAS_CUDA and torch.cuda.get_device_capability() >= (8, 0):
-        impls.append("native")
-    return impls
+    return ["triton"]  # the native kernels: test_native_per_head_scales (GPU)
 
 
 def _per_head(x):  # [..., HKV, D] scaled per head
@@ -115,8 +112,6 @@ def test_decode_per_head_scales(kv_dtype, impl):
 @pytest.mark.parametrize("impl", _impls())
 @pytest.mark.parametrize("kv_dtype", FP8, ids=str)
 def test_prefill_per_head_scales(kv_dtype, impl):
-    if impl == "native" and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the native prefill is sm_90 only")
     prefix, new = [40, 0, 17], [9, 20, 1]
     total = [a + b for a, b in zip(prefix, new)]
     nb = sum(-(-n // P) for n in total) + 2
@@ -156,3 +151,13 @@ def test_scale_of_the_wrong_size_names_it():
     with pytest.raises(ValueError, match="k_scale must be"):
         write_kv(k, k, k8, v8, torch.tensor([0, 1], device=DEV), k_scale=ks.repeat(2),
                  v_scale=vs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", FP8, ids=str)
+def test_native_per_head_scales(kv_dtype):
+    """The native write_kv, decode and (sm_90) prefill with per-head scales."""
+    test_write_kv_per_head_scales_bit_exact(kv_dtype, "native")
+    test_decode_per_head_scales(kv_dtype, "native")
+    if torch.cuda.get_device_capability() == (9, 0):
+        test_prefill_per_head_scales(kv_dtype, "native")
