@@ -1,6 +1,7 @@
 """fp8 caches with one scale per KV head (vLLM's ``attn_head`` KV-cache scheme): write_kv,
 the paged decode and the prefix prefill against reference.py, Triton (the interpreter on
-CPU) and, on a GPU, the native kernels.
+CPU) and, on a GPU, the native kernels (test_native_per_head_scales calls the cases with
+``impl="native"``).
 
 The heads are given magnitudes 2^10 apart and each its own scale, so a kernel that reads
 one scale for every head (or the wrong head's) saturates or flushes most codes of some
@@ -23,10 +24,6 @@ DEV = torch.device("cuda" if HAS_CUDA else "cpu")
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 HKV, G, D, P = 3, 2, 64, 16
 MAGNITUDES = (2.0 ** -6, 1.0, 2.0 ** 4)  # per KV head
-
-
-def _impls():
-    return ["triton"]  # the native kernels: test_native_per_head_scales (GPU)
 
 
 def _per_head(x):  # [..., HKV, D] scaled per head
@@ -61,9 +58,8 @@ def test_reference_per_head_is_each_head_per_tensor(kv_dtype):
     assert torch.equal(back[:, 1], reference.dequantize_fp8(codes[:, 1], float(ks[1])))
 
 
-@pytest.mark.parametrize("impl", _impls())
 @pytest.mark.parametrize("kv_dtype", FP8, ids=str)
-def test_write_kv_per_head_scales_bit_exact(kv_dtype, impl):
+def test_write_kv_per_head_scales_bit_exact(kv_dtype, impl="triton"):
     t, nb = 21, 4
     k = _per_head(torch.randn(t, HKV, D, device=DEV)).half()
     v = _per_head(torch.randn(t, HKV, D, device=DEV)).half()
@@ -82,9 +78,8 @@ def test_write_kv_per_head_scales_bit_exact(kv_dtype, impl):
     assert not torch.equal(one[0].view(torch.uint8), want[0].view(torch.uint8))
 
 
-@pytest.mark.parametrize("impl", _impls())
 @pytest.mark.parametrize("kv_dtype", FP8, ids=str)
-def test_decode_per_head_scales(kv_dtype, impl):
+def test_decode_per_head_scales(kv_dtype, impl="triton"):
     seq_lens = [70, 33, 5]
     nb = sum(-(-n // P) for n in seq_lens) + 2
     k8, v8, ks, vs = _caches(kv_dtype, nb)
@@ -109,9 +104,8 @@ def test_decode_per_head_scales(kv_dtype, impl):
     assert_within_budget(out, ref64, lowp)
 
 
-@pytest.mark.parametrize("impl", _impls())
 @pytest.mark.parametrize("kv_dtype", FP8, ids=str)
-def test_prefill_per_head_scales(kv_dtype, impl):
+def test_prefill_per_head_scales(kv_dtype, impl="triton"):
     prefix, new = [40, 0, 17], [9, 20, 1]
     total = [a + b for a, b in zip(prefix, new)]
     nb = sum(-(-n // P) for n in total) + 2
