@@ -266,14 +266,39 @@ def test_profiles_cover_every_listed_value():
         assert seen["page"] == set(pb.PAGES) and seen["head_dim"] == set(pb.HEAD_DIMS)
         assert seen["group"] == set(pb.GROUPS)
         assert {torch.float16, torch.bfloat16, *pb.FP8} <= seen["kv_dtype"]
-        for flag in ("window", "soft_cap", "sinks", "scale_tensors", "table_x16"):
+        for flag in ("window", "soft_cap", "sinks", "table_x16"):
             assert seen[flag] == {False, True}, flag
+        assert seen["scales"] == set(pb.SCALE_KINDS)
         if op == "decode":
             assert seen["tokens"] == {1, 2, 4}
             assert seen["partition_size"] == {None, 16, 64, 256, 512}
         else:
             assert seen["k_new"] == seen["causal"] == seen["lse"] == {False, True}
             assert len(seen["tile"]) >= 3
+
+
+def test_fp8_profiles_pass_scales_every_way():
+    """Over the fp8 profiles of the seeds the GPU runs use, scales come as floats, 1-element
+    tensors and per-KV-head tensors, the last with more than one KV head; the per-head
+    keyword arguments hold one fp32 scale a KV head."""
+    import random
+
+    from hygon_attn_backend.tools.fuzz import problems as pb
+
+    for op in ("decode", "prefill"):
+        for seed in (3, 11):
+            profs = fuzz.profiles_for(op, seed, tiny=False, kv_dtype="fp8")
+            assert {p["scales"] for p in profs} == set(pb.SCALE_KINDS)
+            assert sum(p["scales"] == "per_head" and p["kv_heads"] > 1 for p in profs) >= 3
+    kw = pb.fp8_scales(random.Random(0), torch.float8_e4m3fn, kind="per_head", num_kv_heads=4,
+                       device=CPU, lo=0.2, hi=2.0)
+    assert kw["k_scale"].shape == kw["v_scale"].shape == (4,)
+    assert kw["k_scale"].dtype == torch.float32 and len(set(kw["k_scale"].tolist())) == 4
+    assert pb.fp8_scales(random.Random(0), torch.bfloat16, kind="per_head", num_kv_heads=4,
+                         device=CPU, lo=0.2, hi=2.0) == {}
+    with pytest.raises(ValueError, match="kind must be one of"):
+        pb.fp8_scales(random.Random(0), torch.float8_e5m2, kind="heads", num_kv_heads=4,
+                      device=CPU, lo=0.2, hi=2.0)
 
 
 def test_profile_writes_a_readable_profile(tmp_path):
@@ -306,8 +331,8 @@ def test_budget_floor_is_two_ulps_at_the_outputs_magnitude():
 
 
 def test_kv_dtype_filter_keeps_only_those_profiles():
-    """--kv-dtype fp8 runs the seed's fp8 profiles only (each case names its filter in the
-    rerun line); the cache ops refuse it."""
+    """--kv-dtype fp8 draws every profile's cache dtype from the fp8 ones (each case names
+    its filter in the rerun line); the cache ops refuse it."""
     import contextlib
 
     args = build_parser().parse_args(["fuzz", "--op", "decode", "--kv-dtype", "fp8"])
@@ -317,8 +342,8 @@ def test_kv_dtype_filter_keeps_only_those_profiles():
         assert fuzz.fuzz("decode", cases=4, seed=3, device="cpu", kv_dtype="fp8_e5m2",
                          out=out) == 0
     assert "kv fp8_e5m2" in out.getvalue()
-    kept = [p for p in fuzz.profiles_for("decode", 3, True)
-            if fuzz.kv_dtype_matches(p["kv_dtype"], "fp8_e5m2")]
-    assert kept and all(p["kv_dtype"] == torch.float8_e5m2 for p in kept)
+    kept = fuzz.profiles_for("decode", 3, True, "fp8_e5m2")
+    assert len(kept) == fuzz.NUM_PROFILES["decode"]
+    assert all(p["kv_dtype"] == torch.float8_e5m2 for p in kept)
     with pytest.raises(ValueError, match="kv_dtype='fp8'.*op='write_kv'"):
         fuzz.fuzz("write_kv", cases=1, seed=1, device="cpu", kv_dtype="fp8", out=io.StringIO())

@@ -70,13 +70,17 @@ def run_case(op: str, seed: int, index: int, device, profiles: list, tiny=None):
                 f"{where.lineno})", f"profile {index % len(profiles)}")
 
 
-def profiles_for(op: str, seed: int, tiny: bool) -> list:
+def profiles_for(op: str, seed: int, tiny: bool, kv_dtype: str = "any") -> list:
+    """The seed's profiles of ``op``. ``kv_dtype`` (one of ``KV_DTYPE_FILTERS``, decode and
+    prefill): every profile's cache dtype is drawn from the dtypes that filter keeps, so a
+    filtered run has as many profiles as an unfiltered one, stratified the same way."""
     from hygon_attn_backend.tools.fuzz.problems import Strata
 
     profile_fn, _ = _op_functions(op)
     count = NUM_PROFILES[op]
+    keep = {} if kv_dtype == "any" else {"kv_dtype": lambda d: kv_dtype_matches(d, kv_dtype)}
     return [profile_fn(random.Random(f"{op}:{seed}:profile:{i}"), tiny,
-                       Strata(f"{op}:{seed}", i, count)) for i in range(count)]
+                       Strata(f"{op}:{seed}", i, count, keep)) for i in range(count)]
 
 
 #: ``--kv-dtype``: the cache dtypes a decode / prefill run keeps (``any``: every profile)
@@ -99,8 +103,8 @@ def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
     after them). ``impl`` (prefill, decode, mla and mla_prefill): the implementation the
     cases plan with; "auto" takes the plan's choice, "native" the native kernel on the
     cases it covers (the summary counts the native cases). ``kv_dtype`` (prefill and
-    decode, one of ``KV_DTYPE_FILTERS``): run only the seed's profiles with that cache
-    dtype (case ``k`` is then case ``k`` of those profiles; its rerun names the filter)."""
+    decode, one of ``KV_DTYPE_FILTERS``): every profile takes a cache dtype of that filter
+    (:func:`profiles_for`; a case's rerun line names the filter)."""
     import torch
 
     if impl != "triton" and op not in IMPL_OPS:
@@ -112,11 +116,7 @@ def fuzz(op: str, *, cases: int, seed: int, device: str = "cuda", only=None,
         raise ValueError(f"kv_dtype={kv_dtype!r}: only the prefill and decode cases have a "
                          f"cache dtype (op={op!r})")
     dev = torch.device(device)
-    profiles = profiles_for(op, seed, dev.type == "cpu")
-    if kv_dtype != "any":
-        profiles = [p for p in profiles if kv_dtype_matches(p["kv_dtype"], kv_dtype)]
-        if not profiles:
-            raise ValueError(f"seed {seed} has no {op} profile with kv dtype {kv_dtype}")
+    profiles = profiles_for(op, seed, dev.type == "cpu", kv_dtype)
     if op in IMPL_OPS:
         for prof in profiles:
             prof["impl"] = impl

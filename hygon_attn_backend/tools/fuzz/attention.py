@@ -40,8 +40,8 @@ def _heads(strata: pb.Strata, tiny: bool) -> "tuple[int, int]":
 
 def _common_profile(tiny: bool, strata: pb.Strata, layouts_: tuple) -> dict:
     """Everything a kernel specialises on is fixed here (stratified over the profiles):
-    dtypes, head_dim, page size, heads, layout, flags, the index dtype, whether scales
-    are tensors, the class of the block table's width. A case varies only what Triton
+    dtypes, head_dim, page size, heads, layout, flags, the index dtype, how scales are
+    passed (a float, a tensor, one per KV head), the class of the block table's width. A case varies only what Triton
     does not specialise on (``do_not_specialize`` sizes, values, lengths, ids)."""
     dtype = torch.float16 if tiny else strata.pick("dtype", (torch.float16, torch.bfloat16))
     group, kv_heads = _heads(strata, tiny)
@@ -55,14 +55,14 @@ def _common_profile(tiny: bool, strata: pb.Strata, layouts_: tuple) -> dict:
         soft_cap=strata.pick("soft_cap", (False,) * 4 + (True,)),
         sinks=strata.pick("sinks", (False,) * 4 + (True,)),
         index_dtype=strata.pick("index_dtype", (torch.int32, torch.int64)),
-        scale_tensors=strata.pick("scale_tensors", (False, True)),
+        scales=strata.pick("scales", pb.SCALE_KINDS),
         table_x16=strata.pick("table_x16", (False, True)))
 
 
 def _options(rng: random.Random, prof: dict, num_q_heads: int, max_len: int, device) -> dict:
     """Keyword options shared by both ops (fp8 scales, scale, window, soft cap, sinks)."""
-    kw = pb.fp8_scales(rng, prof["kv_dtype"], as_tensors=prof["scale_tensors"], device=device,
-                       lo=0.2, hi=2.0)
+    kw = pb.fp8_scales(rng, prof["kv_dtype"], kind=prof["scales"],
+                       num_kv_heads=prof["kv_heads"], device=device, lo=0.2, hi=2.0)
     if rng.random() < 0.3:
         kw["scale"] = rng.uniform(0.02, 0.3)
     if prof["window"]:

@@ -31,7 +31,7 @@ def _profile(rng: random.Random, tiny: bool, strata: pb.Strata) -> dict:
         page=strata.pick("page", pb.PAGES_TINY if tiny else pb.PAGES),
         layout=strata.pick("layout", pb.ALL_LAYOUTS),
         index_dtype=rng.choice((torch.int32, torch.int64)),
-        scale_tensors=rng.random() < 0.5)
+        scales=rng.choice(pb.SCALE_KINDS))
 
 
 write_kv_profile = _profile
@@ -72,7 +72,7 @@ def write_kv_case(rng: random.Random, prof: dict, device, tiny: bool):
     k = torch.randn(num_tokens, hkv, dim, device=device).to(prof["dtype"]) * 3
     v = torch.randn(num_tokens, hkv, dim, device=device).to(prof["dtype"]) * 3
     slot_t = torch.tensor(slots, dtype=prof["index_dtype"], device=device)
-    kw = pb.fp8_scales(rng, prof["cache_dtype"], as_tensors=prof["scale_tensors"],
+    kw = pb.fp8_scales(rng, prof["cache_dtype"], kind=prof["scales"], num_kv_heads=hkv,
                        device=device, lo=0.1, hi=3.0)
     reference.write_kv(k, v, want_cache.k, want_cache.v, slot_t, **kw)
     want = pb.storage_bytes(want_cache)

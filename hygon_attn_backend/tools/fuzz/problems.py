@@ -41,10 +41,15 @@ class Strata:
     or one more profiles (a plain draw would miss some of 12 layouts), and the sets are
     combined at random (a shared period would pair page size ``p`` with one layout)."""
 
-    def __init__(self, key: str, index: int, count: int):
+    def __init__(self, key: str, index: int, count: int, keep=None):
         self.key, self.index, self.count = key, index, count
+        self.keep = keep or {}  # name -> predicate: the values a pick of that name keeps
 
     def pick(self, name: str, values: tuple):
+        if name in self.keep:
+            values = tuple(v for v in values if self.keep[name](v))
+            if not values:
+                raise ValueError(f"no value of {name} passes the filter")
         perm = random.Random(f"{self.key}:{name}").sample(range(self.count), self.count)
         return values[perm[self.index] % len(values)]
 
@@ -184,17 +189,25 @@ def build_table(rng: random.Random, cols_needed: list, *, index_dtype: torch.dty
     return Table(table.to(device=device, dtype=index_dtype), num_blocks, bad)
 
 
-def fp8_scales(rng: random.Random, cache_dtype: torch.dtype, *, as_tensors: bool, device,
-               lo: float, hi: float) -> dict:
-    """``k_scale``/``v_scale`` keyword arguments for an fp8 cache (floats or 1-element fp32
-    tensors), else no arguments."""
+SCALE_KINDS = ("float", "tensor", "per_head")  # how an fp8 case passes k_scale / v_scale
+
+
+def fp8_scales(rng: random.Random, cache_dtype: torch.dtype, *, kind: str, num_kv_heads: int,
+               device, lo: float, hi: float) -> dict:
+    """``k_scale``/``v_scale`` keyword arguments for an fp8 cache, else no arguments.
+    ``kind`` (:data:`SCALE_KINDS`): floats, 1-element fp32 tensors, or fp32 tensors of
+    ``num_kv_heads`` elements (one scale per KV head; 1 element when there is one head)."""
     if cache_dtype not in FP8:
         return {}
-    ks, vs = rng.uniform(lo, hi), rng.uniform(lo, hi)
-    if as_tensors:
-        ks = torch.tensor([ks], dtype=torch.float32, device=device)
-        vs = torch.tensor([vs], dtype=torch.float32, device=device)
-    return dict(k_scale=ks, v_scale=vs)
+    if kind not in SCALE_KINDS:
+        raise ValueError(f"kind must be one of {SCALE_KINDS}, got {kind!r}")
+    n = num_kv_heads if kind == "per_head" else 1
+    ks = [rng.uniform(lo, hi) for _ in range(n)]
+    vs = [rng.uniform(lo, hi) for _ in range(n)]
+    if kind == "float":
+        return dict(k_scale=ks[0], v_scale=vs[0])
+    return dict(k_scale=torch.tensor(ks, dtype=torch.float32, device=device),
+                v_scale=torch.tensor(vs, dtype=torch.float32, device=device))
 
 
 def cdiv(a: int, b: int) -> int:
