@@ -63,3 +63,48 @@ def test_kv_dtype_option_refuses_unknown_names():
     res = _bench("decode", "--kv-dtype", "auto,fp4", "--shapes", "2,40")
     assert res.returncode == 2
     assert "--kv-dtype" in res.stderr and "fp4" in res.stderr
+
+
+def test_per_head_scale_rows_beside_per_tensor(tmp_path):
+    """``*_per_head`` names: the caches quantized with one scale a KV head, our rows checked
+    against the reference and related to ``auto``; a peer says it takes per-tensor scales."""
+    out = tmp_path / "d.csv"
+    res = _bench("decode", "--kv-dtype", "auto,fp8_e4m3_per_head", "--shapes", "2,40",
+                 "--groups", "", "--per-head-groups", "", "--partitions", "auto",
+                 "--compare", "sglang", "--csv", str(out), *TINY)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = _rows(out)
+    ours = rows["hygon [fp8_e4m3_per_head]"]
+    assert ours["status"] == "ok" and float(ours["max_err"]) <= float(ours["budget"]), ours
+    assert ours["note"].endswith("x auto"), ours
+    peer = [r for name, r in rows.items() if name.endswith("[fp8_e4m3_per_head]")
+            and not name.startswith(("hygon", "device copy"))]
+    assert peer and all(r["status"].startswith(("per-tensor fp8 scales only", "not installed"))
+                        for r in peer), peer
+    out = tmp_path / "p.csv"
+    res = _bench("prefill", "--kv-dtype", "fp8_e5m2_per_head", "--shapes", "1,16,20",
+                 "--kv-source", "both", "--csv", str(out), *TINY)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = _rows(out)
+    for name in ("hygon [fp8_e5m2_per_head]", "hygon (new K/V dense) [fp8_e5m2_per_head]"):
+        assert rows[name]["status"] == "ok", rows[name]
+
+
+def test_per_head_quantization_scales_each_head_by_its_amax():
+    from hygon_attn_backend.tools.bench import problems
+
+    k = torch.randn(3, 4, 2, 8) * torch.tensor([1.0, 10.0]).view(1, 1, 2, 1)
+    v = torch.randn(3, 4, 2, 8)
+    v[:, :, 1] = 0  # an all-zero head takes scale 1
+    k8, v8, ks, vs = problems.quantize_caches(k, v, torch.float8_e4m3fn, per_head=True)
+    fmax = torch.finfo(torch.float8_e4m3fn).max
+    assert ks.shape == vs.shape == (2,) and ks.dtype == torch.float32
+    assert torch.allclose(ks, k.abs().amax(dim=(0, 1, 3)) / fmax)
+    assert vs[1] == 1.0 and torch.all(v8[:, :, 1].float() == 0)
+    assert k8.float().abs().amax() == fmax  # each head's amax maps to the format's largest
+
+
+def test_mla_refuses_per_head_scale_names():
+    res = _bench("mla", "--kv-dtype", "auto,fp8_e4m3_per_head", "--shapes", "2,40")
+    assert res.returncode == 2
+    assert "auto, fp8_e4m3, fp8_e5m2 without repeats" in res.stderr  # no per-head names

@@ -116,23 +116,26 @@ def add_decode_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def kv_dtype_list(text: str) -> str:
-    """``--kv-dtype``: a comma list of ``auto``, ``fp8_e4m3``, ``fp8_e5m2`` (no repeats)."""
+def kv_dtype_list(text: str, *, per_head: bool = True) -> str:
+    """``--kv-dtype``: a comma list of :data:`problems.KV_DTYPES` names (no repeats; the
+    ``*_per_head`` ones only where ``per_head``)."""
+    allowed = [n for n in problems.KV_DTYPES if per_head or not problems.per_head_name(n)]
     names = [x.strip() for x in str(text).split(",") if x.strip()]
-    if not names or len(set(names)) != len(names) or \
-            any(n not in problems.KV_DTYPES for n in names):
+    if not names or len(set(names)) != len(names) or any(n not in allowed for n in names):
         raise argparse.ArgumentTypeError(
-            f"must be a comma list of {', '.join(problems.KV_DTYPES)} without repeats, "
-            f"got {text!r}")
+            f"must be a comma list of {', '.join(allowed)} without repeats, got {text!r}")
     return ",".join(names)
 
 
-def add_kv_dtype_option(p) -> None:
-    """``--kv-dtype`` (decode and prefill)."""
-    p.add_argument("--kv-dtype", default="auto", type=kv_dtype_list,
+def add_kv_dtype_option(p, *, per_head: bool = True) -> None:
+    """``--kv-dtype`` (decode and prefill; ``per_head``: the per-KV-head scale names too)."""
+    heads = (", fp8_e4m3_per_head, fp8_e5m2_per_head (one scale a KV head)" if per_head
+             else "")
+    p.add_argument("--kv-dtype", default="auto",
+                   type=lambda text: kv_dtype_list(text, per_head=per_head),
                    help="KV cache dtypes, comma list of auto (the query's dtype), fp8_e4m3, "
-                        "fp8_e5m2: each shape runs with each, fp8 caches with per-tensor "
-                        "scales (default: auto)")
+                        f"fp8_e5m2 (per-tensor scales){heads}: each shape runs with each "
+                        "(default: auto)")
 
 
 def relate_to_auto(rows: list) -> None:
@@ -264,7 +267,8 @@ def _decode_point(args, *, batch, ctx, hkv, page, kv_name, dtype, impls, partiti
     prob = problems.build_decode(batch=batch, ctx=ctx, page_size=page,
                                  num_q_heads=hq, num_kv_heads=hkv, head_dim=dim,
                                  dtype=dtype, device=device,
-                                 kv_dtype=problems.kv_dtype_of(kv_name))
+                                 kv_dtype=problems.kv_dtype_of(kv_name),
+                                 per_head=problems.per_head_name(kv_name))
     base = dict(op="decode", batch=batch, ctx=ctx, num_q_heads=hq, num_kv_heads=hkv,
                 head_dim=dim, page=page)
     made = []

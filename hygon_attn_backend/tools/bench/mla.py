@@ -338,7 +338,7 @@ def add_mla_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--rope-dim", type=count(0), default=64)
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16"],
                    help="default: bfloat16; float16 on a CPU")
-    add_kv_dtype_option(p)
+    add_kv_dtype_option(p, per_head=False)  # latent caches: per-tensor scales
     p.add_argument("--mtp", default="2,4", type=int_list(low=2, empty=True),
                    help="query tokens a request of the MTP rows ('' for none)")
     p.add_argument("--tiles", default="", type=str,

@@ -53,7 +53,7 @@ def ours_decode(prob, *, partition_size: Optional[int], kv_head_grid: bool = Tru
         partition_size=partition_size, workspace=ws, kv_head_grid=kv_head_grid, tile=tile,
         fused_combine=fused_combine, impl=impl)
     out = torch.empty_like(prob.q)
-    scales = prob.scales()  # fp8: the per-tensor scales
+    scales = prob.scales()  # fp8: the problem's scales
     fn = lambda: plan.run(prob.q, kview, vview, out=out, **scales)
     note = ""
     cfg = plan.config
@@ -229,6 +229,8 @@ def make_peers(name: str, prob, op: str) -> list:
     from hygon_attn_backend.tools.bench import engine_peers
     maker = getattr(engine_peers, f"{name}_{op}")
     label = engine_peers.LABELS[name]
+    if prob.fp8 and prob.per_head_scales:
+        return [(label, Unavailable("per-tensor fp8 scales only in this comparison"))]
     try:
         return [(label, maker(prob))]
     except Exception as exc:  # Unavailable, or a peer that breaks while setting up

@@ -120,7 +120,8 @@ def run_prefill_bench(args) -> dict:
         prob = problems.build_prefill(batch=batch, prefix=prefix, extend=extend,
                                       page_size=page, num_q_heads=hq, num_kv_heads=hkv,
                                       head_dim=dim, dtype=dtype, device=device,
-                                      kv_dtype=problems.kv_dtype_of(kv_name))
+                                      kv_dtype=problems.kv_dtype_of(kv_name),
+                                      per_head=problems.per_head_name(kv_name))
         base = dict(op="prefill", batch=batch, prefix=prefix, extend=extend,
                     num_q_heads=hq, num_kv_heads=hkv, head_dim=dim, page=page)
         made = []

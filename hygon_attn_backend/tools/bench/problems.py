@@ -6,15 +6,18 @@ pool seen in pages, FlashInfer's NHD), filled with random values, and every requ
 block table is a slice of a random permutation of the blocks, as a long-running server's
 free list hands them out. An fp8 problem (``kv_dtype`` e4m3fn / e5m2) quantizes the same
 random caches with one per-tensor scale each, ``amax / the format's largest value``
-(:func:`quantize_caches`); every implementation gets those scales.
+(:func:`quantize_caches`), or with one such scale per KV head (``*_per_head`` names); every
+implementation gets those scales (a peer that takes per-tensor scales only says so).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: the ``--kv-dtype`` names of the benchmarks: ``auto`` is the query's own dtype
-KV_DTYPES = {"auto": None, "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+#: the ``--kv-dtype`` names of the benchmarks: ``auto`` is the query's own dtype; an fp8
+#: name ending ``_per_head`` scales each KV head by its own amax (``[Hkv]`` fp32 scales)
+KV_DTYPES = {"auto": None, "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
+             "fp8_e4m3_per_head": "float8_e4m3fn", "fp8_e5m2_per_head": "float8_e5m2"}
 
 # error budget: max|out - ref32| <= MULT * max|ref_lowp - ref32| + FLOOR[dtype], where
 # ref_lowp is the same reference computed in the input dtype (tests/support/budget.py's rule)
@@ -55,6 +58,11 @@ class _Paged:
         """``k_scale`` / ``v_scale`` keywords of an fp8 problem's calls ({} otherwise)."""
         return dict(k_scale=self.k_scale, v_scale=self.v_scale) if self.fp8 else {}
 
+    @property
+    def per_head_scales(self) -> bool:
+        """Whether the fp8 scales are ``[Hkv]`` tensors (else floats)."""
+        return not isinstance(self.k_scale, float)
+
     def kv_views(self):
         """The caches as the canonical ``[num_blocks, Hkv, P, D]`` views."""
         return self.k_store.permute(0, 2, 1, 3), self.v_store.permute(0, 2, 1, 3)
@@ -71,7 +79,7 @@ class _Paged:
 @dataclass
 class DecodeProblem(_Paged):
     """q: ``[B, Hq, D]``; k_store, v_store: ``[num_blocks, P, Hkv, D]`` (q's dtype or fp8
-    with the per-tensor ``k_scale`` / ``v_scale``); block_table: ``[B, ceil(ctx / P)]`` int32
+    with ``k_scale`` / ``v_scale``: floats, or ``[Hkv]`` fp32 tensors per head); block_table: ``[B, ceil(ctx / P)]`` int32
     (a random permutation of the blocks); seq_lens: ``[B]`` int32, all ``ctx``."""
 
     q: object
@@ -143,22 +151,38 @@ def kv_dtype_of(name):
     return None if KV_DTYPES[name] is None else getattr(torch, KV_DTYPES[name])
 
 
-def quantize_caches(k, v, kv_dtype):
-    """``(k8, v8, k_scale, v_scale)``: ``k``/``v`` in ``kv_dtype`` (fp8) with one scale each,
-    ``amax / finfo(kv_dtype).max`` (a zero cache takes scale 1)."""
+def quantize_caches(k, v, kv_dtype, *, per_head: bool = False):
+    """``(k8, v8, k_scale, v_scale)``: ``k``/``v`` (``[num_blocks, P, Hkv, D]``) in
+    ``kv_dtype`` (fp8) with one scale each, ``amax / finfo(kv_dtype).max`` (a zero cache
+    takes scale 1); ``per_head``: the scales are ``[Hkv]`` fp32 tensors, each head's own."""
     import torch
     from hygon_attn_backend import reference
     fmax = torch.finfo(kv_dtype).max
     out = []
     for x in (k, v):
-        amax = float(x.float().abs().amax()) if x.numel() else 0.0
-        out.append((amax / fmax) if amax > 0 else 1.0)
+        if per_head:
+            amax = x.float().abs().amax(dim=(0, 1, 3)) if x.numel() else \
+                torch.zeros(x.shape[2], device=x.device)
+            out.append(torch.where(amax > 0, amax / fmax, torch.ones_like(amax)))
+        else:
+            amax = float(x.float().abs().amax()) if x.numel() else 0.0
+            out.append((amax / fmax) if amax > 0 else 1.0)
     return (reference.quantize_fp8(k, kv_dtype, out[0]),
             reference.quantize_fp8(v, kv_dtype, out[1]), out[0], out[1])
 
 
+def per_head_name(name: str) -> bool:
+    """Whether a ``--kv-dtype`` name asks for per-KV-head scales."""
+    return name.endswith("_per_head")
+
+
+def _head_scale(scale):
+    """A scale that broadcasts over ``[..., Hkv, D]``: a float, or ``[Hkv, 1]``."""
+    return scale if isinstance(scale, float) else scale.view(-1, 1)
+
+
 def build_decode(*, batch, ctx, page_size, num_q_heads, num_kv_heads, head_dim, dtype,
-                 device, seed=0, kv_dtype=None) -> DecodeProblem:
+                 device, seed=0, kv_dtype=None, per_head=False) -> DecodeProblem:
     import torch
     gen = torch.Generator(device=device).manual_seed(seed)
     blocks_per = -(-ctx // page_size)
@@ -170,12 +194,12 @@ def build_decode(*, batch, ctx, page_size, num_q_heads, num_kv_heads, head_dim, 
     q = torch.randn(batch, num_q_heads, head_dim, device=device, generator=gen).to(dtype)
     scales = ()
     if kv_dtype is not None and kv_dtype != dtype:
-        k, v, *scales = quantize_caches(k, v, kv_dtype)
+        k, v, *scales = quantize_caches(k, v, kv_dtype, per_head=per_head)
     return DecodeProblem(q, k, v, table, lens, ctx, page_size, head_dim ** -0.5, *scales)
 
 
 def build_prefill(*, batch, prefix, extend, page_size, num_q_heads, num_kv_heads, head_dim,
-                  dtype, device, seed=0, kv_dtype=None) -> PrefillProblem:
+                  dtype, device, seed=0, kv_dtype=None, per_head=False) -> PrefillProblem:
     """The new tokens' dense ``k_new``/``v_new`` are the cache's rows (dequantized to q's
     dtype for an fp8 cache): both K/V sources give the same answer."""
     import torch
@@ -186,7 +210,7 @@ def build_prefill(*, batch, prefix, extend, page_size, num_q_heads, num_kv_heads
     k, v = _paged_cache(nb, page_size, num_kv_heads, head_dim, dtype, device, gen)
     scales = ()
     if kv_dtype is not None and kv_dtype != dtype:
-        k, v, *scales = quantize_caches(k, v, kv_dtype)
+        k, v, *scales = quantize_caches(k, v, kv_dtype, per_head=per_head)
     perm = torch.randperm(nb, device=device, generator=gen)
     table = perm.reshape(batch, blocks_per).to(torch.int32)
     q = torch.randn(batch * extend, num_q_heads, head_dim, device=device,
@@ -196,8 +220,10 @@ def build_prefill(*, batch, prefix, extend, page_size, num_q_heads, num_kv_heads
     prob = PrefillProblem(q, None, None, k, v, table, cu, lens_k, prefix, extend, page_size,
                           head_dim ** -0.5, *scales)
     slots = prob.token_slots(prefix, len_k).reshape(-1)  # the new tokens, request-major
-    prob.k_new = (k.view(-1, num_kv_heads, head_dim)[slots].float() * prob.k_scale).to(dtype)
-    prob.v_new = (v.view(-1, num_kv_heads, head_dim)[slots].float() * prob.v_scale).to(dtype)
+    prob.k_new = (k.view(-1, num_kv_heads, head_dim)[slots].float()
+                  * _head_scale(prob.k_scale)).to(dtype)
+    prob.v_new = (v.view(-1, num_kv_heads, head_dim)[slots].float()
+                  * _head_scale(prob.v_scale)).to(dtype)
     return prob
 
 
