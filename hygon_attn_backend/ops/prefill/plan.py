@@ -24,6 +24,7 @@ from hygon_attn_backend.ops import _checks
 from hygon_attn_backend.ops._interpreter import triton_computes
 from hygon_attn_backend.ops._launch import intern_key, remember_layer, value_or_id
 from hygon_attn_backend.ops.prefill import native, triton, tuning
+from hygon_attn_backend.ops.prefill import workspace as workspace_mod
 from hygon_attn_backend.ops.tree_mask import check_tree_mask
 
 __all__ = ["PrefillPlan", "PrefillLayer", "plan_prefix_prefill", "check_host_lengths"]
@@ -197,6 +198,9 @@ class PrefillPlan:
     #: ``[total_q, W]`` int32 packed tree mask of a speculative verify batch (``ops/tree_mask.py``),
     #: read by every layer's launch; None: the causal mask
     tree_mask: Optional[torch.Tensor] = None
+    #: fp8 caches: the 16-bit workspace the layers' pages are dequantized into
+    #: (``workspace.py``), or None: the kernels widen the fp8 tiles themselves
+    workspace: Optional[workspace_mod.Workspace] = None
     _variants: Dict[tuple, object] = field(default_factory=dict, repr=False)
     # the layers :meth:`run` built (see _launch.remember_layer)
     _layers: Dict[tuple, "PrefillLayer"] = field(default_factory=dict, repr=False)
@@ -256,6 +260,12 @@ class PrefillPlan:
             return _run_reference(layer, q, block_table, cu_seqlens_q, seq_lens_k,
                                   k_new=k_new, v_new=v_new, out=out, return_lse=return_lse,
                                   tree_mask=self.tree_mask)
+        if self.workspace is not None and k_new is None and \
+                layer.k_cache.dtype in _checks.FP8_DTYPES and q.dtype in (torch.float16,
+                                                                         torch.bfloat16):
+            shadow, ws_table = self.workspace.layer_for(layer, block_table, q.dtype)
+            return self.run_layer(shadow, q, ws_table, cu_seqlens_q, seq_lens_k, out=out,
+                                  return_lse=return_lse)
         lse = (torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
                if return_lse else None)
         if self.tile_req.shape[0] == 0 or self.total_q == 0:
@@ -319,6 +329,8 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                         kv_dtype: Optional[torch.dtype] = None,
                         two_walks: Optional[bool] = None,
                         tree_mask: Optional[torch.Tensor] = None,
+                        fp8_workspace: Optional[bool] = None,
+                        page_size: Optional[int] = None, max_blocks: Optional[int] = None,
                         impl: str = "auto") -> PrefillPlan:
     """Plan prefix prefill for one ragged batch (once per step; every layer reuses it).
 
@@ -345,6 +357,10 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     forces a Triton tile of another height.
     two_walks: force the Triton kernel's second unmasked walk on or off (None:
     :func:`tuning.two_walks`; tests and benchmarks).
+    fp8_workspace: with an fp8 cache (``kv_dtype``) and the host lengths, ``page_size`` and
+    ``max_blocks`` (the block table's width) given: True runs the layers through the
+    16-bit workspace (``workspace.py``), False never, None where
+    :func:`workspace.use_workspace` says so.
     tree_mask: ``[total_q, W]`` int32 packed tree mask of a speculative verify batch
     (``ops.tree_mask``: new token ``i`` sees the prefix and the new tokens its row's bits
     name, in place of the causal rule; causal layers without a window). The plan keeps the
@@ -386,6 +402,23 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     else:
         tile_req, tile_mblock = tile_map(cu_seqlens_q.to(torch.int64), num_seqs, tok_m,
                                           max_tiles)
+    ws = None
+    if kv_dtype in _checks.FP8_DTYPES and not has_k_new and chosen != "reference" and \
+            fp8_workspace is not False:
+        if host_cu_seqlens_q is None or host_seq_lens_k is None or page_size is None or \
+                max_blocks is None:
+            if fp8_workspace:
+                raise ValueError("fp8_workspace=True needs host_cu_seqlens_q, "
+                                 "host_seq_lens_k, page_size and max_blocks")
+        else:
+            lens, page, width = _host_list(host_seq_lens_k), int(page_size), int(max_blocks)
+            pages = workspace_mod.pages_read(lens, page, width)
+            if fp8_workspace or workspace_mod.use_workspace(
+                    total_q=total_q, num_seqs=num_seqs, pages=pages,
+                    num_kv_heads=num_kv_heads, page_size=page, head_dim=head_dim,
+                    q_itemsize=2):
+                ws = workspace_mod.build(_host_list(host_cu_seqlens_q), lens,
+                                         page_size=page, width=width, device=device)
     return PrefillPlan(tile_req=tile_req, tile_mblock=tile_mblock, block_m=block_m,
                        block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                        group=group, total_q=total_q, num_seqs=num_seqs,
@@ -394,7 +427,7 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                        impl_requested=impl,
                        sched=torch.zeros(2, dtype=torch.int32, device=device)
                        if chosen == "native" else None, two_walks=two_walks,
-                       tree_mask=tree_mask)
+                       tree_mask=tree_mask, workspace=ws)
 
 
 def _host_list(values) -> list:

@@ -103,18 +103,24 @@ def ours_dcp_shard(shard, *, world_size: int, label: str) -> Runner:
 
 
 def ours_prefill(prob, *, kv_source: str = "cache", tile=None, label: str = "hygon",
-                 impl: str = "auto") -> Runner:
+                 impl: str = "auto", fp8_workspace=None) -> Runner:
     """Our prefix prefill with the plan built once (host copies of the lengths, so no host
     check per call). ``kv_source``: ``cache`` reads the new tokens' K/V from the cache
-    (vLLM), ``dense`` from the packed tensors (SGLang); ``impl`` as the op takes it."""
+    (vLLM), ``dense`` from the packed tensors (SGLang); ``impl`` as the op takes it;
+    ``fp8_workspace`` as ``plan_prefix_prefill`` takes it."""
     import torch
     from hygon_attn_backend.ops.prefill import plan_prefix_prefill
     kview, vview = prob.kv_views()
     plan = plan_prefix_prefill(prob.cu_seqlens_q, prob.seq_lens_k, total_q=prob.q.shape[0],
                                num_q_heads=prob.num_q_heads, num_kv_heads=prob.num_kv_heads,
                                head_dim=prob.head_dim, tile=tile,
-                               host_cu_seqlens_q=prob.cu_seqlens_q.cpu(), q_dtype=prob.q.dtype,
-                               kv_dtype=prob.kv_dtype, impl=impl)
+                               host_cu_seqlens_q=prob.cu_seqlens_q.cpu(),
+                               host_seq_lens_k=prob.seq_lens_k.cpu(),
+                               capacity=prob.block_table.shape[1] * prob.page_size,
+                               has_k_new=kv_source == "dense", q_dtype=prob.q.dtype,
+                               kv_dtype=prob.kv_dtype, page_size=prob.page_size,
+                               max_blocks=prob.block_table.shape[1],
+                               fp8_workspace=fp8_workspace, impl=impl)
     out = torch.empty_like(prob.q)
     kw = dict(k_new=prob.k_new, v_new=prob.v_new) if kv_source == "dense" else {}
     kw.update(prob.scales())
@@ -123,6 +129,8 @@ def ours_prefill(prob, *, kv_source: str = "cache", tile=None, label: str = "hyg
     note = f"tile {plan.block_m},{plan.block_n},{plan.num_warps},{plan.num_stages}"
     if plan.impl == "native":
         note = f"native sm_90a, {plan.block_m} rows x 128 keys"
+    if plan.workspace is not None:
+        note += f", fp8 through a 16-bit workspace ({plan.workspace.num_pages} pages)"
     return Runner(label, fn, out, note=note, keep=[plan])
 
 

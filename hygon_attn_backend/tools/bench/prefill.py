@@ -57,6 +57,10 @@ def _tiles_text(text: str) -> str:
     return text
 
 
+#: ``--fp8-workspace`` values -> ``plan_prefix_prefill(fp8_workspace=)``
+WS_MODES = {"auto": None, "on": True, "off": False}
+
+
 def add_prefill_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``prefill`` on an argparse ``subparsers`` object; returns the parser."""
     p = subparsers.add_parser("prefill", help="prefix-prefill TFLOP/s vs matmul and peers")
@@ -78,6 +82,9 @@ def add_prefill_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--impl", default="auto",
                    help="our implementations, comma list of auto, triton, native (e.g. "
                         "triton,native: both in one run)")
+    p.add_argument("--fp8-workspace", default="auto",
+                   help="fp8 caches: comma list of auto (the plan's rule), on, off: the "
+                        "layers through a 16-bit workspace or not (e.g. on,off: both)")
     _add_common(p, rep_ms=100.0)
     p.set_defaults(func=_cli)
     return p
@@ -102,6 +109,10 @@ def run_prefill_bench(args) -> dict:
     pages = [int(x) for x in str(args.block_sizes).split(",") if x]
     tiles = _parse_tiles(args.tiles)
     sources = ["cache", "dense"] if args.kv_source == "both" else [args.kv_source]
+    ws_modes = [x.strip() for x in str(args.fp8_workspace).split(",") if x.strip()]
+    if not ws_modes or any(x not in WS_MODES for x in ws_modes):
+        raise SystemExit(f"hygon-attn bench prefill: --fp8-workspace: a comma list of "
+                         f"auto, on, off, got {args.fp8_workspace!r}")
     meta = _harness.header(device)
     mm, mm_ms = _timing.matmul_ceiling(args.rep_ms, device=device)
     meta.update(matmul_tflops=mm, dtype=args.dtype, num_q_heads=hq, num_kv_heads=hkv,
@@ -127,12 +138,15 @@ def run_prefill_bench(args) -> dict:
         made = []
         for tile in tiles:
             for src in sources:
-                for impl in impls:
+                for impl, ws in ((i, w) for i in impls
+                                 for w in (ws_modes if prob.fp8 else ["auto"])):
                     label = "hygon" if src == "cache" else "hygon (new K/V dense)"
                     label += f" [{impl}]" if len(impls) > 1 else ""
+                    label += f" [workspace {ws}]" if len(ws_modes) > 1 else ""
                     try:
                         made.append((label, ours_prefill(prob, kv_source=src, tile=tile,
-                                                         label=label, impl=impl)))
+                                                         label=label, impl=impl,
+                                                         fp8_workspace=WS_MODES[ws])))
                     except Exception as exc:  # e.g. a swept tile the op refuses
                         made.append((label, exc))
         for name in peers:

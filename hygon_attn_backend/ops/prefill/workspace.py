@@ -1,0 +1,154 @@
+"""The fp8 prefix prefill through a 16-bit workspace: once a layer, the pages a batch reads
+are dequantized (``code * scale``, rounded to q's dtype, as the reference's low-precision
+path rounds them) into a contiguous workspace, and the 16-bit prefill runs on it.
+
+Why: the fp8 prefill kernels widen every K/V tile on the producers, once per (tile of
+queries, KV head) that reads it, and that widening bounds them (0.74-0.77x the bf16
+prefill's TFLOP/s, ``docs/benchmarks.md``). With many queries a request each page is read
+by many tiles; dequantizing it once costs a pass over the pages (1 byte read, 2 written an
+element) that is small against the products when the queries are many.
+
+The workspace table has the block table's shape: entry ``(b, j)`` is workspace page ``w``
+for a page the batch reads (``j < cdiv(Lk_b, P)``) whose id is valid, ``-1`` otherwise (an
+absent page stays absent). Built from the lengths' host copies at plan time; the page map
+(workspace page -> cache block) is gathered from the block table on the device, no sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence
+
+import torch
+
+#: queries a request (on average) from which the workspace pays, and its largest size
+WORKSPACE_MIN_QUERIES = 256
+WORKSPACE_MAX_BYTES = 1 << 30
+
+
+def use_workspace(*, total_q: int, num_seqs: int, pages: int, num_kv_heads: int,
+                  page_size: int, head_dim: int, q_itemsize: int) -> bool:
+    """Whether an fp8 batch runs through the workspace.
+
+    Reasoning: the pass moves 3 bytes an element (1 read, 2 written) of the pages read,
+    and the 16-bit prefill then reads 2; the products cost ``4 * Lq * G`` FLOPs an element
+    of a request's keys. At 256 queries a request (G = 1) that is 1,024 FLOPs against 3-5
+    bytes, about 50x the H200's ridge point (185 FLOP/byte), so the pass is a few percent of
+    the time; below it the pass weighs more than the widening it saves. The workspace is
+    bounded (two buffers of ``pages x Hkv x P x D`` at q's width) so a step never asks for
+    more than ``WORKSPACE_MAX_BYTES``.
+    Measurement: none yet (``bench prefill --kv-dtype fp8_e4m3`` beside bf16).
+    """
+    if num_seqs == 0 or total_q < WORKSPACE_MIN_QUERIES * num_seqs:
+        return False
+    return 2 * pages * num_kv_heads * page_size * head_dim * q_itemsize <= WORKSPACE_MAX_BYTES
+
+
+@dataclass(eq=False)
+class Workspace:
+    """The workspace of one plan: which table entries it holds, its buffers (allocated at
+    the first layer, reused by every layer: a plan's layers run one after another on one
+    stream) and the 16-bit layers over them.
+
+    rows / cols: ``[W]`` int64 device, the table entry of each workspace page.
+    """
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    num_seqs: int
+    width: int
+    page_size: int
+    _bufs: Optional[tuple] = None
+    _table: Optional[tuple] = None  # (block_table, page_map, ws_table) of the last table
+    _layers: Dict[int, tuple] = field(default_factory=dict, repr=False)
+
+    @property
+    def num_pages(self) -> int:
+        return int(self.rows.shape[0])
+
+    def tables(self, block_table: torch.Tensor, num_blocks: int):
+        """``(page_map [W] int64, ws_table [B, width] int32)`` for ``block_table`` (kept
+        while the same tensor comes back: every layer of a step passes it)."""
+        if self._table is not None and self._table[0] is block_table:
+            return self._table[1], self._table[2]
+        ids = block_table[self.rows, self.cols].to(torch.int64)
+        valid = (ids >= 0) & (ids < num_blocks)
+        page_map = torch.where(valid, ids, -1)
+        dst = torch.arange(self.num_pages, device=ids.device, dtype=torch.int32)
+        ws_table = torch.full((self.num_seqs, self.width), -1, dtype=torch.int32,
+                              device=ids.device)
+        ws_table[self.rows, self.cols] = torch.where(valid, dst, -1)
+        self._table = (block_table, page_map, ws_table)
+        return page_map, ws_table
+
+    def buffers(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device):
+        shape = (self.num_pages, num_kv_heads, self.page_size, head_dim)
+        if self._bufs is None or self._bufs[0].shape != shape or self._bufs[0].dtype != dtype:
+            self._bufs = (torch.empty(shape, dtype=dtype, device=device),
+                          torch.empty(shape, dtype=dtype, device=device))
+            self._layers.clear()
+        return self._bufs
+
+    def layer_for(self, layer, block_table: torch.Tensor, q_dtype: torch.dtype):
+        """Fill the workspace from ``layer``'s fp8 caches (two launches) and return
+        ``(16-bit PrefillLayer over it, ws_table)``."""
+        from hygon_attn_backend.ops.prefill.plan import PrefillLayer
+
+        k_cache, v_cache = layer.k_cache, layer.v_cache
+        _, hkv, page, dim = k_cache.shape
+        ws_k, ws_v = self.buffers(hkv, dim, q_dtype, k_cache.device)
+        page_map, ws_table = self.tables(block_table, k_cache.shape[0])
+        for src, dst, sc in ((k_cache, ws_k, layer.k_scale), (v_cache, ws_v, layer.v_scale)):
+            dequant_pages(src, dst, page_map, sc)
+        entry = self._layers.get(id(layer))
+        if entry is None or entry[0] is not layer:
+            shadow = PrefillLayer(ws_k, ws_v, scale=layer.scale, causal=layer.causal,
+                                  sliding_window=layer.sliding_window,
+                                  soft_cap=layer.soft_cap, sinks=layer.sinks)
+            entry = self._layers[id(layer)] = (layer, shadow)
+        return entry[1], ws_table
+
+
+def build(host_cu: Sequence[int], host_lens: Sequence[int], *, page_size: int, width: int,
+          device) -> Workspace:
+    """The workspace map of a batch from host lengths: request ``b`` reads table columns
+    ``0 .. min(cdiv(Lk_b, P), width) - 1``."""
+    rows, cols = [], []
+    for b, lk in enumerate(host_lens):
+        n = min(-(-max(int(lk), 0) // page_size), width)
+        rows += [b] * n
+        cols += range(n)
+    both = torch.tensor([rows, cols], dtype=torch.int64).to(device, non_blocking=True)
+    return Workspace(rows=both[0], cols=both[1], num_seqs=len(host_lens), width=width,
+                     page_size=page_size)
+
+
+def pages_read(host_lens: Sequence[int], page_size: int, width: int) -> int:
+    return sum(min(-(-max(int(lk), 0) // page_size), width) for lk in host_lens)
+
+
+def dequant_pages(src: torch.Tensor, dst: torch.Tensor, page_map: torch.Tensor,
+                  scale) -> None:
+    """``dst[w] = src[page_map[w]] * scale`` in ``dst``'s dtype, for ``page_map[w] >= 0``.
+
+    src: ``[num_blocks, H, P, D]`` fp8 view (any strides); dst: ``[W, H, P, D]``
+    contiguous 16-bit; page_map: ``[W]`` int64; scale: float, 1-element float32 tensor or
+    None (1)."""
+    from hygon_attn_backend.kernels.fp8_workspace import dequant_pages_kernel
+    from hygon_attn_backend.ops._device import next_pow2
+
+    num_pages, hkv, page, dim = dst.shape
+    if num_pages == 0 or hkv == 0:
+        return
+    from_ptr = isinstance(scale, torch.Tensor)
+    block_d = max(16, next_pow2(dim))
+    block_p = max(1, min(next_pow2(page), 4096 // block_d))
+    dequant_pages_kernel[(num_pages, hkv)](
+        src, dst, page_map, scale if from_ptr else page_map,
+        1.0 if from_ptr or scale is None else float(scale), *src.stride(), hkv,
+        PAGE=page, HEAD_DIM=dim, BLOCK_P=block_p, BLOCK_D=block_d,
+        SCALE_FROM_PTR=from_ptr, num_warps=4)
+
+
+__all__ = ["Workspace", "build", "use_workspace", "dequant_pages", "pages_read",
+           "WORKSPACE_MIN_QUERIES", "WORKSPACE_MAX_BYTES"]
