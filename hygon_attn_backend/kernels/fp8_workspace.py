@@ -1,7 +1,8 @@
 """The dequantizing page gather of the fp8 prefill's workspace (``ops/prefill/workspace.py``).
 
 Program ``(w, h)`` reads page ``page_map[w]`` of KV head ``h`` from an fp8 cache (any
-strides) and writes ``code * scale`` rounded to the workspace's 16-bit dtype into page
+strides) and writes ``code * scale`` (``scale_ptr[h * scale_stride]``: stride 0 per tensor,
+1 per KV head) rounded to the workspace's 16-bit dtype into page
 ``w`` of the contiguous workspace ``[W, H, P, D]``; a page id of ``-1`` (an absent page:
 its table entry was a bad id) is not read and its page is not written (the workspace
 table marks it absent too). Offsets are int64.
@@ -13,7 +14,7 @@ import triton.language as tl
 
 @triton.jit
 def dequant_pages_kernel(
-    src_ptr, dst_ptr, page_map_ptr, scale_ptr, scale_value,
+    src_ptr, dst_ptr, page_map_ptr, scale_ptr, scale_value, scale_stride,
     stride_sb, stride_sh, stride_sp, stride_sd,
     num_kv_heads,
     PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -24,7 +25,7 @@ def dequant_pages_kernel(
     src_page = tl.load(page_map_ptr + w).to(tl.int64)
     if src_page < 0:
         return
-    scale = tl.load(scale_ptr) if SCALE_FROM_PTR else scale_value
+    scale = tl.load(scale_ptr + h * scale_stride) if SCALE_FROM_PTR else scale_value
     offs_p = tl.arange(0, BLOCK_P)  # [BLOCK_P] slots of the page
     offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D] channels
     src = src_ptr + src_page * stride_sb + h * stride_sh

@@ -15,6 +15,8 @@ from tests.support.budget import assert_within_budget
 
 def _batch(device, *, fp8=torch.float8_e4m3fn, page=4, hkv=2, group=2, dim=32,
            lens_q=(9, 0, 5), lens_k=(21, 3, 5), bad=True, scale_tensor=False):
+    """scale_tensor: False (float scales), True (1-element k scale) or "per_head" ([hkv]
+    k and v scales)."""
     gen = torch.Generator(device="cpu").manual_seed(3)
     width = max(-(-n // page) for n in lens_k) + 1
     num_blocks = len(lens_k) * width + 3
@@ -33,12 +35,16 @@ def _batch(device, *, fp8=torch.float8_e4m3fn, page=4, hkv=2, group=2, dim=32,
         cu.append(cu[-1] + n)
     q = torch.randn(cu[-1], hkv * group, dim, generator=gen).half()
     ks = torch.tensor([k_scale]) if scale_tensor else k_scale
+    vs = v_scale
+    if scale_tensor == "per_head":  # each head's codes stand for other magnitudes
+        ks = torch.linspace(0.25, 1.0, hkv)
+        vs = torch.linspace(2.0, 0.5, hkv).to(device)
     tensors = [x.to(device) for x in (q, k, v, table)]
     return dict(q=tensors[0], k=tensors[1], v=tensors[2], table=tensors[3],
                 cu=torch.tensor(cu, dtype=torch.int32, device=device),
                 lens=torch.tensor(lens_k, dtype=torch.int32, device=device),
                 host_cu=cu, host_lens=list(lens_k), page=page, width=width,
-                k_scale=ks.to(device) if scale_tensor else ks, v_scale=v_scale)
+                k_scale=ks.to(device) if scale_tensor else ks, v_scale=vs)
 
 
 def _plan(b, **kw):
@@ -52,7 +58,7 @@ def _plan(b, **kw):
 
 
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
-@pytest.mark.parametrize("scale_tensor", [False, True])
+@pytest.mark.parametrize("scale_tensor", [False, True, "per_head"])
 def test_workspace_route_matches_reference(device, fp8, scale_tensor):
     b = _batch(device, fp8=fp8, scale_tensor=scale_tensor)
     plan = _plan(b, fp8_workspace=True)
@@ -78,6 +84,10 @@ def test_dequant_pages_writes_code_times_scale_and_skips_absent_pages(device):
     want = (src.float() * 0.25).half()
     assert torch.equal(dst[0], want[4]) and torch.equal(dst[2], want[0])
     assert bool((dst[1] == 7.0).all())  # an absent page is not written
+    heads = torch.tensor([0.5, 4.0], device=device)  # one scale a KV head
+    workspace.dequant_pages(src, dst, page_map, heads)
+    want = (src.float() * heads.view(1, 2, 1, 1).cpu().to(src.device)).half()
+    assert torch.equal(dst[0], want[4]) and torch.equal(dst[2], want[0])
 
 
 def test_workspace_tables_mark_bad_ids_absent(device):

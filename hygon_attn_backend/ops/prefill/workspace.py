@@ -21,6 +21,8 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
+from hygon_attn_backend.ops import _checks
+
 #: queries a request (on average) from which the workspace pays, and its largest size
 WORKSPACE_MIN_QUERIES = 256
 WORKSPACE_MAX_BYTES = 1 << 30
@@ -132,8 +134,8 @@ def dequant_pages(src: torch.Tensor, dst: torch.Tensor, page_map: torch.Tensor,
     """``dst[w] = src[page_map[w]] * scale`` in ``dst``'s dtype, for ``page_map[w] >= 0``.
 
     src: ``[num_blocks, H, P, D]`` fp8 view (any strides); dst: ``[W, H, P, D]``
-    contiguous 16-bit; page_map: ``[W]`` int64; scale: float, 1-element float32 tensor or
-    None (1)."""
+    contiguous 16-bit; page_map: ``[W]`` int64; scale: float, float32 tensor of 1 or ``H``
+    elements (per KV head) or None (1)."""
     from hygon_attn_backend.kernels.fp8_workspace import dequant_pages_kernel
     from hygon_attn_backend.ops._device import next_pow2
 
@@ -145,7 +147,8 @@ def dequant_pages(src: torch.Tensor, dst: torch.Tensor, page_map: torch.Tensor,
     block_p = max(1, min(next_pow2(page), 4096 // block_d))
     dequant_pages_kernel[(num_pages, hkv)](
         src, dst, page_map, scale if from_ptr else page_map,
-        1.0 if from_ptr or scale is None else float(scale), *src.stride(), hkv,
+        1.0 if from_ptr or scale is None else float(scale), _checks.scale_head_stride(scale),
+        *src.stride(), hkv,
         PAGE=page, HEAD_DIM=dim, BLOCK_P=block_p, BLOCK_D=block_d,
         SCALE_FROM_PTR=from_ptr, num_warps=4)
 
