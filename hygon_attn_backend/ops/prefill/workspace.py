@@ -32,14 +32,17 @@ def use_workspace(*, total_q: int, num_seqs: int, pages: int, num_kv_heads: int,
                   page_size: int, head_dim: int, q_itemsize: int) -> bool:
     """Whether an fp8 batch runs through the workspace.
 
-    Reasoning: the pass moves 3 bytes an element (1 read, 2 written) of the pages read,
-    and the 16-bit prefill then reads 2; the products cost ``4 * Lq * G`` FLOPs an element
-    of a request's keys. At 256 queries a request (G = 1) that is 1,024 FLOPs against 3-5
-    bytes, about 50x the H200's ridge point (185 FLOP/byte), so the pass is a few percent of
-    the time; below it the pass weighs more than the widening it saves. The workspace is
+    Reasoning: the pass moves 3 bytes an element of the pages read (1 read, 2 written) and
+    the 16-bit prefill then reads 2 where the fp8 one reads 1: 4 bytes an element more.
+    The products cost ``2 * Lq * G`` FLOPs an element (K or V) of a request's keys for
+    ``Lq`` queries of ``G`` heads a KV head. The pass over the prefill's time is then about
+    ``2 * eff * ridge / (Lq * G)`` (``ridge``: the card's FLOP a byte, 185 on the H200;
+    ``eff``: the prefill's share of the matmul rate, about 0.7): 25% at ``Lq * G`` = 1,024,
+    6% at 4,096. The native fp8 prefill costs 1.3x the bf16 time (``docs/benchmarks.md``),
+    so the pass pays from about 1,000 rows a request (queries x group). The workspace is
     bounded (two buffers of ``pages x Hkv x P x D`` at q's width) so a step never asks for
     more than ``WORKSPACE_MAX_BYTES``.
-    Measurement: none yet (``bench prefill --kv-dtype fp8_e4m3`` beside bf16).
+    Measurement: none yet (``bench prefill --kv-dtype fp8_e4m3 --fp8-workspace auto,on,off``).
     """
     if num_seqs == 0 or total_q < WORKSPACE_MIN_QUERIES * num_seqs:
         return False
