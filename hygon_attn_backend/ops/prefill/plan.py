@@ -414,7 +414,7 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
             lens, page, width = _host_list(host_seq_lens_k), int(page_size), int(max_blocks)
             pages = workspace_mod.pages_read(lens, page, width)
             if fp8_workspace or workspace_mod.use_workspace(
-                    total_q=total_q, num_seqs=num_seqs, pages=pages,
+                    total_q=total_q, num_seqs=num_seqs, group=group, pages=pages,
                     num_kv_heads=num_kv_heads, page_size=page, head_dim=head_dim,
                     q_itemsize=2):
                 ws = workspace_mod.build(_host_list(host_cu_seqlens_q), lens,

@@ -23,12 +23,13 @@ import torch
 
 from hygon_attn_backend.ops import _checks
 
-#: queries a request (on average) from which the workspace pays, and its largest size
-WORKSPACE_MIN_QUERIES = 256
+#: query rows a request (queries x group, on average) from which the workspace pays, and
+#: its largest size
+WORKSPACE_MIN_ROWS = 1024
 WORKSPACE_MAX_BYTES = 1 << 30
 
 
-def use_workspace(*, total_q: int, num_seqs: int, pages: int, num_kv_heads: int,
+def use_workspace(*, total_q: int, num_seqs: int, group: int, pages: int, num_kv_heads: int,
                   page_size: int, head_dim: int, q_itemsize: int) -> bool:
     """Whether an fp8 batch runs through the workspace.
 
@@ -44,7 +45,7 @@ def use_workspace(*, total_q: int, num_seqs: int, pages: int, num_kv_heads: int,
     more than ``WORKSPACE_MAX_BYTES``.
     Measurement: none yet (``bench prefill --kv-dtype fp8_e4m3 --fp8-workspace auto,on,off``).
     """
-    if num_seqs == 0 or total_q < WORKSPACE_MIN_QUERIES * num_seqs:
+    if num_seqs == 0 or total_q * group < WORKSPACE_MIN_ROWS * num_seqs:
         return False
     return 2 * pages * num_kv_heads * page_size * head_dim * q_itemsize <= WORKSPACE_MAX_BYTES
 
@@ -157,4 +158,4 @@ def dequant_pages(src: torch.Tensor, dst: torch.Tensor, page_map: torch.Tensor,
 
 
 __all__ = ["Workspace", "build", "use_workspace", "dequant_pages", "pages_read",
-           "WORKSPACE_MIN_QUERIES", "WORKSPACE_MAX_BYTES"]
+           "WORKSPACE_MIN_ROWS", "WORKSPACE_MAX_BYTES"]
