@@ -117,3 +117,34 @@ def test_the_rule_takes_long_queries_and_bounds_the_size():
         plan_prefix_prefill(b["cu"], b["lens"], total_q=14, num_q_heads=4, num_kv_heads=2,
                             head_dim=32, kv_dtype=b["k"].dtype, fp8_workspace=True,
                             impl="triton")
+
+
+@pytest.mark.parametrize("scale_tensor", [False, "per_head"])
+def test_workspace_with_dense_new_keys_holds_the_prefix_only(device, scale_tensor):
+    """SGLang's extend: the new tokens' K/V come dense (q's dtype), the fp8 cache holds the
+    prefix; the workspace dequantizes the prefix pages only and the 16-bit kernel reads
+    both sources, against the reference over the same two sources."""
+    b = _batch(device, scale_tensor=scale_tensor)
+    gen = torch.Generator(device="cpu").manual_seed(5)
+    total, hkv, dim = b["q"].shape[0], b["k"].shape[1], b["q"].shape[2]
+    k_new = torch.randn(total, hkv, dim, generator=gen).half().to(device)
+    v_new = torch.randn(total, hkv, dim, generator=gen).half().to(device)
+    plan = _plan(b, fp8_workspace=True, has_k_new=True)
+    # prefixes 21 - 9 = 12, 3 - 0 = 3, 5 - 5 = 0 keys: 3 + 1 + 0 pages of 4
+    assert plan.workspace is not None and plan.workspace.num_pages == 4
+    args = (b["q"], b["k"], b["v"], b["table"], b["cu"], b["lens"])
+    kw = dict(k_scale=b["k_scale"], v_scale=b["v_scale"], k_new=k_new, v_new=v_new)
+    out = prefix_prefill_attention(*args, plan=plan, **kw)
+    ref64 = reference.prefix_prefill_attention(*args, **kw, compute_dtype=torch.float64)
+    ref_lp = reference.prefix_prefill_attention(*args, **kw, compute_dtype=b["q"].dtype)
+    assert_within_budget(out, ref64, ref_lp, what="workspace with dense new keys")
+    direct = prefix_prefill_attention(*args, plan=_plan(b, fp8_workspace=False,
+                                                        has_k_new=True), **kw)
+    assert_within_budget(direct, ref64, ref_lp, what="direct route with dense new keys")
+
+
+def test_the_rule_takes_dense_new_keys_without_a_prefix(device):
+    b = _batch(device, lens_q=(3, 5), lens_k=(3, 5), bad=False)
+    plan = _plan(b, has_k_new=True)  # no prefix: nothing to dequantize
+    assert plan.workspace is not None and plan.workspace.num_pages == 0
+    assert _plan(b).workspace is None  # the keys in the cache, 8 x 2 rows: the fp8 kernels

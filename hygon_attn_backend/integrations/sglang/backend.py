@@ -457,6 +457,7 @@ class HygonAttnBackend(*compat.backend_bases(AttentionBackend)):
                 host_cu_seqlens_q=meta.host_cu_seqlens_q, host_seq_lens_k=meta.host_seq_lens,
                 capacity=meta.block_table.shape[1] * self.page_size, q_dtype=q_dtype,
                 kv_dtype=self.kv_dtype, tree_mask=meta.tree_mask, impl=self.impl,
+                page_size=self.page_size, max_blocks=meta.block_table.shape[1],
                 has_k_new=True)  # the layers pass the new tokens' K/V
         else:
             plan = plan_paged_decode(

@@ -260,12 +260,11 @@ class PrefillPlan:
             return _run_reference(layer, q, block_table, cu_seqlens_q, seq_lens_k,
                                   k_new=k_new, v_new=v_new, out=out, return_lse=return_lse,
                                   tree_mask=self.tree_mask)
-        if self.workspace is not None and k_new is None and \
-                layer.k_cache.dtype in _checks.FP8_DTYPES and q.dtype in (torch.float16,
-                                                                         torch.bfloat16):
+        if self.workspace is not None and layer.k_cache.dtype in _checks.FP8_DTYPES and \
+                q.dtype in (torch.float16, torch.bfloat16):
             shadow, ws_table = self.workspace.layer_for(layer, block_table, q.dtype)
-            return self.run_layer(shadow, q, ws_table, cu_seqlens_q, seq_lens_k, out=out,
-                                  return_lse=return_lse)
+            return self.run_layer(shadow, q, ws_table, cu_seqlens_q, seq_lens_k, k_new=k_new,
+                                  v_new=v_new, out=out, return_lse=return_lse)
         lse = (torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
                if return_lse else None)
         if self.tile_req.shape[0] == 0 or self.total_q == 0:
@@ -380,10 +379,17 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
         check_tree_mask(tree_mask, total_q=total_q, device=device,
                         host_cu_seqlens_q=None if host_cu_seqlens_q is None
                         else _host_list(host_cu_seqlens_q))
+    ws = _fp8_workspace(fp8_workspace, host_cu_seqlens_q, host_seq_lens_k, kv_dtype=kv_dtype,
+                        q_dtype=q_dtype, impl=impl, has_k_new=has_k_new, total_q=total_q,
+                        num_seqs=num_seqs, group=group, num_kv_heads=num_kv_heads,
+                        head_dim=head_dim, page_size=page_size, max_blocks=max_blocks,
+                        device=device)
+    # through the workspace the kernels read 16-bit pages: the choice is a 16-bit cache's
     chosen, tile = tuning.choose(device=device, impl=impl, total_q=total_q, num_seqs=num_seqs,
                                  num_kv_heads=num_kv_heads, group=group, head_dim=head_dim,
-                                 q_dtype=q_dtype, kv_dtype=kv_dtype, tile=tile,
-                                 tree=tree_mask is not None, dense_new_keys=has_k_new)
+                                 q_dtype=q_dtype, kv_dtype=kv_dtype if ws is None else q_dtype,
+                                 tile=tile, tree=tree_mask is not None,
+                                 dense_new_keys=has_k_new)
     block_m, block_n, num_warps, num_stages = tile
     if block_m < group:
         raise ValueError(f"tile BLOCK_M={block_m} is smaller than the GQA group {group}")
@@ -402,23 +408,6 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     else:
         tile_req, tile_mblock = tile_map(cu_seqlens_q.to(torch.int64), num_seqs, tok_m,
                                           max_tiles)
-    ws = None
-    if kv_dtype in _checks.FP8_DTYPES and not has_k_new and chosen != "reference" and \
-            fp8_workspace is not False:
-        if host_cu_seqlens_q is None or host_seq_lens_k is None or page_size is None or \
-                max_blocks is None:
-            if fp8_workspace:
-                raise ValueError("fp8_workspace=True needs host_cu_seqlens_q, "
-                                 "host_seq_lens_k, page_size and max_blocks")
-        else:
-            lens, page, width = _host_list(host_seq_lens_k), int(page_size), int(max_blocks)
-            pages = workspace_mod.pages_read(lens, page, width)
-            if fp8_workspace or workspace_mod.use_workspace(
-                    total_q=total_q, num_seqs=num_seqs, group=group, pages=pages,
-                    num_kv_heads=num_kv_heads, page_size=page, head_dim=head_dim,
-                    q_itemsize=2):
-                ws = workspace_mod.build(_host_list(host_cu_seqlens_q), lens,
-                                         page_size=page, width=width, device=device)
     return PrefillPlan(tile_req=tile_req, tile_mblock=tile_mblock, block_m=block_m,
                        block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                        group=group, total_q=total_q, num_seqs=num_seqs,
@@ -428,6 +417,38 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                        sched=torch.zeros(2, dtype=torch.int32, device=device)
                        if chosen == "native" else None, two_walks=two_walks,
                        tree_mask=tree_mask, workspace=ws)
+
+
+def _fp8_workspace(requested, host_cu, host_lens, *, kv_dtype, q_dtype, impl, has_k_new,
+                   total_q, num_seqs, group, num_kv_heads, head_dim, page_size, max_blocks,
+                   device) -> Optional[workspace_mod.Workspace]:
+    """The plan's 16-bit workspace for an fp8 cache (``workspace.py``), or None.
+    ``requested``: True always (raises without the host lengths, ``page_size`` and
+    ``max_blocks``), False never, None where :func:`workspace.use_workspace` says so. With
+    dense new keys (``has_k_new``) it holds the prefix pages only: the kernels read the new
+    keys from ``k_new`` / ``v_new``."""
+    if kv_dtype not in _checks.FP8_DTYPES or requested is False or impl == "reference":
+        return None
+    if host_cu is None or host_lens is None or page_size is None or max_blocks is None:
+        if requested:
+            raise ValueError("fp8_workspace=True needs host_cu_seqlens_q, host_seq_lens_k, "
+                             "page_size and max_blocks")
+        return None
+    if q_dtype not in (torch.float16, torch.bfloat16):
+        if requested:
+            raise ValueError(f"fp8_workspace=True needs q_dtype float16 or bfloat16, got "
+                             f"{q_dtype}")
+        return None
+    cu, lens = _host_list(host_cu), _host_list(host_lens)
+    if has_k_new:  # the cache holds the prefix
+        lens = [int(lk) - (int(cu[b + 1]) - int(cu[b])) for b, lk in enumerate(lens)]
+    page, width = int(page_size), int(max_blocks)
+    pages = workspace_mod.pages_read(lens, page, width)
+    if requested or workspace_mod.use_workspace(
+            total_q=total_q, num_seqs=num_seqs, group=group, pages=pages,
+            num_kv_heads=num_kv_heads, page_size=page, head_dim=head_dim, q_itemsize=2):
+        return workspace_mod.build(cu, lens, page_size=page, width=width, device=device)
+    return None
 
 
 def _host_list(values) -> list:

@@ -42,10 +42,15 @@ def use_workspace(*, total_q: int, num_seqs: int, group: int, pages: int, num_kv
     6% at 4,096. The native fp8 prefill costs 1.3x the bf16 time (``docs/benchmarks.md``),
     so the pass pays from about 1,000 rows a request (queries x group). The workspace is
     bounded (two buffers of ``pages x Hkv x P x D`` at q's width) so a step never asks for
-    more than ``WORKSPACE_MAX_BYTES``.
+    more than ``WORKSPACE_MAX_BYTES``. With dense new keys the pages are the prefix's (the
+    same rows a cached element meet; none: always, the kernels then read 16-bit keys only).
     Measurement: none yet (``bench prefill --kv-dtype fp8_e4m3 --fp8-workspace auto,on,off``).
     """
-    if num_seqs == 0 or total_q * group < WORKSPACE_MIN_ROWS * num_seqs:
+    if num_seqs == 0:
+        return False
+    if pages == 0:  # nothing to dequantize (dense new keys, no prefix): the 16-bit kernels
+        return True
+    if total_q * group < WORKSPACE_MIN_ROWS * num_seqs:
         return False
     return 2 * pages * num_kv_heads * page_size * head_dim * q_itemsize <= WORKSPACE_MAX_BYTES
 
