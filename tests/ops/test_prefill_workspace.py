@@ -102,16 +102,10 @@ def test_workspace_tables_mark_bad_ids_absent(device):
     assert ws.tables(b["table"], b["k"].shape[0])[1] is ws_table  # kept for the same table
 
 
-def test_the_rule_takes_long_queries_and_bounds_the_size():
-    kw = dict(num_kv_heads=8, page_size=16, head_dim=128, q_itemsize=2)
-    assert workspace.use_workspace(total_q=8192, num_seqs=1, group=4, pages=512, **kw)
-    assert workspace.use_workspace(total_q=8 * 256, num_seqs=8, group=4, pages=8 * 160, **kw)
-    assert not workspace.use_workspace(total_q=8 * 256, num_seqs=8, group=1, pages=8 * 160,
-                                       **kw)  # the same queries, a quarter of the rows
-    assert not workspace.use_workspace(total_q=32 * 128, num_seqs=32, group=4, pages=32 * 72,
-                                       **kw)
-    huge = workspace.WORKSPACE_MAX_BYTES // (2 * 8 * 16 * 128 * 2) + 1
-    assert not workspace.use_workspace(total_q=1 << 20, num_seqs=1, group=4, pages=huge, **kw)
+def test_the_rule_takes_batches_with_nothing_to_dequantize():
+    assert workspace.use_workspace(num_seqs=4, pages=0)
+    assert not workspace.use_workspace(num_seqs=1, pages=1)  # the pass is not timed yet
+    assert not workspace.use_workspace(num_seqs=0, pages=0)
     b = _batch(torch.device("cpu"))
     with pytest.raises(ValueError, match="fp8_workspace=True needs"):
         plan_prefix_prefill(b["cu"], b["lens"], total_q=14, num_q_heads=4, num_kv_heads=2,

@@ -358,8 +358,9 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
     :func:`tuning.two_walks`; tests and benchmarks).
     fp8_workspace: with an fp8 cache (``kv_dtype``) and the host lengths, ``page_size`` and
     ``max_blocks`` (the block table's width) given: True runs the layers through the
-    16-bit workspace (``workspace.py``), False never, None where
-    :func:`workspace.use_workspace` says so.
+    16-bit workspace (``workspace.py``: the pages dequantized once a layer, then the
+    16-bit kernels), False never, None where :func:`workspace.use_workspace` says so (no
+    page to dequantize: dense new keys without a prefix).
     tree_mask: ``[total_q, W]`` int32 packed tree mask of a speculative verify batch
     (``ops.tree_mask``: new token ``i`` sees the prefix and the new tokens its row's bits
     name, in place of the causal rule; causal layers without a window). The plan keeps the
@@ -380,10 +381,8 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                         host_cu_seqlens_q=None if host_cu_seqlens_q is None
                         else _host_list(host_cu_seqlens_q))
     ws = _fp8_workspace(fp8_workspace, host_cu_seqlens_q, host_seq_lens_k, kv_dtype=kv_dtype,
-                        q_dtype=q_dtype, impl=impl, has_k_new=has_k_new, total_q=total_q,
-                        num_seqs=num_seqs, group=group, num_kv_heads=num_kv_heads,
-                        head_dim=head_dim, page_size=page_size, max_blocks=max_blocks,
-                        device=device)
+                        q_dtype=q_dtype, impl=impl, has_k_new=has_k_new, num_seqs=num_seqs,
+                        page_size=page_size, max_blocks=max_blocks, device=device)
     # through the workspace the kernels read 16-bit pages: the choice is a 16-bit cache's
     chosen, tile = tuning.choose(device=device, impl=impl, total_q=total_q, num_seqs=num_seqs,
                                  num_kv_heads=num_kv_heads, group=group, head_dim=head_dim,
@@ -420,8 +419,7 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
 
 
 def _fp8_workspace(requested, host_cu, host_lens, *, kv_dtype, q_dtype, impl, has_k_new,
-                   total_q, num_seqs, group, num_kv_heads, head_dim, page_size, max_blocks,
-                   device) -> Optional[workspace_mod.Workspace]:
+                   num_seqs, page_size, max_blocks, device) -> Optional[workspace_mod.Workspace]:
     """The plan's 16-bit workspace for an fp8 cache (``workspace.py``), or None.
     ``requested``: True always (raises without the host lengths, ``page_size`` and
     ``max_blocks``), False never, None where :func:`workspace.use_workspace` says so. With
@@ -444,9 +442,7 @@ def _fp8_workspace(requested, host_cu, host_lens, *, kv_dtype, q_dtype, impl, ha
         lens = [int(lk) - (int(cu[b + 1]) - int(cu[b])) for b, lk in enumerate(lens)]
     page, width = int(page_size), int(max_blocks)
     pages = workspace_mod.pages_read(lens, page, width)
-    if requested or workspace_mod.use_workspace(
-            total_q=total_q, num_seqs=num_seqs, group=group, pages=pages,
-            num_kv_heads=num_kv_heads, page_size=page, head_dim=head_dim, q_itemsize=2):
+    if requested or workspace_mod.use_workspace(num_seqs=num_seqs, pages=pages):
         return workspace_mod.build(cu, lens, page_size=page, width=width, device=device)
     return None
 

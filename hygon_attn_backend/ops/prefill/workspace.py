@@ -1,17 +1,19 @@
-"""The fp8 prefix prefill through a 16-bit workspace: once a layer, the pages a batch reads
-are dequantized (``code * scale``, rounded to q's dtype, as the reference's low-precision
-path rounds them) into a contiguous workspace, and the 16-bit prefill runs on it.
+"""The fp8 prefix prefill through a 16-bit workspace: once a layer, the cache pages a batch
+reads (with dense new keys: its prefix pages) are dequantized (``code * scale``, rounded
+to q's dtype, as the reference's low-precision path rounds them) into a contiguous
+workspace, and the 16-bit prefill runs on it.
 
 Why: the fp8 prefill kernels widen every K/V tile on the producers, once per (tile of
 queries, KV head) that reads it, and that widening bounds them (0.74-0.77x the bf16
-prefill's TFLOP/s, ``docs/benchmarks.md``). With many queries a request each page is read
-by many tiles; dequantizing it once costs a pass over the pages (1 byte read, 2 written an
-element) that is small against the products when the queries are many.
+prefill's TFLOP/s, ``docs/benchmarks.md``); beside dense new keys the native kernel takes
+no fp8 cache at all, so SGLang's fp8 extend ran the Triton prefill. Through the workspace
+both run the 16-bit kernels; with no prefix there is nothing to dequantize.
 
 The workspace table has the block table's shape: entry ``(b, j)`` is workspace page ``w``
-for a page the batch reads (``j < cdiv(Lk_b, P)``) whose id is valid, ``-1`` otherwise (an
-absent page stays absent). Built from the lengths' host copies at plan time; the page map
-(workspace page -> cache block) is gathered from the block table on the device, no sync.
+for a page the batch reads (``j < cdiv(Lk_b, P)``, ``Lk_b`` the prefix with dense new
+keys) whose id is valid, ``-1`` otherwise (an absent page stays absent). Built from the
+lengths' host copies at plan time; the page map (workspace page -> cache block) is
+gathered from the block table on the device, no sync.
 """
 
 from __future__ import annotations
@@ -23,36 +25,25 @@ import torch
 
 from hygon_attn_backend.ops import _checks
 
-#: query rows a request (queries x group, on average) from which the workspace pays, and
-#: its largest size
-WORKSPACE_MIN_ROWS = 1024
-WORKSPACE_MAX_BYTES = 1 << 30
+def use_workspace(*, num_seqs: int, pages: int) -> bool:
+    """Whether an fp8 batch runs through the workspace under ``fp8_workspace=None``: when
+    it has no page to dequantize (dense new keys and no prefix, SGLang's extend of a new
+    prompt). The layers then run the 16-bit kernels on the dense keys, as for a 16-bit
+    cache (on sm_90 the native prefill, which reads no fp8 beside dense keys), where they
+    ran the fp8 Triton prefill: on the H200 the bf16 native prefill ran 74.5-74.8% of the
+    matmul and the e4m3 Triton one 36.1-37.1% at (1, 0 + 8k) and (4, 16k + 1k)
+    (``docs/benchmarks.md``, 2026-12-04).
 
-
-def use_workspace(*, total_q: int, num_seqs: int, group: int, pages: int, num_kv_heads: int,
-                  page_size: int, head_dim: int, q_itemsize: int) -> bool:
-    """Whether an fp8 batch runs through the workspace.
-
-    Reasoning: the pass moves 3 bytes an element of the pages read (1 read, 2 written) and
-    the 16-bit prefill then reads 2 where the fp8 one reads 1: 4 bytes an element more.
-    The products cost ``2 * Lq * G`` FLOPs an element (K or V) of a request's keys for
-    ``Lq`` queries of ``G`` heads a KV head. The pass over the prefill's time is then about
-    ``2 * eff * ridge / (Lq * G)`` (``ridge``: the card's FLOP a byte, 185 on the H200;
-    ``eff``: the prefill's share of the matmul rate, about 0.7): 25% at ``Lq * G`` = 1,024,
-    6% at 4,096. The native fp8 prefill costs 1.3x the bf16 time (``docs/benchmarks.md``),
-    so the pass pays from about 1,000 rows a request (queries x group). The workspace is
-    bounded (two buffers of ``pages x Hkv x P x D`` at q's width) so a step never asks for
-    more than ``WORKSPACE_MAX_BYTES``. With dense new keys the pages are the prefix's (the
-    same rows a cached element meet; none: always, the kernels then read 16-bit keys only).
-    Measurement: none yet (``bench prefill --kv-dtype fp8_e4m3 --fp8-workspace auto,on,off``).
+    With pages to dequantize the pass moves 3 bytes an element of them (1 read, 2 written)
+    and the 16-bit prefill then reads 2 where the fp8 one reads 1; the products cost
+    ``2 * Lq * G`` FLOPs an element for ``Lq`` queries of ``G`` heads a KV head, so the pass
+    over the prefill's time is about ``2 * eff * ridge / (Lq * G)`` (``ridge`` 185 FLOP a
+    byte on the H200, ``eff`` about 0.7): 25% at 1,024 rows a request, 6% at 4,096. That
+    pass has not been timed beside the native fp8 prefill (1.3x the bf16 time) yet, so the
+    rule does not take it; ``fp8_workspace=True`` does (``bench prefill --fp8-workspace
+    auto,on,off`` times both).
     """
-    if num_seqs == 0:
-        return False
-    if pages == 0:  # nothing to dequantize (dense new keys, no prefix): the 16-bit kernels
-        return True
-    if total_q * group < WORKSPACE_MIN_ROWS * num_seqs:
-        return False
-    return 2 * pages * num_kv_heads * page_size * head_dim * q_itemsize <= WORKSPACE_MAX_BYTES
+    return num_seqs > 0 and pages == 0
 
 
 @dataclass(eq=False)
@@ -162,5 +153,4 @@ def dequant_pages(src: torch.Tensor, dst: torch.Tensor, page_map: torch.Tensor,
         SCALE_FROM_PTR=from_ptr, num_warps=4)
 
 
-__all__ = ["Workspace", "build", "use_workspace", "dequant_pages", "pages_read",
-           "WORKSPACE_MIN_ROWS", "WORKSPACE_MAX_BYTES"]
+__all__ = ["Workspace", "build", "use_workspace", "dequant_pages", "pages_read"]
