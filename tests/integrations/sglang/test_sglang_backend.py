@@ -88,12 +88,22 @@ def _fp8_round(fp8_dtype, scale, num_cached):
 @pytest.mark.parametrize("fp8_dtype, scale", [(torch.float8_e4m3fn, 0.5),
                                               (torch.float8_e5m2, None)], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_fp8_kv_cache(fp8_dtype, scale, page_size, device):
+def test_fp8_kv_cache(fp8_dtype, scale, page_size, device, monkeypatch):
+    """Also: turn 1's prefill (no prefix: nothing to dequantize) goes through the 16-bit
+    workspace, turn 2's extend over its cached prefix does not (the rule)."""
+    from hygon_attn_backend.integrations.sglang import backend as sgl_backend
+
+    plans = []
+    real = sgl_backend.plan_prefix_prefill
+    monkeypatch.setattr(sgl_backend, "plan_prefix_prefill",
+                        lambda *a, **kw: plans.append(real(*a, **kw)) or plans[-1])
     srv = Server(TinyModel(dtype=torch.float16, seed=12, device=device, **HEADS),
                  page_size=page_size, kv_dtype=fp8_dtype, k_scale=scale, seed=12)
     assert srv.pool.dtype == fp8_dtype
     _chat(srv, random.Random(12),
           kv_transform_for=lambda n: _fp8_round(fp8_dtype, 1.0 if scale is None else scale, n))
+    pages = [None if p.workspace is None else p.workspace.num_pages for p in plans]
+    assert pages == [0, None], pages
 
 
 @pytest.mark.parametrize("option", ["window", "soft_cap", "sinks"])
