@@ -31,13 +31,18 @@ def _rows(path):
         return {r["impl"]: r for r in csv.DictReader(fh)}
 
 
-def test_decode_kv_dtype_rows_beside_auto(tmp_path):
+def _decode_rows(tmp_path, kv_dtypes: str, peer: str):
+    """``bench decode`` at one tiny shape: ``(rows by impl, the process)``."""
     out = tmp_path / "d.csv"
-    res = _bench("decode", "--kv-dtype", "auto,fp8_e4m3,fp8_e5m2", "--shapes", "2,40",
-                 "--groups", "", "--per-head-groups", "", "--partitions", "auto",
-                 "--compare", "sdpa", "--csv", str(out), *TINY)
+    res = _bench("decode", "--kv-dtype", kv_dtypes, "--shapes", "2,40", "--groups", "",
+                 "--per-head-groups", "", "--partitions", "auto", "--compare", peer,
+                 "--csv", str(out), *TINY)
     assert res.returncode == 0, res.stderr[-2000:]
-    rows = _rows(out)
+    return _rows(out), res
+
+
+def test_decode_kv_dtype_rows_beside_auto(tmp_path):
+    rows, res = _decode_rows(tmp_path, "auto,fp8_e4m3,fp8_e5m2", "sdpa")
     for name in ("hygon", "hygon [fp8_e4m3]", "hygon [fp8_e5m2]"):
         assert rows[name]["status"] == "ok", rows[name]
         assert float(rows[name]["max_err"]) <= float(rows[name]["budget"])
@@ -68,12 +73,7 @@ def test_kv_dtype_option_refuses_unknown_names():
 def test_per_head_scale_rows_beside_per_tensor(tmp_path):
     """``*_per_head`` names: the caches quantized with one scale a KV head, our rows checked
     against the reference and related to ``auto``; a peer says it takes per-tensor scales."""
-    out = tmp_path / "d.csv"
-    res = _bench("decode", "--kv-dtype", "auto,fp8_e4m3_per_head", "--shapes", "2,40",
-                 "--groups", "", "--per-head-groups", "", "--partitions", "auto",
-                 "--compare", "sglang", "--csv", str(out), *TINY)
-    assert res.returncode == 0, res.stderr[-2000:]
-    rows = _rows(out)
+    rows, _ = _decode_rows(tmp_path, "auto,fp8_e4m3_per_head", "sglang")
     ours = rows["hygon [fp8_e4m3_per_head]"]
     assert ours["status"] == "ok" and float(ours["max_err"]) <= float(ours["budget"]), ours
     assert ours["note"].endswith("x auto"), ours
