@@ -107,6 +107,8 @@ def test_the_rule_takes_batches_with_nothing_to_dequantize():
     assert not workspace.use_workspace(num_seqs=1, pages=1)  # the pass is not timed yet
     assert not workspace.use_workspace(num_seqs=0, pages=0)
     b = _batch(torch.device("cpu"))
+    with pytest.raises(ValueError, match="fp8_workspace must be None, True or False"):
+        _plan(b, fp8_workspace="on")
     with pytest.raises(ValueError, match="fp8_workspace=True needs"):
         plan_prefix_prefill(b["cu"], b["lens"], total_q=14, num_q_heads=4, num_kv_heads=2,
                             head_dim=32, kv_dtype=b["k"].dtype, fp8_workspace=True,
@@ -135,6 +137,9 @@ def test_workspace_with_dense_new_keys_holds_the_prefix_only(device, scale_tenso
     direct = prefix_prefill_attention(*args, plan=_plan(b, fp8_workspace=False,
                                                         has_k_new=True), **kw)
     assert_within_budget(direct, ref64, ref_lp, what="direct route with dense new keys")
+    no_new = dict(k_scale=b["k_scale"], v_scale=b["v_scale"])
+    with pytest.raises(ValueError, match="holds the prefix pages only"):
+        prefix_prefill_attention(*args, plan=plan, **no_new)  # the new keys are not there
 
 
 def test_the_rule_takes_dense_new_keys_without_a_prefix(device):

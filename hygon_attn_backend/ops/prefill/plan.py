@@ -262,6 +262,9 @@ class PrefillPlan:
                                   tree_mask=self.tree_mask)
         if self.workspace is not None and layer.k_cache.dtype in _checks.FP8_DTYPES and \
                 q.dtype in (torch.float16, torch.bfloat16):
+            if self.workspace.prefix_only and k_new is None:
+                raise ValueError("this plan's fp8 workspace holds the prefix pages only (planned "
+                                 "with has_k_new=True): the call must pass k_new / v_new")
             shadow, ws_table = self.workspace.layer_for(layer, block_table, q.dtype)
             return self.run_layer(shadow, q, ws_table, cu_seqlens_q, seq_lens_k, k_new=k_new,
                                   v_new=v_new, out=out, return_lse=return_lse)
@@ -425,6 +428,8 @@ def _fp8_workspace(requested, host_cu, host_lens, *, kv_dtype, q_dtype, impl, ha
     ``max_blocks``), False never, None where :func:`workspace.use_workspace` says so. With
     dense new keys (``has_k_new``) it holds the prefix pages only: the kernels read the new
     keys from ``k_new`` / ``v_new``."""
+    if requested not in (None, True, False):
+        raise ValueError(f"fp8_workspace must be None, True or False, got {requested!r}")
     if kv_dtype not in _checks.FP8_DTYPES or requested is False or impl == "reference":
         return None
     if host_cu is None or host_lens is None or page_size is None or max_blocks is None:
@@ -443,7 +448,8 @@ def _fp8_workspace(requested, host_cu, host_lens, *, kv_dtype, q_dtype, impl, ha
     page, width = int(page_size), int(max_blocks)
     pages = workspace_mod.pages_read(lens, page, width)
     if requested or workspace_mod.use_workspace(num_seqs=num_seqs, pages=pages):
-        return workspace_mod.build(cu, lens, page_size=page, width=width, device=device)
+        return workspace_mod.build(cu, lens, page_size=page, width=width, device=device,
+                                   prefix_only=has_k_new)
     return None
 
 

@@ -60,6 +60,8 @@ class Workspace:
     num_seqs: int
     width: int
     page_size: int
+    #: the pages are the prefix's (planned for dense new keys): a call must pass k_new
+    prefix_only: bool = False
     _bufs: Optional[tuple] = None
     _table: Optional[tuple] = None  # (block_table, page_map, ws_table) of the last table
     _layers: Dict[int, tuple] = field(default_factory=dict, repr=False)
@@ -112,7 +114,7 @@ class Workspace:
 
 
 def build(host_cu: Sequence[int], host_lens: Sequence[int], *, page_size: int, width: int,
-          device) -> Workspace:
+          device, prefix_only: bool = False) -> Workspace:
     """The workspace map of a batch from host lengths: request ``b`` reads table columns
     ``0 .. min(cdiv(Lk_b, P), width) - 1``."""
     rows, cols = [], []
@@ -122,7 +124,7 @@ def build(host_cu: Sequence[int], host_lens: Sequence[int], *, page_size: int, w
         cols += range(n)
     both = torch.tensor([rows, cols], dtype=torch.int64).to(device, non_blocking=True)
     return Workspace(rows=both[0], cols=both[1], num_seqs=len(host_lens), width=width,
-                     page_size=page_size)
+                     page_size=page_size, prefix_only=prefix_only)
 
 
 def pages_read(host_lens: Sequence[int], page_size: int, width: int) -> int:
