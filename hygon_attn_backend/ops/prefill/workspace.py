@@ -25,6 +25,7 @@ import torch
 
 from hygon_attn_backend.ops import _checks
 
+
 def use_workspace(*, num_seqs: int, pages: int) -> bool:
     """Whether an fp8 batch runs through the workspace under ``fp8_workspace=None``: when
     it has no page to dequantize (dense new keys and no prefix, SGLang's extend of a new

@@ -79,8 +79,9 @@ class _Paged:
 @dataclass
 class DecodeProblem(_Paged):
     """q: ``[B, Hq, D]``; k_store, v_store: ``[num_blocks, P, Hkv, D]`` (q's dtype or fp8
-    with ``k_scale`` / ``v_scale``: floats, or ``[Hkv]`` fp32 tensors per head); block_table: ``[B, ceil(ctx / P)]`` int32
-    (a random permutation of the blocks); seq_lens: ``[B]`` int32, all ``ctx``."""
+    with ``k_scale`` / ``v_scale``: floats, or ``[Hkv]`` fp32 tensors per head);
+    block_table: ``[B, ceil(ctx / P)]`` int32 (a random permutation of the blocks);
+    seq_lens: ``[B]`` int32, all ``ctx``."""
 
     q: object
     k_store: object

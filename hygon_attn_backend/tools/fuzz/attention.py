@@ -41,8 +41,9 @@ def _heads(strata: pb.Strata, tiny: bool) -> "tuple[int, int]":
 def _common_profile(tiny: bool, strata: pb.Strata, layouts_: tuple) -> dict:
     """Everything a kernel specialises on is fixed here (stratified over the profiles):
     dtypes, head_dim, page size, heads, layout, flags, the index dtype, how scales are
-    passed (a float, a tensor, one per KV head), the class of the block table's width. A case varies only what Triton
-    does not specialise on (``do_not_specialize`` sizes, values, lengths, ids)."""
+    passed (a float, a tensor, one per KV head), the class of the block table's width. A
+    case varies only what Triton does not specialise on (``do_not_specialize`` sizes,
+    values, lengths, ids)."""
     dtype = torch.float16 if tiny else strata.pick("dtype", (torch.float16, torch.bfloat16))
     group, kv_heads = _heads(strata, tiny)
     return dict(
