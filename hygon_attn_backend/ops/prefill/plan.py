@@ -265,7 +265,8 @@ class PrefillPlan:
             if self.workspace.prefix_only and k_new is None:
                 raise ValueError("this plan's fp8 workspace holds the prefix pages only (planned "
                                  "with has_k_new=True): the call must pass k_new / v_new")
-            shadow, ws_table = self.workspace.layer_for(layer, block_table, q.dtype)
+            shadow, ws_table = self.workspace.layer_for(layer, block_table, q.dtype,
+                                                        _shadow_layer)
             return self.run_layer(shadow, q, ws_table, cu_seqlens_q, seq_lens_k, k_new=k_new,
                                   v_new=v_new, out=out, return_lse=return_lse)
         lse = (torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
@@ -419,6 +420,13 @@ def plan_prefix_prefill(cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor, *,
                        sched=torch.zeros(2, dtype=torch.int32, device=device)
                        if chosen == "native" else None, two_walks=two_walks,
                        tree_mask=tree_mask, workspace=ws)
+
+
+def _shadow_layer(layer: "PrefillLayer", k_cache, v_cache) -> "PrefillLayer":
+    """``layer``'s options over the 16-bit workspace caches (no fp8 scales)."""
+    return PrefillLayer(k_cache, v_cache, scale=layer.scale, causal=layer.causal,
+                        sliding_window=layer.sliding_window, soft_cap=layer.soft_cap,
+                        sinks=layer.sinks)
 
 
 def _fp8_workspace(requested, host_cu, host_lens, *, kv_dtype, q_dtype, impl, has_k_new,

@@ -94,11 +94,10 @@ class Workspace:
             self._layers.clear()
         return self._bufs
 
-    def layer_for(self, layer, block_table: torch.Tensor, q_dtype: torch.dtype):
+    def layer_for(self, layer, block_table: torch.Tensor, q_dtype: torch.dtype, make_shadow):
         """Fill the workspace from ``layer``'s fp8 caches (two launches) and return
-        ``(16-bit PrefillLayer over it, ws_table)``."""
-        from hygon_attn_backend.ops.prefill.plan import PrefillLayer
-
+        ``(16-bit layer over it, ws_table)``; ``make_shadow(layer, ws_k, ws_v)`` builds
+        that layer once per buffers (the plan's ``PrefillLayer`` with ``layer``'s options)."""
         k_cache, v_cache = layer.k_cache, layer.v_cache
         _, hkv, page, dim = k_cache.shape
         ws_k, ws_v = self.buffers(hkv, dim, q_dtype, k_cache.device)
@@ -107,10 +106,7 @@ class Workspace:
             dequant_pages(src, dst, page_map, sc)
         entry = self._layers.get(id(layer))
         if entry is None or entry[0] is not layer:
-            shadow = PrefillLayer(ws_k, ws_v, scale=layer.scale, causal=layer.causal,
-                                  sliding_window=layer.sliding_window,
-                                  soft_cap=layer.soft_cap, sinks=layer.sinks)
-            entry = self._layers[id(layer)] = (layer, shadow)
+            entry = self._layers[id(layer)] = (layer, make_shadow(layer, ws_k, ws_v))
         return entry[1], ws_table
 
 
