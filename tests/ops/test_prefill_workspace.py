@@ -92,7 +92,8 @@ def test_dequant_pages_writes_code_times_scale_and_skips_absent_pages(device):
 
 def test_workspace_tables_mark_bad_ids_absent(device):
     b = _batch(device)
-    ws = workspace.build(b["host_cu"], b["host_lens"], page_size=b["page"], width=b["width"],
+    counts = workspace.page_counts(b["host_lens"], b["page"], b["width"])
+    ws = workspace.build(counts, page_size=b["page"], width=b["width"],
                          device=device)
     page_map, ws_table = ws.tables(b["table"], b["k"].shape[0])
     assert ws_table.shape == b["table"].shape

@@ -454,9 +454,9 @@ def _fp8_workspace(requested, host_cu, host_lens, *, kv_dtype, q_dtype, impl, ha
     if has_k_new:  # the cache holds the prefix
         lens = [int(lk) - (int(cu[b + 1]) - int(cu[b])) for b, lk in enumerate(lens)]
     page, width = int(page_size), int(max_blocks)
-    pages = workspace_mod.pages_read(lens, page, width)
-    if requested or workspace_mod.use_workspace(num_seqs=num_seqs, pages=pages):
-        return workspace_mod.build(cu, lens, page_size=page, width=width, device=device,
+    counts = workspace_mod.page_counts(lens, page, width)
+    if requested or workspace_mod.use_workspace(num_seqs=num_seqs, pages=sum(counts)):
+        return workspace_mod.build(counts, page_size=page, width=width, device=device,
                                    prefix_only=has_k_new)
     return None
 

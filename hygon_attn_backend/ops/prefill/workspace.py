@@ -110,22 +110,22 @@ class Workspace:
         return entry[1], ws_table
 
 
-def build(host_cu: Sequence[int], host_lens: Sequence[int], *, page_size: int, width: int,
-          device, prefix_only: bool = False) -> Workspace:
-    """The workspace map of a batch from host lengths: request ``b`` reads table columns
-    ``0 .. min(cdiv(Lk_b, P), width) - 1``."""
+def page_counts(host_lens: Sequence[int], page_size: int, width: int) -> list:
+    """Pages each request reads: ``min(cdiv(Lk_b, P), width)`` (a negative length: 0)."""
+    return [min(-(-max(int(lk), 0) // page_size), width) for lk in host_lens]
+
+
+def build(counts: Sequence[int], *, page_size: int, width: int, device,
+          prefix_only: bool = False) -> Workspace:
+    """The workspace map of a batch: request ``b`` reads table columns
+    ``0 .. counts[b] - 1`` (:func:`page_counts`)."""
     rows, cols = [], []
-    for b, lk in enumerate(host_lens):
-        n = min(-(-max(int(lk), 0) // page_size), width)
+    for b, n in enumerate(counts):
         rows += [b] * n
         cols += range(n)
     both = torch.tensor([rows, cols], dtype=torch.int64).to(device, non_blocking=True)
-    return Workspace(rows=both[0], cols=both[1], num_seqs=len(host_lens), width=width,
+    return Workspace(rows=both[0], cols=both[1], num_seqs=len(counts), width=width,
                      page_size=page_size, prefix_only=prefix_only)
-
-
-def pages_read(host_lens: Sequence[int], page_size: int, width: int) -> int:
-    return sum(min(-(-max(int(lk), 0) // page_size), width) for lk in host_lens)
 
 
 def dequant_pages(src: torch.Tensor, dst: torch.Tensor, page_map: torch.Tensor,
@@ -152,4 +152,4 @@ def dequant_pages(src: torch.Tensor, dst: torch.Tensor, page_map: torch.Tensor,
         SCALE_FROM_PTR=from_ptr, num_warps=4)
 
 
-__all__ = ["Workspace", "build", "use_workspace", "dequant_pages", "pages_read"]
+__all__ = ["Workspace", "build", "use_workspace", "dequant_pages", "page_counts"]
