@@ -68,6 +68,9 @@ def test_kv_dtype_option_refuses_unknown_names():
     res = _bench("decode", "--kv-dtype", "auto,fp4", "--shapes", "2,40")
     assert res.returncode == 2
     assert "--kv-dtype" in res.stderr and "fp4" in res.stderr
+    res = _bench("prefill", "--fp8-workspace", "auto,sometimes", "--shapes", "1,16,20")
+    assert res.returncode == 2
+    assert "--fp8-workspace" in res.stderr and "sometimes" in res.stderr
 
 
 def test_per_head_scale_rows_beside_per_tensor(tmp_path):

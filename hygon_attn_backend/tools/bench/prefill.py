@@ -61,6 +61,15 @@ def _tiles_text(text: str) -> str:
 WS_MODES = {"auto": None, "on": True, "off": False}
 
 
+def _ws_modes_text(text: str) -> str:
+    """``--fp8-workspace``: a comma list of :data:`WS_MODES` names."""
+    modes = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not modes or any(x not in WS_MODES for x in modes):
+        raise argparse.ArgumentTypeError(f"must be a comma list of auto, on, off, got "
+                                         f"{text!r}")
+    return ",".join(modes)
+
+
 def add_prefill_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``prefill`` on an argparse ``subparsers`` object; returns the parser."""
     p = subparsers.add_parser("prefill", help="prefix-prefill TFLOP/s vs matmul and peers")
@@ -82,7 +91,7 @@ def add_prefill_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--impl", default="auto",
                    help="our implementations, comma list of auto, triton, native (e.g. "
                         "triton,native: both in one run)")
-    p.add_argument("--fp8-workspace", default="auto",
+    p.add_argument("--fp8-workspace", default="auto", type=_ws_modes_text,
                    help="fp8 caches: comma list of auto (the plan's rule), on, off: the "
                         "layers through a 16-bit workspace or not (e.g. on,off: both)")
     _add_common(p, rep_ms=100.0)
@@ -109,10 +118,7 @@ def run_prefill_bench(args) -> dict:
     pages = [int(x) for x in str(args.block_sizes).split(",") if x]
     tiles = _parse_tiles(args.tiles)
     sources = ["cache", "dense"] if args.kv_source == "both" else [args.kv_source]
-    ws_modes = [x.strip() for x in str(args.fp8_workspace).split(",") if x.strip()]
-    if not ws_modes or any(x not in WS_MODES for x in ws_modes):
-        raise SystemExit(f"hygon-attn bench prefill: --fp8-workspace: a comma list of "
-                         f"auto, on, off, got {args.fp8_workspace!r}")
+    ws_modes = str(args.fp8_workspace).split(",")
     meta = _harness.header(device)
     mm, mm_ms = _timing.matmul_ceiling(args.rep_ms, device=device)
     meta.update(matmul_tflops=mm, dtype=args.dtype, num_q_heads=hq, num_kv_heads=hkv,
